@@ -1,0 +1,106 @@
+"""What every stack reader returns: processes, their threads, and frames innermost first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One stack frame as the tool printed it (``file`` not yet normalized)."""
+
+    function: str
+    file: str
+    line: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadDump:
+    """One thread's stack, ``frames[0]`` the innermost (currently executing) frame."""
+
+    frames: tuple[Frame, ...]
+    thread_id: int | None = None
+    thread_name: str | None = None
+    active: bool | None = None
+    is_main: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessDump:
+    """One process's dump. ``status`` is ``ok``, ``partial`` (truncated file) or ``failed`` (no stack)."""
+
+    threads: tuple[ThreadDump, ...]
+    pid: int | None = None
+    cmdline: str | None = None
+    status: str = "ok"
+    error: str | None = None
+    source_format: str = ""
+    source_file: str = ""
+
+    @property
+    def main_thread(self) -> ThreadDump | None:
+        """The thread that matters for a trainer: the main thread, else the first listed."""
+        for t in self.threads:
+            if t.is_main:
+                return t
+        return self.threads[0] if self.threads else None
+
+
+def failed_dump(source_file: str, source_format: str, error: str, pid: int | None = None) -> ProcessDump:
+    """A dump that produced no stack (py-spy error, empty file, unreadable file)."""
+    return ProcessDump((), pid=pid, status="failed", error=error, source_format=source_format,
+                       source_file=source_file)
+
+
+def mark_main(threads: Sequence[ThreadDump], pid: int | None) -> tuple[ThreadDump, ...]:
+    """Flag the main thread: named MainThread, else thread id == pid, else the one running ``<module>``."""
+    if any(t.is_main for t in threads):
+        return tuple(threads)
+    pick = None
+    for i, t in enumerate(threads):
+        if t.thread_name == "MainThread":
+            pick = i
+            break
+    if pick is None and pid is not None:
+        pick = next((i for i, t in enumerate(threads) if t.thread_id == pid), None)
+    if pick is None:
+        pick = next((i for i, t in enumerate(threads) if t.frames and t.frames[-1].function == "<module>"), None)
+    if pick is None and threads:
+        pick = 0
+    return tuple(
+        ThreadDump(t.frames, t.thread_id, t.thread_name, t.active, True) if i == pick else t
+        for i, t in enumerate(threads)
+    )
+
+
+def to_rows(
+    dump: ProcessDump,
+    *,
+    job: str,
+    snapshot: int = 0,
+    rank: int | None = None,
+    node: str | None = None,
+    role: str | None = None,
+    time: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Rows of the ``stacks`` table for one process dump (one row per thread; one row if failed)."""
+    base = {"job": job, "snapshot": snapshot, "time": time, "node": node, "rank": rank, "pid": dump.pid,
+            "role": role, "source_format": dump.source_format, "source_file": dump.source_file,
+            "status": dump.status, "error": dump.error}
+    if not dump.threads:
+        return [{**base, "frames": [], "thread_id": None, "thread_name": None, "is_main_thread": None,
+                 "active": None}]
+    return [
+        {**base, "thread_id": t.thread_id, "thread_name": t.thread_name, "is_main_thread": t.is_main,
+         "active": t.active,
+         "frames": [{"function": f.function, "file": f.file, "line": f.line} for f in t.frames]}
+        for t in dump.threads
+    ]
+
+
+def iter_rows(dumps: Iterable[tuple[ProcessDump, dict[str, Any]]]) -> Iterable[dict[str, Any]]:
+    for dump, meta in dumps:
+        yield from to_rows(dump, **meta)

@@ -1,0 +1,232 @@
+"""Every Parquet table of the rankscope store, declared in one place.
+
+A table is one :class:`TableSpec`: a name, an Arrow schema and the columns it is partitioned by.
+Adding a table means adding one spec to :data:`TABLES`; :meth:`rankscope.datasets.store.Store.write`
+is the writer for all of them.
+
+Conventions: times are ``timestamp[us, UTC]``; ids from the field keep their field names (rank,
+local_rank, pg_id, collective_seq_id); metric names follow Prometheus (snake_case, base units).
+Frames are stored **innermost first**, as py-spy and faulthandler print them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from ..errors import InputError
+
+TIME = pa.timestamp("us", tz="UTC")
+
+FRAME = pa.struct(
+    [
+        pa.field("function", pa.string()),
+        pa.field("file", pa.string()),
+        pa.field("line", pa.int32()),
+    ]
+)
+
+ROLES = ("trainer", "dataloader", "checkpoint", "other")
+"""Process roles: a torchrun worker, a DataLoader worker, a checkpoint writer, anything else."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One table: its name, its Arrow schema and its hive partition columns."""
+
+    name: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...] = ("job",)
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        for col in self.partition_by:
+            if col not in self.schema.names:
+                raise ValueError(f"table {self.name}: partition column {col!r} not in schema")
+
+
+STACKS = TableSpec(
+    "stacks",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("snapshot", pa.int32(), nullable=False),
+            pa.field("time", TIME),
+            pa.field("node", pa.string()),
+            pa.field("rank", pa.int32()),
+            pa.field("pid", pa.int64()),
+            pa.field("role", pa.string()),
+            pa.field("thread_id", pa.int64()),
+            pa.field("thread_name", pa.string()),
+            pa.field("is_main_thread", pa.bool_()),
+            pa.field("active", pa.bool_()),
+            pa.field("frames", pa.list_(FRAME)),
+            pa.field("source_format", pa.string()),
+            pa.field("source_file", pa.string()),
+            pa.field("status", pa.string()),  # ok | partial | failed
+            pa.field("error", pa.string()),
+        ]
+    ),
+    doc="One row per thread of one process in one snapshot; a failed dump is one row with status=failed.",
+)
+
+TOPOLOGY = TableSpec(
+    "topology",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("rank", pa.int32(), nullable=False),
+            pa.field("node", pa.string(), nullable=False),
+            pa.field("local_rank", pa.int32()),
+            pa.field("tp", pa.int32()),
+            pa.field("cp", pa.int32()),
+            pa.field("ep", pa.int32()),
+            pa.field("dp", pa.int32()),
+            pa.field("pp", pa.int32()),
+        ]
+    ),
+    doc="One row per rank: its node and its coordinate along each parallel dimension.",
+)
+
+VERDICTS = TableSpec(
+    "verdicts",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("time", TIME),
+            pa.field("verdict", pa.string(), nullable=False),
+            pa.field("confidence", pa.float64()),
+            pa.field("suspect_nodes", pa.list_(pa.string())),
+            pa.field("culprit_nodes", pa.list_(pa.string())),
+            pa.field("suspect_ranks", pa.list_(pa.int32())),
+            pa.field("summary", pa.string()),
+            pa.field("verdict_json", pa.string()),
+        ]
+    ),
+    doc="One row per diagnosis: the decision and its full JSON.",
+)
+
+COLLECTIVES = TableSpec(
+    "collectives",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("rank", pa.int32(), nullable=False),
+            pa.field("node", pa.string()),
+            pa.field("source_file", pa.string()),
+            pa.field("fr_version", pa.string()),
+            pa.field("record_id", pa.int64()),
+            pa.field("pg_id", pa.string()),
+            pa.field("pg_name", pa.string()),
+            pa.field("pg_desc", pa.string()),
+            pa.field("collective_seq_id", pa.int64()),
+            pa.field("p2p_seq_id", pa.int64()),
+            pa.field("op_id", pa.int64()),
+            pa.field("profiling_name", pa.string()),
+            pa.field("backend", pa.string()),
+            pa.field("op", pa.string()),
+            pa.field("is_p2p", pa.bool_()),
+            pa.field("peer", pa.int32()),
+            pa.field("state", pa.string()),
+            pa.field("retired", pa.bool_()),
+            pa.field("time_created_ns", pa.int64()),
+            pa.field("time_discovered_started_ns", pa.int64()),
+            pa.field("time_discovered_completed_ns", pa.int64()),
+            pa.field("duration_ms", pa.float64()),
+            pa.field("timeout_ms", pa.int64()),
+            pa.field("input_sizes", pa.string()),  # JSON list of shapes
+            pa.field("input_dtypes", pa.list_(pa.string())),
+            pa.field("output_sizes", pa.string()),
+            pa.field("output_dtypes", pa.list_(pa.string())),
+            pa.field("frames", pa.list_(FRAME)),
+        ]
+    ),
+    doc="One row per Flight Recorder entry of one rank.",
+)
+
+PROCESSES = TableSpec(
+    "processes",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("time", TIME),
+            pa.field("node", pa.string()),
+            pa.field("pid", pa.int64()),
+            pa.field("ppid", pa.int64()),
+            pa.field("role", pa.string()),
+            pa.field("rank", pa.int32()),
+            pa.field("local_rank", pa.int32()),
+            pa.field("world_size", pa.int32()),
+            pa.field("group_rank", pa.int32()),
+            pa.field("master_addr", pa.string()),
+            pa.field("cmdline", pa.string()),
+        ]
+    ),
+    doc="The process table the agent discovered: one row per process per discovery.",
+)
+
+METRICS = TableSpec(
+    "metrics",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("ts", TIME),
+            pa.field("node", pa.string()),
+            pa.field("metric", pa.string()),
+            pa.field("value", pa.float64()),
+            pa.field("gpu", pa.int32()),
+            pa.field("rank", pa.int32()),
+            pa.field("pid", pa.int64()),
+            pa.field("labels", pa.string()),  # JSON object of extra labels (device, port, ...)
+        ]
+    ),
+    doc="Metrics in long form; names follow Prometheus conventions with base units.",
+)
+
+EVENTS = TableSpec(
+    "events",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("ts", TIME),
+            pa.field("node", pa.string()),
+            pa.field("kind", pa.string()),  # xid, nic_down, nic_flap, disk_full, fs_readonly, gpu_lost, stall, ...
+            pa.field("severity", pa.string()),  # info | warning | critical
+            pa.field("gpu", pa.int32()),
+            pa.field("rank", pa.int32()),
+            pa.field("message", pa.string()),
+            pa.field("labels", pa.string()),
+        ]
+    ),
+    doc="Health events, each with a severity the recovery policy acts on.",
+)
+
+TIMINGS = TableSpec(
+    "timings",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("rank", pa.int32(), nullable=False),
+            pa.field("step", pa.int64(), nullable=False),
+            pa.field("op", pa.string(), nullable=False),
+            pa.field("duration_s", pa.float64(), nullable=False),
+            pa.field("start_s", pa.float64()),
+            pa.field("node", pa.string()),
+        ]
+    ),
+    doc="Per-rank, per-step operation timings (Megatron timers, log_step, per-op traces).",
+)
+
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec
+    for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, PROCESSES, METRICS, EVENTS, TIMINGS)
+}
+
+
+def table(name: str) -> TableSpec:
+    """The spec of table ``name``; an unknown name lists the valid ones."""
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise InputError(f"unknown table {name!r}; valid tables: {', '.join(sorted(TABLES))}") from None

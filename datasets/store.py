@@ -1,0 +1,236 @@
+"""The rankscope store: a directory of append-only, partitioned Parquet tables.
+
+Layout::
+
+    ROOT/rankscope-store.json                     marker + format version
+    ROOT/<table>/job=<job>/part-<utc>-<uuid>.parquet
+
+Every write goes to a hidden temporary file in the same directory, is fsynced, then renamed into
+place (``os.replace``), so a reader (or a ``kill -9`` of the writer) never sees a partial file:
+readers only look at ``part-*.parquet``. Files are never rewritten. Tables are read lazily with
+polars (:meth:`Store.scan`) or queried with DuckDB (:meth:`Store.sql`), where every table is a view.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import InputError, StoreError
+from .schemas import TABLES, TableSpec, table
+
+MARKER = "rankscope-store.json"
+FORMAT_VERSION = 1
+_PART_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+Rows = pa.Table | pl.DataFrame | Sequence[Mapping[str, Any]]
+
+
+def conform(rows: Rows, spec: TableSpec) -> pa.Table:
+    """``rows`` as an Arrow table with exactly ``spec``'s schema (missing nullable columns are null)."""
+    if isinstance(rows, pl.DataFrame):
+        rows = rows.to_arrow()
+    if not isinstance(rows, pa.Table):
+        rows = pa.Table.from_pylist(list(rows)) if rows else spec.schema.empty_table()
+    n = rows.num_rows
+    columns = []
+    for field in spec.schema:
+        if field.name in rows.column_names:
+            col = rows.column(field.name)
+            try:
+                col = col.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InputError(
+                    f"table {spec.name}: column {field.name!r} cannot be stored as {field.type} ({exc})"
+                ) from None
+        elif field.nullable:
+            col = pa.nulls(n, field.type)
+        else:
+            raise InputError(f"table {spec.name}: required column {field.name!r} is missing")
+        if not field.nullable and col.null_count:
+            raise InputError(f"table {spec.name}: column {field.name!r} has {col.null_count} null values")
+        columns.append(col)
+    extra = set(rows.column_names) - set(spec.schema.names)
+    if extra:
+        raise InputError(f"table {spec.name}: unknown columns {sorted(extra)}; valid: {spec.schema.names}")
+    return pa.Table.from_arrays(columns, schema=spec.schema)
+
+
+def atomic_write_parquet(tbl: pa.Table, path: Path) -> None:
+    """Write ``tbl`` to ``path`` so that ``path`` either does not exist or is complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".tmp-{uuid.uuid4().hex}.parquet"
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(tbl, fh, compression="zstd")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+class Store:
+    """A store rooted at a directory. ``Store(path, create=True)`` makes a new one if needed."""
+
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
+        self.root = Path(root)
+        marker = self.root / MARKER
+        if not marker.exists():
+            if not create:
+                raise StoreError(f"{self.root}: not a rankscope store (no {MARKER})")
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f".tmp-{uuid.uuid4().hex}.json"
+            tmp.write_text(json.dumps({"format": "rankscope-store", "version": FORMAT_VERSION}) + "\n")
+            os.replace(tmp, marker)
+        try:
+            meta = json.loads(marker.read_text())
+            version = int(meta["version"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"{marker}: unreadable store marker ({exc})") from None
+        if version > FORMAT_VERSION:
+            raise StoreError(f"{marker}: store format {version} is newer than this rankscope ({FORMAT_VERSION})")
+        self._checked: dict[Path, tuple[int, int]] = {}
+
+    @staticmethod
+    def is_store(path: str | os.PathLike[str]) -> bool:
+        """True when ``path`` is the root of a rankscope store."""
+        return (Path(path) / MARKER).is_file()
+
+    # -- writing -----------------------------------------------------------------------------
+    def write(self, name: str, rows: Rows) -> list[Path]:
+        """Append ``rows`` to table ``name``; returns the files written (one per partition)."""
+        spec = table(name)
+        tbl = conform(rows, spec)
+        if tbl.num_rows == 0:
+            return []
+        written = []
+        for key, part in self._partitions(spec, tbl):
+            subdir = self.root / spec.name
+            for col, value in zip(spec.partition_by, key):
+                subdir = subdir / f"{col}={value}"
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            path = subdir / f"part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
+            atomic_write_parquet(part, path)
+            written.append(path)
+        return written
+
+    @staticmethod
+    def _partitions(spec: TableSpec, tbl: pa.Table) -> Iterable[tuple[tuple[str, ...], pa.Table]]:
+        cols = [tbl.column(c).to_pylist() for c in spec.partition_by]
+        keys = list(zip(*cols))
+        for key in dict.fromkeys(keys):
+            for col, value in zip(spec.partition_by, key):
+                if not _PART_VALUE.match(str(value)):
+                    raise InputError(
+                        f"table {spec.name}: {col}={value!r} cannot name a partition "
+                        "(use letters, digits, '.', '_' or '-', e.g. 'llama-70b.run3')"
+                    )
+            if len(dict.fromkeys(keys)) == 1:
+                yield tuple(map(str, key)), tbl
+                return
+            mask = pa.array([k == key for k in keys])
+            yield tuple(map(str, key)), tbl.filter(mask)
+
+    # -- reading -----------------------------------------------------------------------------
+    def files(self, name: str, *, job: str | None = None) -> list[Path]:
+        """The complete Parquet files of table ``name`` (optionally of one job), checked readable."""
+        spec = table(name)
+        base = self.root / spec.name
+        if job is not None and "job" in spec.partition_by:
+            base = base / f"job={job}"
+        if not base.is_dir():
+            return []
+        paths = sorted(base.rglob("part-*.parquet"))
+        for path in paths:
+            self._check(path)
+        return paths
+
+    def _check(self, path: Path) -> None:
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise StoreError(f"{path}: unreadable ({exc.strerror})") from None
+        sig = (st.st_size, st.st_mtime_ns)
+        if self._checked.get(path) == sig:
+            return
+        try:
+            pq.read_metadata(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"{path}: corrupt or truncated Parquet file ({exc})") from None
+        self._checked[path] = sig
+
+    def scan(self, name: str, *, job: str | None = None) -> pl.LazyFrame:
+        """Table ``name`` as a polars LazyFrame (empty, with the schema, when nothing was written)."""
+        spec = table(name)
+        paths = self.files(name, job=job)
+        if not paths:
+            return pl.from_arrow(spec.schema.empty_table()).lazy()  # type: ignore[union-attr]
+        lf = pl.scan_parquet(paths, missing_columns="insert", extra_columns="ignore")
+        if job is not None and "job" in spec.schema.names:
+            lf = lf.filter(pl.col("job") == job)
+        return lf
+
+    def read(self, name: str, *, job: str | None = None) -> pl.DataFrame:
+        """Table ``name`` collected into memory; a corrupt file is reported by name."""
+        try:
+            return self.scan(name, job=job).collect()
+        except pl.exceptions.PolarsError as exc:
+            raise StoreError(f"{self.root / name}: unreadable table ({exc})") from None
+
+    def read_arrow(self, name: str, *, job: str | None = None) -> pa.Table:
+        """Table ``name`` as one Arrow table with the declared schema."""
+        spec = table(name)
+        parts = []
+        for path in self.files(name, job=job):
+            try:
+                parts.append(conform(pq.read_table(path), spec))
+            except (OSError, pa.ArrowException) as exc:
+                raise StoreError(f"{path}: corrupt or truncated Parquet file ({exc})") from None
+        tbl = pa.concat_tables(parts) if parts else spec.schema.empty_table()
+        if job is not None:
+            tbl = tbl.filter(pa.compute.equal(tbl.column("job"), job))
+        return tbl
+
+    def jobs(self, name: str = "stacks") -> list[str]:
+        """The jobs that have rows in table ``name``."""
+        base = self.root / table(name).name
+        if not base.is_dir():
+            return []
+        return sorted(p.name.split("=", 1)[1] for p in base.glob("job=*") if any(p.rglob("part-*.parquet")))
+
+    def sql(self, query: str) -> pl.DataFrame:
+        """Run DuckDB SQL over the store; every table with data is a view of the same name."""
+        import duckdb
+
+        con = duckdb.connect()
+        try:
+            for name in TABLES:
+                paths = self.files(name)
+                if paths:
+                    files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
+                    con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}], union_by_name=true)")
+            return con.execute(query).pl()
+        except duckdb.Error as exc:
+            raise InputError(f"SQL over {self.root}: {exc}") from None
+        finally:
+            con.close()
