@@ -1,0 +1,245 @@
+"""A raw dump directory: one file per process, an optional manifest, optional snapshot folders.
+
+Rules (what ``rankscope diagnose PATH`` accepts):
+
+- ``*.txt``: py-spy text, or faulthandler / traceback text. ``*.json``: ``py-spy dump --json``
+  (a JSON list). A JSON *object* or an extension-less ``<prefix><rank>`` pickle is a Flight Recorder
+  dump and is handed to the Flight Recorder reader. Files named ``metrics*`` / ``timings*``
+  (CSV/Parquet) are metrics and timings.
+- ``manifest.csv`` (optional): header ``file,rank,node`` plus optional ``role,pid,snapshot``; ``file``
+  relative to PATH. With a manifest, stack files it does not list are ignored (and reported).
+- Without a manifest: rank from the file name (``rank17``, ``rank-17``, ``rank_17``), node
+  ``node-<rank // gpus_per_node>``, role from the name (``dataloader``, ``checkpoint``) or the stack.
+- Several snapshots: a ``snapshot`` column, or sub-directories ``snapshot-0/``, ``snapshot-1/``, ...
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...errors import InputError
+from ..schemas import ROLES
+from .base import ProcessDump, failed_dump
+from .faulthandler import looks_like_traceback, parse_traceback_text
+from .pyspy_json import parse_pyspy_json
+from .pyspy_text import parse_pyspy_text
+
+MANIFEST = "manifest.csv"
+_RANK = re.compile(r"rank[-_]?(\d+)", re.I)
+_SNAPSHOT_DIR = re.compile(r"^snap(?:shot)?[-_]?(\d+)$", re.I)
+_STACK_SUFFIXES = (".txt", ".json")
+_DATALOADER_FRAMES = ("_worker_loop",)
+_CHECKPOINT_HINTS = ("checkpoint", "async_save", "filesystem.py", "write_data")
+
+
+@dataclass(frozen=True)
+class DumpFile:
+    """One parsed stack file and what we know about the process(es) in it."""
+
+    path: str  # relative to the dump root
+    snapshot: int
+    rank: int | None
+    node: str | None
+    role: str | None
+    pid: int | None
+    processes: tuple[ProcessDump, ...]
+
+
+@dataclass(frozen=True)
+class DumpDir:
+    """Everything found under a dump root."""
+
+    root: Path
+    files: tuple[DumpFile, ...]
+    fr_files: tuple[Path, ...] = ()
+    metric_files: tuple[Path, ...] = ()
+    timing_files: tuple[Path, ...] = ()
+    has_manifest: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+
+def read_stack_file(path: str | os.PathLike[str], display: str | None = None) -> list[ProcessDump]:
+    """Parse one stack dump file of any supported format (decided by suffix and content)."""
+    p = Path(path)
+    name = display or str(p)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        return [failed_dump(name, "unknown", f"unreadable ({exc.strerror})")]
+    text = raw.decode("utf-8", errors="replace")
+    stripped = text.lstrip()
+    if p.suffix == ".json" or stripped.startswith("["):
+        if stripped.startswith("[") or not stripped.startswith("{"):
+            return parse_pyspy_json(text, name)
+        return [failed_dump(name, "pyspy-json", "JSON object, not a py-spy thread list")]
+    if looks_like_traceback(text) and not stripped.startswith("Process "):
+        return parse_traceback_text(text, name)
+    return parse_pyspy_text(text, name)
+
+
+def _sniff_json_object(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64).lstrip()
+    except OSError:
+        return False
+    return head.startswith(b"{")
+
+
+def _is_pickle(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(1) == b"\x80"
+    except OSError:
+        return False
+
+
+def _role_from(name: str, dump: ProcessDump, first: bool) -> str:
+    low = name.lower()
+    if "dataloader" in low:
+        return "dataloader"
+    if "checkpoint" in low or "ckpt" in low:
+        return "checkpoint"
+    main = dump.main_thread
+    funcs = [f.function for f in main.frames] if main else []
+    if any(f in _DATALOADER_FRAMES for f in funcs):
+        return "dataloader"
+    if not first and main and any(h in (f.file + f.function) for f in main.frames for h in _CHECKPOINT_HINTS):
+        return "checkpoint"
+    return "trainer" if first else "other"
+
+
+def _read_manifest(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            missing = {"file", "rank", "node"} - set(header)
+            if missing:
+                raise InputError(f"{path}: header must have file,rank,node (missing {', '.join(sorted(missing))})")
+            rows = []
+            for i, row in enumerate(reader, start=2):
+                row = {(k or "").strip(): (v or "").strip() for k, v in row.items()}
+                if not row.get("file"):
+                    raise InputError(f"{path}: line {i}: empty 'file'")
+                if not row.get("rank", "").lstrip("-").isdigit() or int(row["rank"]) < 0:
+                    raise InputError(f"{path}: line {i}: rank {row.get('rank')!r} is not a non-negative integer")
+                if not row.get("node"):
+                    raise InputError(f"{path}: line {i}: empty 'node'")
+                role = row.get("role") or ""
+                if role and role not in ROLES:
+                    raise InputError(f"{path}: line {i}: role {role!r} is not one of {', '.join(ROLES)}")
+                for col in ("pid", "snapshot"):
+                    if row.get(col) and not row[col].isdigit():
+                        raise InputError(f"{path}: line {i}: {col} {row[col]!r} is not an integer")
+                rows.append(row)
+            return rows
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a UTF-8 CSV file") from None
+    except csv.Error as exc:
+        raise InputError(f"{path}: malformed CSV ({exc})") from None
+
+
+def _walk(root: Path) -> Iterable[tuple[Path, int]]:
+    """Files under root with their snapshot number (from snapshot-N folders, else 0)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        rel = Path(dirpath).relative_to(root)
+        snap = 0
+        for part in rel.parts:
+            m = _SNAPSHOT_DIR.match(part)
+            if m:
+                snap = int(m.group(1))
+        for fn in sorted(filenames):
+            if not fn.startswith("."):
+                yield Path(dirpath) / fn, snap
+
+
+def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> DumpDir:
+    """Find and parse every dump under ``path``. Raises InputError when there is nothing usable."""
+    root = Path(path)
+    if not root.exists():
+        raise InputError(f"{root}: no such file or directory")
+    if root.is_file():
+        raise InputError(f"{root}: expected a directory of dumps or a rankscope store, got a file")
+    if gpus_per_node < 1:
+        raise InputError(f"--gpus-per-node {gpus_per_node}: must be at least 1")
+    manifest_path = root / MANIFEST
+    manifest = {r["file"]: r for r in _read_manifest(manifest_path)} if manifest_path.is_file() else None
+    files: list[DumpFile] = []
+    fr, metrics, timings, notes = [], [], [], []
+    ignored = []
+    for p, snap in _walk(root):
+        rel = p.relative_to(root).as_posix()
+        name = p.name.lower()
+        if rel == MANIFEST:
+            continue
+        if name.startswith("metrics") and p.suffix in (".csv", ".parquet"):
+            metrics.append(p)
+            continue
+        if name.startswith("timings") and p.suffix in (".csv", ".parquet"):
+            timings.append(p)
+            continue
+        if (p.suffix == ".json" and _sniff_json_object(p)) or (p.suffix in ("", ".pkl", ".pickle") and _is_pickle(p)):
+            fr.append(p)
+            continue
+        if p.suffix not in _STACK_SUFFIXES:
+            ignored.append(rel)
+            continue
+        meta = manifest.get(rel) if manifest is not None else None
+        if manifest is not None and meta is None:
+            ignored.append(rel)
+            continue
+        if meta is not None:
+            rank = int(meta["rank"])
+            node = meta["node"]
+            role = meta.get("role") or None
+            pid = int(meta["pid"]) if meta.get("pid") else None
+            if meta.get("snapshot"):
+                snap = int(meta["snapshot"])
+        else:
+            m = _RANK.search(p.stem)
+            if not m:
+                ignored.append(rel)
+                continue
+            rank = int(m.group(1))
+            node = f"node-{rank // gpus_per_node}"
+            role, pid = None, None
+        procs = read_stack_file(p, rel)
+        files.append(DumpFile(rel, snap, rank, node, role, pid, tuple(procs)))
+    if manifest is not None:
+        present = {f.path for f in files}
+        absent = [f for f in manifest if f not in present and not (root / f).exists()]
+        for f in absent:  # listed but not there: the process's dump is missing
+            meta = manifest[f]
+            files.append(DumpFile(f, int(meta.get("snapshot") or 0), int(meta["rank"]), meta["node"],
+                                  meta.get("role") or None, int(meta["pid"]) if meta.get("pid") else None,
+                                  (failed_dump(f, "unknown", "listed in manifest.csv but the file is absent"),)))
+    if ignored:
+        shown = ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else "")
+        why = "not in manifest.csv" if manifest is not None else "no rank in the name or unknown type"
+        notes.append(f"ignored {len(ignored)} file(s) ({why}): {shown}")
+    if not files and not fr and not metrics and not timings:
+        raise InputError(
+            f"{root}: no stack dumps found (expected rank<N>.txt / rank<N>.json files, a manifest.csv, "
+            "or Flight Recorder / metrics / timings files)"
+        )
+    return DumpDir(root, tuple(files), tuple(fr), tuple(metrics), tuple(timings), manifest is not None,
+                   tuple(notes))
+
+
+def assign_roles(df: DumpFile) -> list[tuple[ProcessDump, str]]:
+    """Each process of a file with its role: the manifest's, else from the name and the stack."""
+    out = []
+    for i, proc in enumerate(df.processes):
+        if df.role and i == 0:
+            role = df.role
+        else:
+            role = _role_from(Path(df.path).name, proc, first=(i == 0))
+        out.append((proc, role))
+    return out

@@ -1,0 +1,94 @@
+"""Reader for Python ``faulthandler`` dumps and ``traceback``-style stack text.
+
+faulthandler prints innermost first::
+
+    Thread 0x00007f2a1c1fe640 (most recent call first):
+      File "/usr/lib/python3.11/threading.py", line 320 in wait
+    Current thread 0x00007f2a2a3b4740 (most recent call first):
+      File "/opt/job/train.py", line 33 in <module>
+
+``traceback.print_stack`` / exceptions print outermost first (``Traceback (most recent call last):``,
+``Stack (most recent call last):``, ``  File "x.py", line 3, in f``) and are reversed here. Thread
+headers of the common ``sys._current_frames`` recipe (``# Thread: NAME(ID)``, ``# ThreadID: ID``)
+start a new thread.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .base import Frame, ProcessDump, ThreadDump, failed_dump, mark_main
+
+FORMAT = "faulthandler"
+
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0[xX][0-9a-fA-F]+)(?: \[(.*?)\])? \(most recent call first\):")
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.+?)\s*$')
+_TB_HEAD = re.compile(r"^(Traceback|Stack) \(most recent call last\):")
+_TB_FRAME = re.compile(r'^\s+File "(.*)", line (\d+), in (.+?)\s*$')
+_RECIPE_THREAD = re.compile(r"^#\s*Thread(?:ID)?:\s*(?:(.*?)\s*\((\d+)\)|(\d+))\s*$")
+
+
+def _int(x: str) -> int | None:
+    return int(x) if x.isdigit() else None
+
+
+def parse_traceback_text(text: str, source_file: str = "") -> list[ProcessDump]:
+    """One process with every thread found in faulthandler or traceback text."""
+    if not text.strip():
+        return [failed_dump(source_file, FORMAT, "empty dump file")]
+    threads: list[ThreadDump] = []
+    current: list[int] = []
+    cur: dict | None = None
+
+    def close() -> None:
+        nonlocal cur
+        if cur is not None and cur["frames"]:
+            frames = cur["frames"] if cur["innermost_first"] else list(reversed(cur["frames"]))
+            threads.append(ThreadDump(tuple(frames), cur["tid"], cur["name"], None, cur["main"]))
+            if cur.get("current"):
+                current.append(len(threads) - 1)
+        cur = None
+
+    for line in text.splitlines():
+        m = _FH_THREAD.match(line)
+        if m:
+            close()
+            cur = {"tid": int(m.group(2), 16), "name": m.group(3), "innermost_first": True, "frames": [],
+                   "main": False, "current": m.group(1) == "Current thread"}
+            continue
+        m = _RECIPE_THREAD.match(line.strip())
+        if m:
+            close()
+            tid = m.group(2) or m.group(3)
+            cur = {"tid": int(tid), "name": m.group(1), "innermost_first": False, "frames": [], "main": False}
+            continue
+        m = _TB_HEAD.match(line)
+        if m:
+            if cur is None or cur["frames"]:
+                close()
+                cur = {"tid": None, "name": None, "innermost_first": False, "frames": [], "main": False}
+            else:
+                cur["innermost_first"] = False
+            continue
+        if cur is not None:
+            m = (_FH_FRAME if cur["innermost_first"] else _TB_FRAME).match(line)
+            if m is None:
+                m = _FH_FRAME.match(line) or _TB_FRAME.match(line)
+            if m:
+                cur["frames"].append(Frame(m.group(3), m.group(1), _int(m.group(2))))
+    close()
+    if not threads:
+        first = text.strip().splitlines()[0][:200]
+        return [failed_dump(source_file, FORMAT, f"no Python stack found (first line: {first!r})")]
+    if current and not any(t.frames[-1].function == "<module>" for t in threads):
+        i = current[0]  # the thread that took the signal is the best guess for the main thread
+        t = threads[i]
+        threads[i] = ThreadDump(t.frames, t.thread_id, t.thread_name, t.active, True)
+    status, error = ("partial", "file ends mid-line (truncated dump)") if not text.endswith("\n") else ("ok", None)
+    return [ProcessDump(mark_main(threads, None), None, None, status, error, FORMAT, source_file)]
+
+
+def looks_like_traceback(text: str) -> bool:
+    """True when ``text`` holds faulthandler or traceback stacks rather than py-spy output."""
+    head = text[:4096]
+    return bool(re.search(r"\(most recent call (first|last)\):", head) or re.search(r'^\s+File "', head, re.M))

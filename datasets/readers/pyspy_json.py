@@ -1,0 +1,87 @@
+"""Reader for ``py-spy dump --json``: a list of thread objects (several pids with ``--subprocesses``).
+
+Each thread: ``pid, thread_id, thread_name, os_thread_id, active, owns_gil, frames`` with frames
+``{name, filename, short_filename, line, module, locals, is_entry, is_shim_entry}`` innermost first.
+A file cut short keeps every complete thread object (status ``partial``); non-JSON text (py-spy's
+own error message) is a failed dump.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .base import Frame, ProcessDump, ThreadDump, failed_dump, mark_main
+
+FORMAT = "pyspy-json"
+
+
+def _salvage(text: str) -> list[Any]:
+    """Complete objects of a JSON array that was cut short."""
+    dec = json.JSONDecoder()
+    i = text.find("[")
+    if i < 0:
+        return []
+    i += 1
+    out = []
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            break
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        out.append(obj)
+    return out
+
+
+def _frame(f: Any) -> Frame:
+    if not isinstance(f, dict):
+        raise TypeError("frame is not an object")
+    name = f.get("name") or "?"
+    file = f.get("filename") or f.get("short_filename") or "?"
+    line = f.get("line")
+    return Frame(str(name), str(file), int(line) if isinstance(line, int) and line > 0 else None)
+
+
+def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
+    """Every process in a ``py-spy dump --json`` output; bad input yields one failed dump."""
+    if not text.strip():
+        return [failed_dump(source_file, FORMAT, "empty dump file")]
+    status, error = "ok", None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        data = _salvage(text)
+        if not data:
+            first = text.strip().splitlines()[0][:200]
+            what = first if not text.lstrip().startswith("[") else f"invalid JSON ({exc.msg} at line {exc.lineno})"
+            return [failed_dump(source_file, FORMAT, what)]
+        status, error = "partial", f"truncated JSON: kept {len(data)} complete thread(s)"
+    if isinstance(data, dict) and "threads" in data:  # tolerate {"threads": [...]} wrappers
+        data = data["threads"]
+    if not isinstance(data, list):
+        return [failed_dump(source_file, FORMAT, "expected a JSON list of threads")]
+    by_pid: dict[Any, list[ThreadDump]] = {}
+    try:
+        for t in data:
+            if not isinstance(t, dict):
+                raise TypeError("thread is not an object")
+            frames = tuple(_frame(f) for f in (t.get("frames") or []))
+            tid = t.get("os_thread_id") or t.get("thread_id")
+            by_pid.setdefault(t.get("pid"), []).append(
+                ThreadDump(frames, int(tid) if isinstance(tid, int) else None, t.get("thread_name"),
+                           t.get("active") if isinstance(t.get("active"), bool) else None)
+            )
+    except (TypeError, ValueError) as exc:
+        return [failed_dump(source_file, FORMAT, f"unexpected py-spy JSON structure ({exc})")]
+    if not by_pid:
+        return [failed_dump(source_file, FORMAT, "no threads in dump")]
+    return [
+        ProcessDump(mark_main(threads, pid if isinstance(pid, int) else None),
+                    pid if isinstance(pid, int) else None, None, status, error, FORMAT, source_file)
+        for pid, threads in by_pid.items()
+    ]
