@@ -140,9 +140,14 @@ COLLECTIVES = TableSpec(
             pa.field("output_sizes", pa.string()),
             pa.field("output_dtypes", pa.list_(pa.string())),
             pa.field("frames", pa.list_(FRAME)),
+            pa.field("pg_ranks", pa.list_(pa.int32())),  # the group's members per this rank's pg_config
+            pa.field("pg_last_enqueued", pa.int64()),  # this rank's pg_status for the group
+            pa.field("pg_last_started", pa.int64()),
+            pa.field("pg_last_completed", pa.int64()),
         ]
     ),
-    doc="One row per Flight Recorder entry of one rank.",
+    doc="One row per Flight Recorder entry of one rank, plus one metadata row (record_id null) per process "
+    "group of the rank with its pg_config members and pg_status.",
 )
 
 PROCESSES = TableSpec(

@@ -1,0 +1,494 @@
+"""Reader of PyTorch Flight Recorder (FR) dumps: pickle or JSON, one file per rank (``<prefix><rank>``).
+
+FR dumps are untrusted input, so pickles go through :class:`SafeUnpickler`, which admits only plain
+containers and scalars: a pickle that names any other global is refused before anything runs.
+Every field of the format (``version``, ``pg_config``, ``pg_status``, ``entries``) is read, with
+defaults for fields older or newer versions lack; a file no version explains is a :class:`ParseError`.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import pickle
+import re
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from ...errors import InputError, ParseError
+from ..schemas import COLLECTIVES
+from .base import Frame
+
+SNIFF_BYTES = 1 << 16
+_SAFE_GLOBALS: dict[tuple[str, str], Any] = {
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("collections", "OrderedDict"): OrderedDict,
+}
+_EXTENSIONS = (".json", ".pkl", ".pickle", ".pk")
+_RANK_AT_END = re.compile(r"^(.*?)(\d+)$")
+_P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """An unpickler for plain data: dicts, lists, tuples, sets, str, bytes, numbers, bools and None.
+
+    Any reference to a class or function (``GLOBAL``/``STACK_GLOBAL``, extension codes, persistent
+    ids) raises :class:`pickle.UnpicklingError` before it is resolved, so no foreign code can run.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _SAFE_GLOBALS[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(
+                f"refers to {module}.{name}; only plain containers and scalars are allowed"
+            ) from None
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("uses persistent ids; only plain containers and scalars are allowed")
+
+
+def safe_loads(data: bytes) -> Any:
+    """Unpickle ``data`` admitting only plain containers and scalars (see :class:`SafeUnpickler`)."""
+    return SafeUnpickler(io.BytesIO(data)).load()
+
+
+class FREntry(NamedTuple):
+    """One FR record. A NamedTuple, not a dataclass: a large job has millions of them.
+
+    ``op`` is the profiling name without its backend prefix and peer suffix (``all_reduce``,
+    ``send``); for p2p, ``src``/``dst`` are the group-local ranks of ``send 0->1``/``recv 1<-0``.
+    Sizes are tuples of shapes; frames are innermost first, as in the stacks table.
+    """
+
+    record_id: int
+    pg_id: str
+    pg_name: str
+    pg_desc: str
+    collective_seq_id: int
+    p2p_seq_id: int
+    op_id: int
+    profiling_name: str
+    backend: str
+    op: str
+    is_p2p: bool
+    src: int | None
+    dst: int | None
+    state: str
+    retired: bool
+    time_created_ns: int | None
+    time_discovered_started_ns: int | None
+    time_discovered_completed_ns: int | None
+    duration_ms: float | None
+    timeout_ms: int | None
+    input_sizes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    output_sizes: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[str, ...]
+    frames: tuple[Frame, ...] = ()
+
+
+@dataclass(frozen=True)
+class PGInfo:
+    """One process group as a rank's ``pg_config`` describes it; ``ranks`` is None when unknown."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class PGStatus:
+    """A rank's ``pg_status`` for one group: the last enqueued/started/completed collective seq ids."""
+
+    last_enqueued: int | None
+    last_started: int | None
+    last_completed: int | None
+
+
+@dataclass(frozen=True)
+class FRDump:
+    """One rank's Flight Recorder dump."""
+
+    rank: int
+    entries: tuple[FREntry, ...]
+    version: str = ""
+    pg_config: Mapping[str, PGInfo] = field(default_factory=dict)
+    pg_status: Mapping[str, PGStatus] = field(default_factory=dict)
+    comm_lib_version: str = ""
+    source_file: str = ""
+    source_format: str = ""  # fr-pickle | fr-json | store
+
+    @property
+    def backend(self) -> str:
+        """The communication backend of the entries (``nccl``, ``gloo``, ...), ``""`` without entries."""
+        return next((e.backend for e in self.entries if e.backend), "")
+
+
+# -- sniffing and loading ---------------------------------------------------------------------
+def is_fr_file(path: str | os.PathLike[str]) -> bool:
+    """Cheap check: a pickle, or a JSON object whose first bytes name an FR key. Never raises."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(SNIFF_BYTES)
+    except OSError:
+        return False
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return any(k in head for k in (b"version", b"entries", b"pg_config"))
+    text = head.lstrip()
+    if text.startswith(b"\xef\xbb\xbf"):
+        text = text[3:].lstrip()
+    return text.startswith(b"{") and any(k in text for k in (b'"entries"', b'"pg_config"', b'"pg_status"'))
+
+
+def rank_from_name(path: str | os.PathLike[str]) -> int | None:
+    """The rank at the end of a dump's file name (``nccl_trace_rank_12``, ``fr_rank3.json``), else None."""
+    stem = Path(path).name
+    low = stem.lower()
+    for ext in _EXTENSIONS:
+        if low.endswith(ext):
+            stem = stem[: -len(ext)]
+            break
+    m = _RANK_AT_END.match(stem)
+    return int(m.group(2)) if m else None
+
+
+def _family(path: str | os.PathLike[str]) -> str:
+    """``<prefix>#<extension>`` of a dump file name, the unit torchfrtrace calls a prefix."""
+    name = Path(path).name
+    ext = next((e for e in _EXTENSIONS if name.lower().endswith(e)), "")
+    stem = name[: len(name) - len(ext)]
+    m = _RANK_AT_END.match(stem)
+    return f"{m.group(1) if m else stem}#{ext}"
+
+
+def load_raw(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+    """The decoded top-level dict of an FR file and its format (``fr-pickle`` or ``fr-json``)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ParseError(path, f"unreadable ({exc.strerror or exc})") from None
+    if data[:1] == b"\x80":
+        fmt = "fr-pickle"
+        try:
+            obj = safe_loads(data)
+        except pickle.UnpicklingError as exc:
+            raise ParseError(path, f"refused pickle: {exc}") from None
+        except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError,
+                RecursionError, UnicodeDecodeError) as exc:
+            raise ParseError(path, f"corrupt or truncated pickle ({type(exc).__name__}: {exc})") from None
+    else:
+        fmt = "fr-json"
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise ParseError(path, f"neither a pickle nor valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ParseError(path, f"top level is a {type(obj).__name__}, not a Flight Recorder dict")
+    if not any(k in obj for k in ("entries", "pg_config", "pg_status")):
+        raise ParseError(path, "no 'entries', 'pg_config' or 'pg_status' key: not a Flight Recorder dump")
+    return obj, fmt
+
+
+def read_fr_file(path: str | os.PathLike[str], rank: int | None = None) -> FRDump:
+    """One rank's dump. The rank is ``rank``, else the dump's own ``rank`` field, else the file name's."""
+    raw, fmt = load_raw(path)
+    return parse_dump(raw, path=str(path), rank=rank, source_format=fmt)
+
+
+def parse_dump(raw: Mapping[str, Any], *, path: str = "<dump>", rank: int | None = None,
+               source_format: str = "") -> FRDump:
+    """An :class:`FRDump` from an already decoded FR dict (e.g. the bytes of ``_dump_fr_trace``)."""
+    if rank is None and isinstance(raw.get("rank"), int):
+        rank = int(raw["rank"])
+    if rank is None:
+        rank = rank_from_name(path)
+    if rank is None or rank < 0:
+        raise ParseError(path, "cannot tell the rank: the file name does not end in a rank number")
+    entries_raw = raw.get("entries", [])
+    if entries_raw is None:
+        entries_raw = []
+    if not isinstance(entries_raw, (list, tuple)):
+        raise ParseError(path, f"'entries' is a {type(entries_raw).__name__}, not a list")
+    entries = []
+    for i, e in enumerate(entries_raw):
+        if not isinstance(e, Mapping):
+            raise ParseError(path, f"entry {i} is a {type(e).__name__}, not a dict")
+        try:
+            entries.append(_entry(e))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ParseError(path, f"entry {i}: {exc}") from None
+    try:
+        pg_config = _pg_config(raw.get("pg_config"))
+        pg_status = _pg_status(raw.get("pg_status"))
+    except (TypeError, ValueError, SyntaxError) as exc:
+        raise ParseError(path, f"bad pg_config/pg_status: {exc}") from None
+    return FRDump(rank=int(rank), entries=tuple(entries), version=str(raw.get("version", "") or ""),
+                  pg_config=pg_config, pg_status=pg_status,
+                  comm_lib_version=str(raw.get("comm_lib_version", "") or ""),
+                  source_file=path, source_format=source_format)
+
+
+def read_fr_dir(path: str | os.PathLike[str], *, prefix: str | None = None) -> list[FRDump]:
+    """Every rank's dump under ``path`` (recursively), sorted by rank.
+
+    Files are grouped by name family (prefix + extension, e.g. ``rank_`` pickles vs ``fr_rank*.json``);
+    ``prefix`` picks one, else the family covering most ranks wins (pickles, which carry stack
+    frames, on a tie). Files that are not FR dumps are skipped; a rank seen twice is an error.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise InputError(f"{root}: no such file or directory")
+    if root.is_file():
+        return [read_fr_file(root)]
+    families: dict[str, list[Path]] = defaultdict(list)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith(".") or rank_from_name(name) is None:
+                continue
+            if prefix is not None and not name.startswith(prefix):
+                continue
+            p = Path(dirpath) / name
+            if is_fr_file(p):
+                families[_family(p)].append(p)
+    if not families:
+        raise InputError(f"{root}: no Flight Recorder dumps (files named <prefix><rank>)")
+    best = max(families, key=lambda k: (len(families[k]), not k.endswith(".json"), k))
+    seen: dict[int, str] = {}
+    dumps = []
+    for p in families[best]:
+        d = read_fr_file(p)
+        if d.rank in seen:
+            raise InputError(f"{root}: rank {d.rank} has two dumps, {seen[d.rank]} and {p}; pass prefix=")
+        seen[d.rank] = str(p)
+        dumps.append(d)
+    return sorted(dumps, key=lambda d: d.rank)
+
+
+# -- field parsing ----------------------------------------------------------------------------
+def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
+    """``"nccl:send 0->1"`` -> ``("nccl", "send", 0, 1)``; ``"gloo:all_reduce"`` -> ``("gloo", "all_reduce", None, None)``."""
+    backend, _, rest = name.partition(":") if ":" in name else ("", "", name)
+    rest = rest.strip()
+    m = _P2P.match(rest)
+    if m:
+        a, b = int(m.group(2)), int(m.group(4))
+        src, dst = (a, b) if m.group(3) == "->" else (b, a)
+        return backend, m.group(1), src, dst
+    return backend, rest.split(" ", 1)[0] if rest else "", None, None
+
+
+def _opt_int(v: Any) -> int | None:
+    if v is None or v == "":
+        return None
+    return int(v)
+
+
+def _shapes(v: Any) -> tuple[tuple[int, ...], ...]:
+    if not v:
+        return ()
+    return tuple(tuple(int(x) for x in s) if isinstance(s, (list, tuple)) else (int(s),) for s in v)
+
+
+def _frames(v: Any) -> tuple[Frame, ...]:
+    if not v:
+        return ()
+    out = []
+    for f in v:
+        if isinstance(f, Mapping):
+            line = f.get("line")
+            out.append(Frame(str(f.get("name", f.get("function", "?"))), str(f.get("filename", f.get("file", ""))),
+                             int(line) if line is not None else None))
+    return tuple(out)
+
+
+def _entry(e: Mapping[str, Any]) -> FREntry:
+    pg = e.get("process_group")
+    pg_id = e.get("pg_id")
+    if isinstance(pg, (list, tuple)) and pg:
+        pg_name, pg_desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+    else:
+        pg_name, pg_desc = (str(pg_id) if pg_id is not None else ""), ""
+    pname = str(e.get("profiling_name", "") or "")
+    backend, op, src, dst = split_profiling_name(pname)
+    is_p2p = bool(e.get("is_p2p", op in ("send", "recv")))
+    seq = e.get("collective_seq_id", e.get("seq_id"))
+    duration = e.get("duration_ms")
+    return FREntry(
+        record_id=int(e.get("record_id", -1)),
+        pg_id=str(pg_id) if pg_id is not None else pg_name,
+        pg_name=pg_name, pg_desc=pg_desc,
+        collective_seq_id=int(seq) if seq is not None else -1,
+        p2p_seq_id=int(e.get("p2p_seq_id", -1) if e.get("p2p_seq_id") is not None else -1),
+        op_id=int(e.get("op_id", -1) if e.get("op_id") is not None else -1),
+        profiling_name=pname, backend=backend, op=op, is_p2p=is_p2p, src=src, dst=dst,
+        state=str(e.get("state", "") or ""),
+        retired=bool(e.get("retired", False)),
+        time_created_ns=_opt_int(e.get("time_created_ns")),
+        time_discovered_started_ns=_opt_int(e.get("time_discovered_started_ns")),
+        time_discovered_completed_ns=_opt_int(e.get("time_discovered_completed_ns")),
+        duration_ms=float(duration) if duration is not None else None,
+        timeout_ms=_opt_int(e.get("timeout_ms")),
+        input_sizes=_shapes(e.get("input_sizes")), input_dtypes=tuple(map(str, e.get("input_dtypes") or ())),
+        output_sizes=_shapes(e.get("output_sizes")), output_dtypes=tuple(map(str, e.get("output_dtypes") or ())),
+        frames=_frames(e.get("frames")),
+    )
+
+
+def _ranks(v: Any) -> tuple[int, ...] | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = ast.literal_eval(v.strip() or "[]")
+    ranks = tuple(int(r) for r in v)
+    return ranks or None  # gloo writes '[]' (unknown), never a real empty group
+
+
+def _pg_config(v: Any) -> dict[str, PGInfo]:
+    if not v:
+        return {}
+    if not isinstance(v, Mapping):
+        raise TypeError(f"pg_config is a {type(v).__name__}, not a dict")
+    out = {}
+    for key, cfg in v.items():
+        if not isinstance(cfg, Mapping):
+            continue
+        name = str(cfg.get("name", key) or key)
+        if not name:
+            continue  # gloo's placeholder {'': {'name': '', 'desc': '', 'ranks': '[]'}}: names no group
+        ranks = _ranks(cfg.get("ranks"))
+        out[name] = PGInfo(name=name, desc=str(cfg.get("desc", "") or ""), ranks=ranks)
+    return out
+
+
+def _pg_status(v: Any) -> dict[str, PGStatus]:
+    if not v:
+        return {}
+    if not isinstance(v, Mapping):
+        raise TypeError(f"pg_status is a {type(v).__name__}, not a dict")
+    out = {}
+    for key, st in v.items():
+        if isinstance(st, Mapping):
+            out[str(key)] = PGStatus(_opt_int(st.get("last_enqueued_collective")),
+                                     _opt_int(st.get("last_started_collective")),
+                                     _opt_int(st.get("last_completed_collective")))
+    return out
+
+
+# -- the collectives table ----------------------------------------------------------------------
+_EMPTY_ROW: dict[str, Any] = dict.fromkeys(COLLECTIVES.schema.names)  # every row has every key (from_pylist)
+
+
+def fr_to_rows(dumps: Iterable[FRDump], job: str, node_of: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
+    """Rows of the ``collectives`` table: one per entry, plus one metadata row per process group of a
+    rank (``record_id`` null) carrying ``pg_config``/``pg_status``, so a store round-trip loses nothing
+    the analysis needs (a rank with no group at all still gets one row, so its dump is not forgotten)."""
+    rows: list[dict[str, Any]] = []
+    for d in dumps:
+        node = node_of.get(d.rank) if node_of is not None else None
+        base = {**_EMPTY_ROW, "job": job, "rank": d.rank, "node": node, "source_file": d.source_file,
+                "fr_version": d.version}
+        pgs = dict.fromkeys([*d.pg_config, *d.pg_status, *(e.pg_name for e in d.entries)])
+        pg_meta = {}
+        for name in pgs:
+            cfg, st = d.pg_config.get(name), d.pg_status.get(name)
+            pg_meta[name] = {
+                "pg_ranks": list(cfg.ranks) if cfg and cfg.ranks is not None else None,
+                "pg_last_enqueued": st.last_enqueued if st else None,
+                "pg_last_started": st.last_started if st else None,
+                "pg_last_completed": st.last_completed if st else None,
+            }
+            rows.append({**base, "pg_name": name, "pg_desc": cfg.desc if cfg else None, **pg_meta[name]})
+        if not pgs:
+            rows.append(dict(base))
+        for e in d.entries:
+            rows.append({
+                **base, "record_id": e.record_id, "pg_id": e.pg_id, "pg_name": e.pg_name, "pg_desc": e.pg_desc,
+                "collective_seq_id": e.collective_seq_id, "p2p_seq_id": e.p2p_seq_id, "op_id": e.op_id,
+                "profiling_name": e.profiling_name, "backend": e.backend, "op": e.op, "is_p2p": e.is_p2p,
+                "peer": (e.dst if e.op == "send" else e.src) if e.is_p2p else None,
+                "state": e.state, "retired": e.retired, "time_created_ns": e.time_created_ns,
+                "time_discovered_started_ns": e.time_discovered_started_ns,
+                "time_discovered_completed_ns": e.time_discovered_completed_ns,
+                "duration_ms": e.duration_ms, "timeout_ms": e.timeout_ms,
+                "input_sizes": json.dumps([list(s) for s in e.input_sizes]), "input_dtypes": list(e.input_dtypes),
+                "output_sizes": json.dumps([list(s) for s in e.output_sizes]),
+                "output_dtypes": list(e.output_dtypes),
+                "frames": [{"function": f.function, "file": f.file, "line": f.line} for f in e.frames],
+            })
+    return rows
+
+
+def fr_from_table(table: Any) -> list[FRDump]:
+    """The dumps back from rows of the ``collectives`` table (a pyarrow Table or polars DataFrame).
+
+    Rows are grouped by rank; when a rank has rows from several source files (dumps taken at
+    different times) the file with the latest entry wins. Filter by job before calling.
+    """
+    if hasattr(table, "to_arrow"):
+        table = table.to_arrow()
+    if not hasattr(table, "to_pylist"):
+        raise InputError(f"fr_from_table: expected a pyarrow Table or polars DataFrame, got {type(table).__name__}")
+    if table.num_rows and "job" in table.column_names and len(set(table.column("job").to_pylist())) > 1:
+        raise InputError("fr_from_table: rows of several jobs; filter by job first")
+    by_file: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in table.to_pylist():
+        by_file[(int(row["rank"]), row.get("source_file") or "")].append(row)
+    latest: dict[int, tuple[int, str]] = {}
+    for (rank, src), rows in by_file.items():
+        t = max((r.get("time_created_ns") or 0 for r in rows), default=0)
+        if rank not in latest or (t, src) > latest[rank]:
+            latest[rank] = (t, src)
+    dumps = []
+    for rank, (_, src) in sorted(latest.items()):
+        rows = by_file[(rank, src)]
+        pg_config: dict[str, PGInfo] = {}
+        pg_status: dict[str, PGStatus] = {}
+        entries = []
+        version = ""
+        for r in rows:
+            version = version or (r.get("fr_version") or "")
+            name = r.get("pg_name")
+            if r.get("record_id") is None:
+                if name is None:
+                    continue
+                if r.get("pg_ranks") is not None or r.get("pg_desc") is not None:
+                    ranks = tuple(int(x) for x in r["pg_ranks"]) if r.get("pg_ranks") is not None else None
+                    pg_config[name] = PGInfo(name, r.get("pg_desc") or "", ranks)
+                if any(r.get(k) is not None for k in ("pg_last_enqueued", "pg_last_started", "pg_last_completed")):
+                    pg_status[name] = PGStatus(r.get("pg_last_enqueued"), r.get("pg_last_started"),
+                                               r.get("pg_last_completed"))
+                continue
+            pname = r.get("profiling_name") or ""
+            backend, op, s, dd = split_profiling_name(pname)
+            entries.append(FREntry(
+                record_id=int(r["record_id"]), pg_id=r.get("pg_id") or name or "", pg_name=name or "",
+                pg_desc=r.get("pg_desc") or "", collective_seq_id=_int_or(r.get("collective_seq_id"), -1),
+                p2p_seq_id=_int_or(r.get("p2p_seq_id"), -1), op_id=_int_or(r.get("op_id"), -1),
+                profiling_name=pname, backend=r.get("backend") or backend, op=r.get("op") or op,
+                is_p2p=bool(r.get("is_p2p")), src=s, dst=dd, state=r.get("state") or "",
+                retired=bool(r.get("retired")), time_created_ns=r.get("time_created_ns"),
+                time_discovered_started_ns=r.get("time_discovered_started_ns"),
+                time_discovered_completed_ns=r.get("time_discovered_completed_ns"),
+                duration_ms=r.get("duration_ms"), timeout_ms=r.get("timeout_ms"),
+                input_sizes=_shapes(json.loads(r.get("input_sizes") or "[]")),
+                input_dtypes=tuple(r.get("input_dtypes") or ()),
+                output_sizes=_shapes(json.loads(r.get("output_sizes") or "[]")),
+                output_dtypes=tuple(r.get("output_dtypes") or ()),
+                frames=tuple(Frame(f["function"], f["file"], f["line"]) for f in (r.get("frames") or ())),
+            ))
+        entries.sort(key=lambda e: e.record_id)
+        dumps.append(FRDump(rank=rank, entries=tuple(entries), version=version, pg_config=pg_config,
+                            pg_status=pg_status, source_file=src, source_format="store"))
+    return dumps
+
+
+def _int_or(v: Any, default: int) -> int:
+    return int(v) if v is not None else default
