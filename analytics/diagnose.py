@@ -1,0 +1,72 @@
+"""One verdict from every kind of evidence a job left behind.
+
+Stacks give the hang/fail-slow verdict (:mod:`.stack_verdict`); Flight Recorder dumps give the
+collective view (:mod:`.collectives`) and are fused with the stacks (:mod:`.fusion`); metrics and
+per-rank timings give the fail-slow/degraded/imbalance view (:mod:`.perf`). Pure: in-memory
+inputs in, a frozen :class:`~rankscope.analytics.verdict.Verdict` out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..datasets.stackset import ProcStacks
+from ..datasets.topology import Topology
+from .stack_verdict import StackConfig, diagnose_stacks
+from .verdict import Verdict
+
+
+def diagnose(procs: Sequence[ProcStacks], topology: Topology, *, job: str = "", fr_dumps: Sequence[Any] = (),
+             metrics: Any = None, timings: Any = None, memberships: Mapping[str, Sequence[int]] | None = None,
+             notes: Sequence[str] = (), config: StackConfig | None = None) -> Verdict:
+    """Diagnose one job from whatever evidence is present (at least one source)."""
+    verdicts: list[Verdict] = []
+    stack_v = diagnose_stacks(procs, topology, job=job, config=config) if procs else None
+    fr_v = None
+    if fr_dumps:
+        from .collectives import analyze_collectives, fr_verdict  # noqa: PLC0415
+
+        analysis = analyze_collectives(list(fr_dumps), topology, memberships=memberships)
+        fr_v = fr_verdict(analysis, topology, job=job)
+    if stack_v is not None and fr_v is not None:
+        from .fusion import fuse  # noqa: PLC0415
+
+        verdicts.append(fuse(stack_v, fr_v))
+    elif stack_v is not None or fr_v is not None:
+        verdicts.append(stack_v or fr_v)  # type: ignore[arg-type]
+    if metrics is not None or timings is not None:
+        from .perf import diagnose_perf  # noqa: PLC0415
+
+        perf_v = diagnose_perf(metrics, timings, topology, job=job)
+        if perf_v is not None:
+            verdicts.append(perf_v)
+    if not verdicts:
+        return Verdict("inconclusive", job=job, reasons=("no evidence: no stacks, Flight Recorder dumps, metrics "
+                                                         "or timings were found",) + tuple(notes),
+                       world_size=topology.world_size)
+    v = _combine(verdicts)
+    if notes:
+        v = v.with_updates(details={**v.details, "notes": list(notes)})
+    return v
+
+
+_PRIORITY = {"hang": 0, "mismatch": 1, "fail-slow": 2, "degraded": 3, "imbalance": 4, "inconclusive": 5, "healthy": 6}
+
+
+def _combine(verdicts: Sequence[Verdict]) -> Verdict:
+    """The most severe verdict leads; the others' reasons and evidence are kept beside it."""
+    ordered = sorted(verdicts, key=lambda v: _PRIORITY[v.verdict])
+    lead = ordered[0]
+    if len(ordered) == 1:
+        return lead
+    reasons = list(lead.reasons)
+    evidence = list(lead.evidence)
+    sources = list(lead.sources)
+    for v in ordered[1:]:
+        reasons.append(f"[{'/'.join(v.sources) or 'other'}] {v.verdict}: " + (v.reasons[0] if v.reasons else ""))
+        reasons.extend(v.reasons[1:4])
+        evidence.extend(v.evidence)
+        sources.extend(s for s in v.sources if s not in sources)
+    return lead.with_updates(reasons=tuple(reasons), evidence=tuple(evidence), sources=tuple(sources),
+                             details={**lead.details, "other_verdicts": [v.to_dict() for v in ordered[1:]]})

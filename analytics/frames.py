@@ -1,0 +1,128 @@
+"""Frame normalization, stack signatures and what a stack is doing (its *state*).
+
+Normalization makes stacks from different nodes comparable: install prefixes
+(``/opt/conda/lib/python3.11/site-packages/``, ``/workspace/Megatron-LM/``) are stripped so a frame
+is its function plus a package-relative file. A signature is the tuple of normalized frames,
+outermost first, by default without line numbers (STAT's function-level equivalence classes).
+
+The state of a stack says whether a rank is *waiting on someone else* (a collective, a p2p
+transfer, its dataloader, its checkpoint writer) or *doing something itself* (compute, I/O).
+During a hang the ranks that are not waiting are the likeliest culprits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Protocol
+
+_SITE = re.compile(r"^.*?/(?:site|dist)-packages/")
+_STDLIB = re.compile(r"^.*?/lib(?:64)?/python\d+(?:\.\d+)?/")
+_REPO_ROOTS = ("megatron/", "torch/", "torchtitan/", "deepspeed/", "transformers/", "apex/", "nemo/",
+               "vllm/", "fairscale/", "accelerate/")
+
+
+class FrameLike(Protocol):
+    function: str
+    file: str
+    line: int | None
+
+
+def normalize_file(path: str) -> str:
+    """Package-relative file: strip site-packages / stdlib / checkout prefixes, keep the rest."""
+    p = path.replace("\\", "/")
+    m = _SITE.match(p)
+    if m:
+        return p[m.end():]
+    m = _STDLIB.match(p)
+    if m:
+        return p[m.end():]
+    if p.startswith("/"):
+        for root in _REPO_ROOTS:
+            i = p.rfind("/" + root)
+            if i >= 0:
+                return p[i + 1:]
+        return p.rsplit("/", 1)[-1]
+    return p
+
+
+def frame_key(f: FrameLike, *, lines: bool = False) -> str:
+    """The comparison key of one frame: ``function@basename`` (+``:line``), stable across nodes."""
+    base = f.file.rsplit("/", 1)[-1]
+    if lines and f.line is not None:
+        return f"{f.function}@{base}:{f.line}"
+    return f"{f.function}@{base}"
+
+
+def signature(frames: Sequence[FrameLike], *, lines: bool = False) -> tuple[str, ...]:
+    """Outermost-first tuple of frame keys of an innermost-first frame list."""
+    return tuple(frame_key(f, lines=lines) for f in reversed(frames))
+
+
+def display(f: FrameLike) -> str:
+    """``function (package/file.py:line)`` as py-spy prints it."""
+    loc = normalize_file(f.file)
+    return f"{f.function} ({loc}:{f.line})" if f.line is not None else f"{f.function} ({loc})"
+
+
+COLLECTIVE_OPS = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
+    "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "barrier", "monitored_barrier",
+    "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "all_gather_object",
+    "broadcast_object_list", "all_reduce_coalesced", "all_gather_coalesced", "gather_object",
+    "scatter_object_list", "_coalescing_manager", "allreduce", "allgather", "reducescatter",
+})
+P2P_OPS = frozenset({
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "_batched_p2p_ops", "_p2p_ops", "_communicate",
+    "send_forward", "recv_forward", "send_backward", "recv_backward", "send_forward_recv_backward",
+    "send_backward_recv_forward", "send_forward_recv_forward", "send_backward_recv_backward",
+    "send_object_list", "recv_object_list",
+})
+DATALOADER_WAIT = frozenset({"_next_data", "_get_data", "_try_get_data", "__next__"})
+CHECKPOINT_WAIT = frozenset({"maybe_finalize_async_save", "finalize_async_save", "finalize_async_calls",
+                             "wait_until_finished"})
+IO_LEAVES = frozenset({
+    "read", "readinto", "readline", "readlines", "write", "writelines", "fsync", "fdatasync", "flush", "pread",
+    "pwrite", "open", "_save", "save", "load", "_write_item", "write_data", "_write_files_from_queue",
+    "copyfileobj", "copy", "copy2", "stat", "listdir", "scandir", "makedirs", "mmap", "_load", "_read",
+    "write_bytes", "read_bytes", "_legacy_save", "_save_to_file",
+})
+IDLE_LEAVES = frozenset({"wait", "select", "poll", "_poll", "get", "sleep", "acquire", "_wait_for_tstate_lock",
+                         "join", "accept", "recv_into", "_recv", "_recv_bytes", "epoll", "wait_for"})
+WAITING_STATES = frozenset({"collective", "p2p", "dataloader-wait", "checkpoint-wait", "idle"})
+
+
+def _is_dist(file: str) -> bool:
+    return "distributed" in file or "megatron/core" in file or "c10d" in file or "parallel" in file
+
+
+def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str, int]:
+    """The state of an innermost-first stack and the index of the frame that decided it.
+
+    States: ``collective``, ``p2p``, ``dataloader-wait``, ``checkpoint-wait``, ``io``, ``idle``,
+    ``compute`` (anything else: the process is running its own code), ``empty``.
+    """
+    if not frames:
+        return "empty", -1
+    for i, f in enumerate(frames):
+        fn = f.function.rsplit(".", 1)[-1]
+        if fn in P2P_OPS and (_is_dist(f.file) or fn.startswith(("send_", "recv_"))):
+            return "p2p", i
+        if fn in COLLECTIVE_OPS and _is_dist(f.file):
+            return "collective", i
+        if fn in DATALOADER_WAIT and "utils/data" in f.file.replace("\\", "/"):
+            return "dataloader-wait", i
+        if fn in CHECKPOINT_WAIT:
+            return "checkpoint-wait", i
+    leaf = frames[0].function.rsplit(".", 1)[-1]
+    if leaf in IO_LEAVES:
+        return "io", 0
+    # a few frames of I/O under a user frame (e.g. numpy read -> fromfile) still count as I/O
+    for i, f in enumerate(frames[:4]):
+        if f.function.rsplit(".", 1)[-1] in IO_LEAVES and "data" in f.file + (frames[i + 1].file if i + 1 < len(frames) else ""):
+            return "io", i
+    if leaf in IDLE_LEAVES:
+        if role == "dataloader" and any(f.function == "_worker_loop" for f in frames):
+            return "idle", 0
+        return "idle", 0
+    return "compute", 0

@@ -1,0 +1,212 @@
+"""From clusters to machines: outliers, the fault domain to isolate, and the likeliest culprit.
+
+ByteRobust's aggregation analysis: the dominant stack clusters are healthy; the outlier ranks are
+mapped onto parallel groups, and the smallest set of groups of one kind that covers them (fewest
+nodes, then fewest groups) is isolated whole ("over-eviction": the group is the fault domain).
+Inside it, ranks are scored by how likely they are to be the root rather than a victim: a rank
+with no dump, a rank not waiting on anyone (compute, I/O), a rank whose dataloader or checkpoint
+process is stuck in I/O outrank ranks that merely wait in a collective or a p2p transfer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..datasets.stackset import ProcStacks
+from ..datasets.topology import KINDS, Topology
+from .clustering import Cluster, cluster
+from .verdict import SuspectGroup
+
+CHILD_ROLES = ("dataloader", "checkpoint", "other")
+
+# How strongly each observation points at a rank being the root cause (1 = certain).
+SCORES = {
+    "missing-dump": 1.0,
+    "child-stuck": 0.95,
+    "failed-dump": 0.9,
+    "not-in-collective": 0.9,
+    "local-wait": 0.8,
+    "waits-on-dataloader": 0.7,
+    "waits-on-checkpoint": 0.7,
+    "child-outlier": 0.5,
+    "collective-wait": 0.25,
+    "p2p-wait": 0.2,
+}
+STRONG = 0.7
+MAX_COVER_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Why one rank is suspect."""
+
+    rank: int
+    kind: str  # a key of SCORES
+    detail: str
+
+    @property
+    def score(self) -> float:
+        return SCORES[self.kind]
+
+
+@dataclass(frozen=True)
+class SnapshotAnalysis:
+    """One snapshot: clusters of every role, outliers, missing ranks and per-rank findings."""
+
+    snapshot: int
+    clusters: tuple[Cluster, ...]
+    n_trainers: int
+    healthy_trainers: int
+    outlier_ranks: tuple[int, ...]
+    missing_ranks: tuple[int, ...]
+    findings: tuple[Finding, ...]  # best finding per outlier rank
+
+    @property
+    def dominant_fraction(self) -> float:
+        total = self.n_trainers + len(self.missing_ranks)
+        return self.healthy_trainers / total if total else 0.0
+
+    def best(self) -> dict[int, Finding]:
+        return {f.rank: f for f in self.findings}
+
+
+_STATE_KIND = {
+    "compute": "not-in-collective",
+    "io": "not-in-collective",
+    "empty": "not-in-collective",
+    "idle": "local-wait",
+    "dataloader-wait": "waits-on-dataloader",
+    "checkpoint-wait": "waits-on-checkpoint",
+    "collective": "collective-wait",
+    "p2p": "p2p-wait",
+    "failed": "failed-dump",
+}
+
+
+def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapshot: int = 0,
+                     lines: bool = False, dominance: float = 0.5) -> SnapshotAnalysis:
+    """Cluster one snapshot and explain every outlier rank."""
+    trainers: list[ProcStacks] = []
+    seen: set[int] = set()
+    children: dict[str, list[ProcStacks]] = defaultdict(list)
+    for p in procs:
+        if p.role == "trainer":
+            if p.rank is None or p.rank in seen:
+                continue
+            seen.add(p.rank)
+            trainers.append(p)
+        else:
+            children[p.role if p.role in CHILD_ROLES else "other"].append(p)
+    clusters = cluster(trainers, role="trainer", lines=lines, dominance=dominance)
+    findings: dict[int, Finding] = {}
+
+    def add(f: Finding) -> None:
+        cur = findings.get(f.rank)
+        if cur is None or f.score > cur.score:
+            findings[f.rank] = f
+
+    healthy = 0
+    for c in clusters:
+        if c.healthy:
+            healthy += c.size
+            continue
+        kind = _STATE_KIND.get(c.state, "not-in-collective")
+        for r in c.ranks:
+            detail = {
+                "not-in-collective": f"not waiting in any collective: in {c.state_frame}",
+                "local-wait": f"blocked locally, not in a collective: in {c.state_frame}",
+                "waits-on-dataloader": f"main thread waits on its dataloader: in {c.state_frame}",
+                "waits-on-checkpoint": f"main thread waits on its checkpoint writer: in {c.state_frame}",
+                "collective-wait": f"waits in a collective the healthy ranks are not in: {c.state_frame}",
+                "p2p-wait": f"waits in a pipeline send/recv: {c.state_frame}",
+                "failed-dump": f"stack capture failed: {c.state_frame}",
+            }[kind]
+            add(Finding(r, kind, detail))
+    missing = np.setdiff1d(topology.ranks, np.fromiter(seen, dtype=np.int64, count=len(seen)))
+    for r in missing.tolist():
+        add(Finding(int(r), "missing-dump", "no stack dump for this rank (process crashed, exited, or unreachable)"))
+
+    next_id = len(clusters)
+    for role in CHILD_ROLES:
+        kids = children.get(role)
+        if not kids:
+            continue
+        cc = cluster(kids, role=role, lines=lines, dominance=dominance, start_id=next_id)
+        next_id += len(cc)
+        clusters.extend(cc)
+        for c in cc:
+            if c.healthy:
+                continue
+            stuck = c.state in ("io", "compute", "failed")
+            for i in c.members:
+                p = kids[i]
+                if p.rank is None or not 0 <= p.rank < topology.world_size:
+                    continue
+                if stuck:
+                    add(Finding(p.rank, "child-stuck",
+                                f"its {role} process (pid {p.pid}) is stuck: in {c.state_frame}"))
+                else:
+                    add(Finding(p.rank, "child-outlier",
+                                f"its {role} process (pid {p.pid}) differs from its peers: in {c.state_frame}"))
+    outliers = tuple(sorted(findings))
+    return SnapshotAnalysis(snapshot, tuple(clusters), len(trainers), healthy, outliers,
+                            tuple(int(r) for r in missing.tolist()), tuple(findings[r] for r in outliers))
+
+
+def cover(outliers: Sequence[int], topology: Topology, *,
+          max_fraction: float = MAX_COVER_FRACTION) -> SuspectGroup | None:
+    """The smallest set of groups of one kind covering ``outliers`` (fewest nodes, then groups).
+
+    Kinds whose cover would take more than ``max_fraction`` of the job's nodes are not a fault
+    domain; then each outlier's own node is (kind ``node``). ``None`` if even that is too much.
+    """
+    if len(outliers) == 0:
+        return None
+    out = np.asarray(sorted(set(outliers)), dtype=np.int64)
+    n_nodes_total = len(topology.node_names)
+    limit = max(1, int(max_fraction * n_nodes_total))
+    best = None
+    for order, kind in enumerate(k for k in KINDS if k in topology.kinds()):
+        gid = topology.group_ids(kind)
+        groups = np.unique(gid[out])
+        member = np.isin(gid, groups)
+        node_idx = np.unique(topology.node_index[member])
+        key = (node_idx.size, groups.size, order)
+        if node_idx.size <= limit and (best is None or key < best[0]):
+            best = (key, kind, groups, topology.ranks[member], node_idx)
+    if best is None:
+        node_idx = np.unique(topology.node_index[out])
+        if node_idx.size > limit and n_nodes_total > 1:
+            return None
+        ranks = topology.ranks[np.isin(topology.node_index, node_idx)]
+        return SuspectGroup("node", tuple(int(i) for i in node_idx), tuple(int(r) for r in ranks),
+                            tuple(topology.node_names[i] for i in node_idx))
+    _, kind, groups, ranks, node_idx = best
+    return SuspectGroup(kind, tuple(int(g) for g in groups), tuple(int(r) for r in ranks),
+                        tuple(topology.node_names[i] for i in node_idx))
+
+
+def culprits(analysis: SnapshotAnalysis) -> tuple[tuple[int, ...], bool]:
+    """The likeliest root ranks among the outliers, and whether the evidence is strong.
+
+    Strong: ranks with a finding of at least STRONG (no dump, not waiting, stuck child).
+    Otherwise every outlier is waiting on someone; the origin is most likely where the wait
+    started: a collective wait that the healthy majority is not in (p2p waiters are usually its
+    downstream victims), else the smallest outlier cluster.
+    """
+    best = analysis.best()
+    strong = [r for r, f in best.items() if f.score >= STRONG]
+    if strong:
+        top = max(best[r].score for r in strong)
+        return tuple(sorted(r for r in strong if best[r].score >= min(top, 0.9) or best[r].score >= 0.9)), True
+    outlier_clusters = [c for c in analysis.clusters if not c.healthy and c.role == "trainer" and c.ranks]
+    if not outlier_clusters:
+        return (), False
+    coll = [c for c in outlier_clusters if c.state == "collective"]
+    pool = coll or [c for c in outlier_clusters if any("send" in k for k in c.signature[-6:])] or outlier_clusters
+    pick = min(pool, key=lambda c: (c.size, c.id))
+    return tuple(pick.ranks), False

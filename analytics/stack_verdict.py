@@ -1,0 +1,214 @@
+"""Stacks -> Verdict: hang localization, progress detection and fail-slow voting.
+
+Decision procedure:
+
+1. Split processes by snapshot; with several snapshots, decide whether the job progresses.
+2. Not progressing (or one snapshot): analyze the last snapshot as a hang. Outliers -> the
+   smallest covering set of parallel groups (suspect nodes) -> culprit ranks inside it.
+   No outlier -> ``healthy``; outliers on most nodes or most dumps missing -> ``inconclusive``.
+3. Progressing: run every snapshot as a fail-slow round; a group flagged in at least
+   ``min_flag_fraction`` of the rounds is the degrader (``fail-slow``), else ``healthy``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..datasets.stackset import ProcStacks
+from ..datasets.topology import Topology
+from .clustering import Cluster
+from .failslow import Degrader, Progress, degrader, progress
+from .localize import SnapshotAnalysis, analyze_snapshot, cover, culprits
+from .prefix_tree import build
+from .verdict import ClusterSummary, Evidence, SuspectGroup, Verdict, rank_ranges
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackConfig:
+    """Knobs of the stack analysis."""
+
+    lines: bool = False  # compare line numbers too when clustering
+    dominance: float = 0.5  # a cluster at least this fraction of the largest is healthy
+    max_cover_fraction: float = 0.5  # a fault domain larger than this share of nodes is no domain
+    min_flag_fraction: float = 0.6  # fail-slow: degrader flagged in at least this share of rounds
+    max_missing_fraction: float = 0.5  # more missing dumps than this -> inconclusive
+
+    def __post_init__(self) -> None:
+        for name in ("dominance", "max_cover_fraction", "min_flag_fraction", "max_missing_fraction"):
+            v = getattr(self, name)
+            if not 0.0 < v <= 1.0:
+                raise ValueError(f"StackConfig.{name}={v} must be in (0, 1]")
+
+
+def _summaries(clusters: Sequence[Cluster], topology: Topology, snapshot: int,
+               limit: int = 50) -> tuple[ClusterSummary, ...]:
+    out = []
+    for c in clusters[:limit]:
+        nodes = topology.nodes_of([r for r in c.ranks if r < topology.world_size]) if c.ranks else ()
+        out.append(ClusterSummary(c.id, c.role, c.size, c.ranks, len(nodes), c.healthy, c.state,
+                                  c.representative, snapshot))
+    return tuple(out)
+
+
+def _missing_summary(a: SnapshotAnalysis, topology: Topology, next_id: int) -> tuple[ClusterSummary, ...]:
+    if not a.missing_ranks:
+        return ()
+    return (ClusterSummary(next_id, "trainer", len(a.missing_ranks), a.missing_ranks,
+                           len(topology.nodes_of(a.missing_ranks)), False, "missing", ("(no dump)",), a.snapshot),)
+
+
+def _dominant_words(a: SnapshotAnalysis) -> str:
+    healthy = [c for c in a.clusters if c.healthy and c.role == "trainer"]
+    if not healthy:
+        return "no dominant stack"
+    top = healthy[0]
+    more = f" (+{len(healthy) - 1} more healthy cluster(s))" if len(healthy) > 1 else ""
+    return f"{top.state} in {top.state_frame}{more}"
+
+
+def diagnose_stacks(procs: Sequence[ProcStacks], topology: Topology, *, job: str = "",
+                    config: StackConfig | None = None) -> Verdict:
+    """The stack-only verdict for one job."""
+    cfg = config or StackConfig()
+    by_snap: dict[int, list[ProcStacks]] = defaultdict(list)
+    for p in procs:
+        by_snap[p.snapshot].append(p)
+    if not by_snap:
+        return Verdict("inconclusive", job=job, confidence=0.0, reasons=("no stack dumps",),
+                       world_size=topology.world_size, sources=("stacks",))
+    snaps = sorted(by_snap)
+    prog = progress(by_snap) if len(snaps) > 1 else None
+    analyses = [analyze_snapshot(by_snap[s], topology, snapshot=s, lines=cfg.lines, dominance=cfg.dominance)
+                for s in (snaps if prog is not None and prog.progressing else snaps[-1:])]
+    if prog is not None and prog.progressing:
+        return _failslow_verdict(analyses, topology, prog, job, cfg)
+    return _hang_verdict(analyses[-1], topology, prog, job, cfg, len(snaps))
+
+
+def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None, job: str,
+                  cfg: StackConfig, n_snaps: int) -> Verdict:
+    total = topology.world_size
+    clusters = _summaries(a.clusters, topology, a.snapshot) + _missing_summary(a, topology, len(a.clusters))
+    tree = build([c for c in a.clusters if c.role == "trainer"])
+    details: dict = {"prefix_tree": tree.to_dict()[:200], "dominant_fraction": round(a.dominant_fraction, 4)}
+    reasons = []
+    if prog is not None:
+        reasons.append(f"{prog.n_snapshots} snapshots: {prog.changed} of {prog.compared} rank stacks changed "
+                       f"between snapshots ({prog.fraction_changed:.0%}), so the job is not progressing.")
+    common = dict(job=job, clusters=clusters, world_size=total, n_snapshots=n_snaps, sources=("stacks",))
+    if a.n_trainers == 0:
+        return Verdict("inconclusive", confidence=0.0, reasons=tuple(reasons) + ("no trainer stack dumps",),
+                       details=details, **common)
+    if len(a.missing_ranks) > cfg.max_missing_fraction * total:
+        reasons.append(f"dumps are missing for {len(a.missing_ranks)} of {total} ranks "
+                       f"({rank_ranges(a.missing_ranks)[:200]}): too few to localize; check the layout "
+                       "(--layout, --gpus-per-node) and that every node's dumps were collected.")
+        return Verdict("inconclusive", confidence=0.2, reasons=tuple(reasons), details=details, **common)
+    healthy = a.healthy_trainers
+    reasons.append(f"{healthy} of {total} ranks share the dominant stack(s): {_dominant_words(a)}.")
+    if not a.outlier_ranks:
+        reasons.append("No outlier: every rank is in a healthy state. If the job is stuck, the cause is not "
+                       "visible as a machine-specific stack (all ranks wait alike); take several snapshots "
+                       "to tell a hang from progress, and check the network and the Flight Recorder.")
+        conf = 0.5 + 0.4 * a.dominant_fraction
+        return Verdict("healthy", confidence=round(min(conf, 0.95), 3), reasons=tuple(reasons),
+                       details=details, **common)
+    n_out_clusters = sum(1 for c in clusters if not c.healthy)
+    reasons.append(f"{len(a.outlier_ranks)} outlier rank(s) in {n_out_clusters} cluster(s): "
+                   f"{rank_ranges(a.outlier_ranks)[:300]}.")
+    group = cover(a.outlier_ranks, topology, max_fraction=cfg.max_cover_fraction)
+    if group is None:
+        reasons.append("The outliers are spread over most of the job's nodes: no single fault domain to isolate.")
+        return Verdict("inconclusive", confidence=0.25, suspect_ranks=a.outlier_ranks, reasons=tuple(reasons),
+                       details=details, evidence=_evidence(a, topology, ()), **common)
+    culprit_ranks, strong = culprits(a)
+    suspects = set(group.nodes)
+    culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in suspects)
+    reasons.append(_cover_words(group))
+    best = a.best()
+    for r in culprit_ranks[:5]:
+        f = best.get(r)
+        if f is not None:
+            reasons.append(f"Culprit rank {r} on {topology.node_of(r)}: {f.detail}.")
+    if len(culprit_ranks) > 5:
+        reasons.append(f"... and {len(culprit_ranks) - 5} more culprit rank(s): {rank_ranges(culprit_ranks)[:200]}.")
+    if not strong and culprit_ranks:
+        reasons.append("Every outlier is waiting on someone else; the culprit above is the likeliest origin "
+                       "of the wait (weak evidence: isolate the whole suspect group).")
+    conf = 0.35 + 0.3 * a.dominant_fraction + (0.2 if strong else 0.05)
+    conf += 0.1 if group.kind != "node" and len(group.indices) == 1 else 0.05
+    if any(c.state == "failed" for c in a.clusters):
+        conf -= 0.05
+    return Verdict(
+        "hang", confidence=round(max(0.05, min(conf, 0.99)), 3), suspect_nodes=group.nodes,
+        culprit_nodes=culprit_nodes, suspect_ranks=a.outlier_ranks, culprit_ranks=tuple(culprit_ranks),
+        reasons=tuple(reasons), suspect_group=group, details=details,
+        evidence=_evidence(a, topology, culprit_ranks), **common,
+    )
+
+
+def _cover_words(group: SuspectGroup) -> str:
+    if group.kind == "node":
+        return (f"No parallel group is a small enough fault domain; isolate the outliers' own "
+                f"{len(group.nodes)} node(s).")
+    idx = ",".join(map(str, group.indices[:10])) + ("..." if len(group.indices) > 10 else "")
+    return (f"The outliers are covered by {len(group.indices)} {group.kind.upper()} group(s) [{idx}] on "
+            f"{len(group.nodes)} node(s): isolate them whole (the parallel group is the fault domain).")
+
+
+def _evidence(a: SnapshotAnalysis, topology: Topology, culprit_ranks: Sequence[int],
+              limit: int = 100) -> tuple[Evidence, ...]:
+    first = set(culprit_ranks)
+    ordered = sorted(a.findings, key=lambda f: (f.rank not in first, -f.score, f.rank))
+    out = []
+    for f in ordered[:limit]:
+        out.append(Evidence("stacks", f.kind, f.detail, (f.rank,), (topology.node_of(f.rank),), f.score))
+    if len(ordered) > limit:
+        rest = ordered[limit:]
+        out.append(Evidence("stacks", "more-outliers", f"{len(rest)} more outlier ranks",
+                            tuple(f.rank for f in rest), (), 0.0))
+    return tuple(out)
+
+
+def _failslow_verdict(rounds: Sequence[SnapshotAnalysis], topology: Topology, prog: Progress, job: str,
+                      cfg: StackConfig) -> Verdict:
+    reasons = [f"{prog.n_snapshots} snapshots: {prog.changed} of {prog.compared} rank stacks changed between "
+               f"snapshots ({prog.fraction_changed:.0%}), so the job progresses (not a hang)."]
+    last = rounds[-1]
+    clusters = _summaries(last.clusters, topology, last.snapshot)
+    common = dict(job=job, clusters=clusters, world_size=topology.world_size, n_snapshots=len(rounds),
+                  sources=("stacks",))
+    d: Degrader | None = degrader(rounds, topology)
+    if d is None or d.flags < cfg.min_flag_fraction * len(rounds):
+        if d is not None:
+            reasons.append(f"No group stands out: the most flagged ({d.kind.upper()} group {d.group}) was flagged "
+                           f"in {d.flags} of {d.rounds} rounds.")
+        else:
+            reasons.append("No outlier in any round.")
+        return Verdict("healthy", confidence=0.7, reasons=tuple(reasons),
+                       details={"rounds": _rounds_dict(d)}, **common)
+    g = topology.group(d.kind, d.group)
+    culprit_nodes = tuple(n for n in topology.nodes_of(d.culprit_ranks) if n in g.nodes) if d.culprit_ranks else ()
+    reasons.append(f"{d.kind.upper()} group {d.group} ({len(g.ranks)} ranks on {len(g.nodes)} node(s)) held the "
+                   f"most outliers in {d.flags} of {d.rounds} rounds: it is the degrader; isolate it whole.")
+    for r in d.culprit_ranks[:5]:
+        reasons.append(f"Rank {r} on {topology.node_of(r)} was not waiting on anyone (running its own code) in "
+                       f"{d.culprit_counts[r]} of {d.rounds} rounds while its peers waited on it.")
+    suspect_ranks = tuple(sorted({r for a in rounds for r in a.outlier_ranks if r in set(g.ranks)}))
+    evidence = tuple(Evidence("stacks", "slow-rank", f"not waiting in {d.culprit_counts[r]} of {d.rounds} rounds",
+                              (r,), (topology.node_of(r),), d.culprit_counts[r] / d.rounds)
+                     for r in d.culprit_ranks)
+    conf = 0.4 + 0.5 * d.flags / d.rounds + (0.05 if d.culprit_ranks else 0.0)
+    return Verdict("fail-slow", confidence=round(min(conf, 0.99), 3), suspect_nodes=g.nodes,
+                   culprit_nodes=culprit_nodes, suspect_ranks=suspect_ranks, culprit_ranks=d.culprit_ranks,
+                   reasons=tuple(reasons), suspect_group=SuspectGroup(d.kind, (d.group,), g.ranks, g.nodes),
+                   evidence=evidence, details={"rounds": _rounds_dict(d)}, **common)
+
+
+def _rounds_dict(d: Degrader | None) -> list[dict]:
+    if d is None:
+        return []
+    return [{"snapshot": f.snapshot, "kind": f.kind, "group": f.group, "n_outliers": f.n_outliers}
+            for f in d.per_round]

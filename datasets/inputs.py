@@ -1,0 +1,145 @@
+"""Everything ``rankscope diagnose PATH`` needs, loaded from a dump directory or a store.
+
+:func:`load_inputs` resolves PATH (a raw dump directory or a rankscope store), reads the stacks,
+Flight Recorder dumps, metrics and timings it finds, and builds the topology from the layout, the
+manifest or the store's ``topology`` table. The analysis then runs on the in-memory result.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, LayoutError
+from .readers.dumpdir import DumpDir, scan_dump_dir
+from .stackset import ProcStacks, from_dump_dir, from_table
+from .store import Store
+from .topology import DIMS, Layout, Topology
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """One job's evidence, in memory."""
+
+    job: str
+    topology: Topology
+    procs: tuple[ProcStacks, ...]
+    fr_dumps: tuple[Any, ...] = ()
+    metrics: Any = None  # polars DataFrame or None
+    timings: Any = None
+    notes: tuple[str, ...] = ()
+    source: str = ""
+    memberships: Mapping[str, Sequence[int]] = field(default_factory=dict)
+
+
+def infer_topology(ranks: Sequence[int], nodes: Mapping[int, str], *, layout: Layout | None,
+                   gpus_per_node: int, where: str) -> tuple[Topology, list[str]]:
+    """The topology from a layout and/or the nodes named per rank; notes say what was inferred."""
+    notes: list[str] = []
+    if gpus_per_node < 1:
+        raise LayoutError(f"--gpus-per-node {gpus_per_node}: must be at least 1")
+    max_rank = max(ranks) if ranks else -1
+    if layout is not None:
+        world = layout.world_size
+        if max_rank >= world:
+            raise LayoutError(f"{where}: rank {max_rank} is outside the layout {layout} (world size {world})")
+    else:
+        world = max_rank + 1
+        if not nodes or len(nodes) < world:
+            world = -(-world // gpus_per_node) * gpus_per_node
+        if world <= 0:
+            raise InputError(f"{where}: no ranks found")
+        layout = Layout(dp=world)
+        notes.append(f"no --layout given: treating the {world} ranks as pure data parallel "
+                     "(pass --layout tp=..,pp=..,dp=.. to isolate parallel groups)")
+    if nodes and all(r in nodes for r in range(world)):
+        return Topology.from_table(list(range(world)), [nodes[r] for r in range(world)], layout=layout), notes
+    if nodes:
+        names = [nodes.get(r, f"node-{r // gpus_per_node}") for r in range(world)]
+        return Topology.from_table(list(range(world)), names, layout=layout), notes
+    return Topology.from_layout(layout, gpus_per_node=gpus_per_node), notes
+
+
+def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> JobInputs:
+    dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node)
+    procs = from_dump_dir(dd)
+    nodes = {p.rank: p.node for p in procs if p.role == "trainer" and p.rank is not None and p.node}
+    ranks = sorted({p.rank for p in procs if p.rank is not None})
+    fr = _read_fr(dd.fr_files)
+    ranks_fr = [d.rank for d in fr if getattr(d, "rank", None) is not None]
+    topo, notes = infer_topology(ranks + ranks_fr, nodes if dd.has_manifest else {}, layout=layout,
+                                 gpus_per_node=gpus_per_node, where=str(root))
+    metrics, timings = _read_tables(dd)
+    return JobInputs(job or root.name, topo, tuple(procs), tuple(fr), metrics, timings,
+                     tuple(dd.notes) + tuple(notes), str(root))
+
+
+def _read_fr(paths: Sequence[Path]) -> list[Any]:
+    if not paths:
+        return []
+    from .readers.flight_recorder import read_fr_file  # noqa: PLC0415 (optional reader, loaded on need)
+
+    return [read_fr_file(p) for p in paths]
+
+
+def _read_tables(dd: DumpDir) -> tuple[Any, Any]:
+    if not dd.metric_files and not dd.timing_files:
+        return None, None
+    from .readers import tables  # noqa: PLC0415
+
+    metrics = tables.read_metrics(list(dd.metric_files)) if dd.metric_files else None
+    timings = tables.read_timings(list(dd.timing_files)) if dd.timing_files else None
+    return metrics, timings
+
+
+def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> JobInputs:
+    store = Store(root)
+    jobs = sorted(set(store.jobs("stacks")) | set(store.jobs("collectives")) | set(store.jobs("metrics"))
+                  | set(store.jobs("timings")))
+    if job is None:
+        if not jobs:
+            raise InputError(f"{root}: the store holds no stacks, collectives, metrics or timings")
+        if len(jobs) > 1:
+            raise InputError(f"{root}: the store holds several jobs ({', '.join(jobs)}); choose one with --job")
+        job = jobs[0]
+    elif job not in jobs:
+        raise InputError(f"{root}: no job {job!r} in the store (jobs: {', '.join(jobs) or 'none'})")
+    procs = from_table(store.read_arrow("stacks", job=job))
+    topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
+    notes: list[str] = []
+    if topo_df.height and layout is None:
+        coords = {d: topo_df[d].to_list() for d in DIMS if topo_df[d].null_count() == 0}
+        topo = Topology.from_table(topo_df["rank"].to_list(), topo_df["node"].to_list(), coords=coords or None)
+    else:
+        nodes = {p.rank: p.node for p in procs if p.role == "trainer" and p.rank is not None and p.node}
+        ranks = sorted({p.rank for p in procs if p.rank is not None})
+        topo, notes = infer_topology(ranks, nodes, layout=layout, gpus_per_node=gpus_per_node, where=str(root))
+    fr: list[Any] = []
+    if store.files("collectives", job=job):
+        from .readers.flight_recorder import fr_from_table  # noqa: PLC0415
+
+        fr = list(fr_from_table(store.read_arrow("collectives", job=job)))
+    metrics = store.read("metrics", job=job) if store.files("metrics", job=job) else None
+    timings = store.read("timings", job=job) if store.files("timings", job=job) else None
+    return JobInputs(job, topo, tuple(procs), tuple(fr), metrics, timings, tuple(notes), str(root))
+
+
+def load_inputs(path: str | os.PathLike[str], *, layout: str | Layout | None = None, order: str | None = None,
+                gpus_per_node: int = 8, job: str | None = None) -> JobInputs:
+    """Load a dump directory or a store into :class:`JobInputs` (InputError on bad input)."""
+    root = Path(path)
+    lay: Layout | None
+    if isinstance(layout, str):
+        lay = Layout.parse(layout, order or "tp-cp-ep-dp-pp")
+    else:
+        lay = layout
+        if lay is not None and order:
+            lay = Layout(**{d: lay.size(d) for d in DIMS}, order=order)
+    if not root.exists():
+        raise InputError(f"{root}: no such file or directory")
+    if Store.is_store(root):
+        return _from_store(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
+    return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
