@@ -155,8 +155,7 @@ class Topology:
         else:
             if len(node_names) != world:
                 raise LayoutError(f"{len(node_names)} node names given for world size {world}")
-            names, node_index = np.unique(np.asarray(node_names, dtype=object), return_inverse=True)
-            node_names = tuple(str(n) for n in names)
+            node_names, node_index = _index_nodes(np.asarray(node_names, dtype=object))
             local = _local_ranks(node_index)
         coords = layout.coords(ranks)
         return cls(ranks, node_index.astype(np.int64), tuple(node_names), local, coords,
@@ -190,7 +189,7 @@ class Topology:
             raise LayoutError(f"topology: ranks must be 0..{world - 1}; missing {missing}")
         order = np.argsort(r)
         node_arr = np.asarray(nodes, dtype=object)[order]
-        names, node_index = np.unique(node_arr, return_inverse=True)
+        names, node_index = _index_nodes(node_arr)
         sorted_ranks = r[order]
         if coords:
             sizes = {d: 1 for d in DIMS}
@@ -304,6 +303,17 @@ class Topology:
              **{d: int(self.coords[d][i]) for d in DIMS}}
             for i, r in enumerate(self.ranks)
         ]
+
+
+def _natural(name: str) -> tuple:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def _index_nodes(names: np.ndarray) -> tuple[tuple[str, ...], np.ndarray]:
+    """Unique node names in natural order (node-2 before node-10) and each rank's index into them."""
+    uniq = sorted({str(n) for n in names}, key=_natural)
+    pos = {n: i for i, n in enumerate(uniq)}
+    return tuple(uniq), np.fromiter((pos[str(n)] for n in names), dtype=np.int64, count=len(names))
 
 
 def _local_ranks(node_index: np.ndarray) -> np.ndarray:

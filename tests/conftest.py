@@ -1,0 +1,18 @@
+"""Shared fixtures: paths to the real shared data and small helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+PROBE = SHARED / "data" / "torch_gloo_hang_probe"
+
+
+@pytest.fixture(scope="session")
+def probe_dir() -> Path:
+    if not PROBE.is_dir():
+        pytest.skip(f"shared data not present at {PROBE}")
+    return PROBE

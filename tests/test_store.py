@@ -1,0 +1,72 @@
+"""The store: atomic append-only Parquet, lazy polars reads, DuckDB SQL, corrupt files named."""
+
+from __future__ import annotations
+
+import pytest
+
+from rankscope.datasets.schemas import TABLES
+from rankscope.datasets.store import Store
+from rankscope.errors import InputError, StoreError
+
+
+def _rows(job="j1", n=3):
+    return [{"job": job, "snapshot": 0, "rank": r, "node": f"node-{r}", "role": "trainer", "status": "ok",
+             "frames": [{"function": "all_reduce", "file": "torch/distributed/distributed_c10d.py", "line": 1}]}
+            for r in range(n)]
+
+
+def test_write_read_and_sql(tmp_path):
+    st = Store(tmp_path / "s", create=True)
+    paths = st.write("stacks", _rows())
+    st.write("stacks", _rows("j2", 2))
+    assert len(paths) == 1 and paths[0].name.startswith("part-") and "job=j1" in str(paths[0])
+    assert st.read("stacks").height == 5
+    assert st.read("stacks", job="j2").height == 2
+    assert st.jobs() == ["j1", "j2"]
+    df = st.sql("SELECT job, count(*) AS n FROM stacks GROUP BY job ORDER BY job")
+    assert df.to_dicts() == [{"job": "j1", "n": 3}, {"job": "j2", "n": 2}]
+    lf = st.scan("stacks")
+    assert lf.collect_schema()["frames"] is not None
+    # no temp files left behind
+    assert not list((tmp_path / "s").rglob(".tmp-*"))
+
+
+def test_every_table_round_trips_an_empty_and_a_minimal_row(tmp_path):
+    st = Store(tmp_path, create=True)
+    for name, spec in TABLES.items():
+        assert st.read(name).height == 0
+        row = {f.name: None for f in spec.schema}
+        for f in spec.schema:
+            if not f.nullable:
+                row[f.name] = "j" if f.name == "job" else ("x" if str(f.type) == "string" else 1)
+        st.write(name, [row])
+        assert st.read(name).height == 1, name
+
+
+def test_unknown_and_missing_columns_are_rejected(tmp_path):
+    st = Store(tmp_path, create=True)
+    with pytest.raises(InputError, match="unknown columns"):
+        st.write("stacks", [{"job": "j", "snapshot": 0, "bogus": 1}])
+    with pytest.raises(InputError, match="required column 'snapshot'"):
+        st.write("stacks", [{"job": "j"}])
+    with pytest.raises(InputError, match="cannot name a partition"):
+        st.write("stacks", [{"job": "../evil", "snapshot": 0}])
+    with pytest.raises(InputError, match="unknown table"):
+        st.write("nope", [])
+
+
+def test_corrupt_file_is_reported_by_name(tmp_path):
+    st = Store(tmp_path, create=True)
+    (p,) = st.write("stacks", _rows())
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(StoreError, match=p.name):
+        st.read("stacks")
+    # the file itself is left as it was: nothing is lost
+    assert p.stat().st_size == len(data) // 2
+
+
+def test_not_a_store(tmp_path):
+    with pytest.raises(StoreError, match="not a rankscope store"):
+        Store(tmp_path)
+    assert not Store.is_store(tmp_path)
