@@ -28,6 +28,7 @@ class ProcStacks:
     main_thread: ThreadDump | None
     others: tuple[ThreadDump, ...]
     source: str
+    source_format: str = ""
 
     @property
     def main(self) -> tuple[Frame, ...]:
@@ -40,7 +41,7 @@ def from_dump(dump: ProcessDump, *, snapshot: int, rank: int | None, node: str |
     main = dump.main_thread
     others = tuple(t for t in dump.threads if t is not main)
     return ProcStacks(snapshot, rank, node, role, dump.pid if dump.pid is not None else pid, dump.status,
-                      dump.error, main, others, dump.source_file)
+                      dump.error, main, others, dump.source_file, dump.source_format)
 
 
 def from_dump_dir(dd: DumpDir) -> list[ProcStacks]:
@@ -61,7 +62,7 @@ def from_table(tbl: pa.Table) -> list[ProcStacks]:
     """From rows of the ``stacks`` table (one row per thread; grouped back into processes)."""
     cols = {name: tbl.column(name).to_pylist() for name in
             ("snapshot", "rank", "node", "role", "pid", "status", "error", "thread_id", "thread_name",
-             "is_main_thread", "active", "frames", "source_file")}
+             "is_main_thread", "active", "frames", "source_file", "source_format")}
     procs: dict[tuple, dict] = {}
     for i in range(tbl.num_rows):
         key = (cols["snapshot"][i], cols["rank"][i], cols["pid"][i], cols["source_file"][i], cols["role"][i])
@@ -84,7 +85,7 @@ def from_table(tbl: pa.Table) -> list[ProcStacks]:
         out.append(ProcStacks(int(cols["snapshot"][i] or 0), cols["rank"][i], cols["node"][i],
                               cols["role"][i] or "trainer", cols["pid"][i], cols["status"][i] or "ok",
                               cols["error"][i], main, tuple(p["others"]),
-                              cols["source_file"][i] or ""))
+                              cols["source_file"][i] or "", cols["source_format"][i] or ""))
     return out
 
 
@@ -94,7 +95,7 @@ def to_rows(procs: Sequence[ProcStacks], job: str) -> list[dict]:
     for p in procs:
         base = {"job": job, "snapshot": p.snapshot, "node": p.node, "rank": p.rank, "pid": p.pid, "role": p.role,
                 "status": p.status, "error": p.error, "source_file": p.source,
-                "source_format": None}
+                "source_format": p.source_format or None}
         threads = ([p.main_thread] if p.main_thread else []) + list(p.others)
         if not threads:
             rows.append({**base, "frames": []})

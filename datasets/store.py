@@ -229,7 +229,10 @@ class Store:
                 if paths:
                     files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
                     con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}], union_by_name=true)")
-            return pl.from_arrow(con.execute(query).to_arrow_table())  # type: ignore[return-value]
+            rel = con.sql(query)
+            if rel is None:  # a statement without a result
+                return pl.DataFrame()
+            return pl.from_arrow(rel.to_arrow_table())  # type: ignore[return-value]
         except duckdb.Error as exc:
             raise InputError(f"SQL over {self.root}: {exc}") from None
         finally:

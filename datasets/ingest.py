@@ -1,0 +1,59 @@
+"""Put a raw dump directory into the store, so batch jobs and SQL can work on it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .inputs import JobInputs, load_inputs
+from .stackset import to_rows
+from .store import Store
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    job: str
+    rows: dict[str, int]
+    notes: tuple[str, ...]
+
+
+def ingest_inputs(inputs: JobInputs, store: Store, *, job: str | None = None) -> IngestReport:
+    """Append one job's stacks, topology, Flight Recorder entries, metrics and timings to ``store``."""
+    name = job or inputs.job
+    counts: dict[str, int] = {}
+    stack_rows = to_rows(inputs.procs, name)
+    if stack_rows:
+        store.write("stacks", stack_rows)
+    counts["stacks"] = len(stack_rows)
+    topo_rows = inputs.topology.to_rows(name)
+    store.write("topology", topo_rows)
+    counts["topology"] = len(topo_rows)
+    if inputs.fr_dumps:
+        from .readers.flight_recorder import fr_to_rows  # noqa: PLC0415
+
+        node_of = {int(r): inputs.topology.node_of(int(r)) for r in inputs.topology.ranks}
+        fr_rows = fr_to_rows(list(inputs.fr_dumps), name, node_of=node_of)
+        store.write("collectives", fr_rows)
+        counts["collectives"] = len(fr_rows)
+    for table, df in (("metrics", inputs.metrics), ("timings", inputs.timings)):
+        if df is not None and df.height:
+            import polars as pl  # noqa: PLC0415
+
+            df = df.with_columns(pl.lit(name).alias("job"))
+            keep = [c for c in df.columns if c in _columns(table)]
+            store.write(table, df.select(keep))
+            counts[table] = df.height
+    return IngestReport(name, counts, inputs.notes)
+
+
+def _columns(table: str) -> list[str]:
+    from .schemas import table as spec  # noqa: PLC0415
+
+    return spec(table).schema.names
+
+
+def ingest_path(path: str | os.PathLike[str], store_root: str | os.PathLike[str], *, job: str | None = None,
+                layout: str | None = None, order: str | None = None, gpus_per_node: int = 8) -> IngestReport:
+    """Load a dump directory (see :func:`load_inputs`) and append it to the store at ``store_root``."""
+    inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
+    return ingest_inputs(inputs, Store(store_root, create=True), job=job)
