@@ -47,11 +47,16 @@ def normalize_file(path: str) -> str:
 
 
 def frame_key(f: FrameLike, *, lines: bool = False) -> str:
-    """The comparison key of one frame: ``function@basename`` (+``:line``), stable across nodes."""
+    """The comparison key of one frame: ``function@basename`` (+``:line``), stable across nodes.
+
+    Only the last part of a qualified name is kept: py-spy prints ``Thread.run`` under Python 3.11+
+    and ``run`` under 3.10, and nodes of one job can differ.
+    """
     base = f.file.rsplit("/", 1)[-1]
+    fn = f.function.rsplit(".", 1)[-1]
     if lines and f.line is not None:
-        return f"{f.function}@{base}:{f.line}"
-    return f"{f.function}@{base}"
+        return f"{fn}@{base}:{f.line}"
+    return f"{fn}@{base}"
 
 
 def signature(frames: Sequence[FrameLike], *, lines: bool = False) -> tuple[str, ...]:
