@@ -151,7 +151,7 @@ def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None
 
 def _cover_words(group: SuspectGroup) -> str:
     if group.kind == "node":
-        return (f"No parallel group is a small enough fault domain; isolate the outliers' own "
+        return (f"With no model-parallel group to isolate, the fault domain is each outlier's own node: "
                 f"{len(group.nodes)} node(s).")
     idx = ",".join(map(str, group.indices[:10])) + ("..." if len(group.indices) > 10 else "")
     return (f"The outliers are covered by {len(group.indices)} {group.kind.upper()} group(s) [{idx}] on "
