@@ -166,6 +166,9 @@ PROCESSES = TableSpec(
             pa.field("group_rank", pa.int32()),
             pa.field("master_addr", pa.string()),
             pa.field("cmdline", pa.string()),
+            pa.field("comm", pa.string()),  # /proc/PID/comm (pt_data_worker, rs_checkpoint, ...)
+            pa.field("trainer_pid", pa.int64()),  # for a trainer's child: the trainer it belongs to
+            pa.field("is_launcher", pa.bool_()),  # torchrun / torch.distributed.run itself
         ]
     ),
     doc="The process table the agent discovered: one row per process per discovery.",
@@ -202,9 +205,11 @@ EVENTS = TableSpec(
             pa.field("rank", pa.int32()),
             pa.field("message", pa.string()),
             pa.field("labels", pa.string()),
+            pa.field("pid", pa.int64()),
+            pa.field("action", pa.string()),  # evict | tolerate | stop-time-check | capture | none
         ]
     ),
-    doc="Health events, each with a severity the recovery policy acts on.",
+    doc="Health events, each with a severity the recovery policy acts on (see collectors/events.py).",
 )
 
 TIMINGS = TableSpec(
