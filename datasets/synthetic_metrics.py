@@ -31,10 +31,10 @@ METRIC_NAMES = (
     "gpu_power_watts",
     "gpu_temperature_celsius",
     "gpu_sm_clock_hertz",
-    "nic_rx_bytes_per_second",
-    "pcie_tx_bytes_per_second",
-    "host_cpu_utilization_ratio",
-    "gpu_ecc_corrected_errors_total",
+    "node_network_receive_bytes_per_second",
+    "gpu_pcie_throughput_bytes_per_second",
+    "node_cpu_utilization_ratio",
+    "gpu_ecc_errors_total",
 )
 FAULT_KINDS = ("gpu-throttle", "nic-degrade", "ecc-growth", "pcie-downgrade", "slow-cpu")
 TIMING_SCENARIOS = ("healthy", "slow-machine", "slow-stage", "data-imbalance", "global-slowdown")
@@ -247,5 +247,6 @@ def make_timings(
         "duration_s": np.concatenate(rows_dur),
         "start_s": np.concatenate(rows_start),
         "node": topo.nodes[rank],
+        **{d: topo.coords[d][rank].astype(np.int32) for d in ("tp", "pp", "dp")},
     })
     return df, topo, TimingTruth(scenario, slow_nodes, slow_stage, onset)

@@ -1,0 +1,403 @@
+"""Timing stragglers: which rank is persistently slower than its symmetric peers, and since when.
+
+Per op and step, each rank's duration is divided by the lower quartile of its peers (ranks of the
+same pipeline stage across data-parallel replicas and tensor ranks): NVRx's relative score, inverted so
+that 1.4 means 40 % slower. A rank is blamed only for an *episode*: a change point after which the
+rolling median of its ratio stays above ``min_slowdown_ratio`` for ``min_episode_steps`` steps and
+the shift is significant against the peers' noise; one noisy step blames no one.
+
+Slowness that is not one machine's is reported as imbalance, never blamed: a whole pipeline stage
+slower than the other stages, a whole replica slower at every stage (its data), every worker slower
+together (a job-wide change), or slow steps that move between replicas (data imbalance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ..datasets.topology import DIMS, Layout, Topology
+from ..errors import InputError
+
+REQUIRED = ("rank", "step", "op", "duration_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerConfig:
+    """Thresholds of the straggler analysis (ratios are durations over the peers' median)."""
+
+    min_slowdown_ratio: float = 1.2
+    min_episode_steps: int = 5
+    min_significance: float = 4.0
+    intermittent_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not self.min_slowdown_ratio > 1.0:
+            raise InputError(f"min_slowdown_ratio={self.min_slowdown_ratio!r} must be above 1 (e.g. 1.2)")
+        if not isinstance(self.min_episode_steps, int) or self.min_episode_steps < 1:
+            raise InputError(f"min_episode_steps={self.min_episode_steps!r} must be a positive integer")
+        if self.min_significance <= 0:
+            raise InputError(f"min_significance={self.min_significance!r} must be positive")
+        if not 0 < self.intermittent_fraction < 1:
+            raise InputError(f"intermittent_fraction={self.intermittent_fraction!r} must be in (0, 1)")
+
+
+@dataclass(frozen=True)
+class SlowRank:
+    """One rank's slow episode: how much slower than its peers, from which step, in which ops."""
+
+    rank: int
+    node: str
+    ratio: float
+    onset_step: int
+    onset_s: float | None
+    ops: tuple[str, ...]
+    significance: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "ratio": round(self.ratio, 3), "onset_step": self.onset_step,
+                "onset_s": self.onset_s, "ops": list(self.ops), "significance": round(self.significance, 1)}
+
+
+@dataclass(frozen=True)
+class Imbalance:
+    """Slowness that belongs to no single machine: its kind, the ratio, where, and why in words."""
+
+    kind: str  # stage | replica | job-wide | data
+    ratio: float
+    where: str
+    onset_step: int | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "ratio": round(self.ratio, 3), "where": self.where,
+                "onset_step": self.onset_step, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class StragglerReport:
+    """The outcome: slow ranks to blame (machine faults) and imbalances (not blamed)."""
+
+    slow_ranks: tuple[SlowRank, ...]
+    imbalances: tuple[Imbalance, ...]
+    n_ranks: int
+    n_steps: int
+    ops: tuple[str, ...]
+    peer_kind: str
+
+    @property
+    def slow_nodes(self) -> tuple[str, ...]:
+        """Nodes of slow ranks, slowest first."""
+        best: dict[str, float] = {}
+        for s in self.slow_ranks:
+            best[s.node] = max(best.get(s.node, 0.0), s.ratio)
+        return tuple(sorted(best, key=lambda n: -best[n]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"slow_ranks": [s.to_dict() for s in self.slow_ranks],
+                "imbalances": [i.to_dict() for i in self.imbalances], "n_ranks": self.n_ranks,
+                "n_steps": self.n_steps, "ops": list(self.ops), "peer_kind": self.peer_kind}
+
+    def explain(self) -> str:
+        lines = [f"{self.n_ranks} ranks, {self.n_steps} steps, ops {', '.join(self.ops)}; peers: {self.peer_kind}"]
+        for s in self.slow_ranks:
+            lines.append(f"rank {s.rank} on {s.node}: {s.ratio:.2f}x its peers from step {s.onset_step} in {', '.join(s.ops)}")
+        lines.extend(i.reason for i in self.imbalances)
+        return "\n".join(lines)
+
+
+# -- inputs -------------------------------------------------------------------------------------
+
+def check_timings(timings: pl.DataFrame) -> pl.DataFrame:
+    """The required columns with usable types; an InputError names what is wrong."""
+    missing = [c for c in REQUIRED if c not in timings.columns]
+    if missing:
+        raise InputError(f"timings: missing column(s) {missing}; required: {list(REQUIRED)}")
+    try:
+        df = timings.with_columns(
+            pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64), pl.col("op").cast(pl.Utf8),
+            pl.col("duration_s").cast(pl.Float64),
+        )
+    except pl.exceptions.PolarsError as exc:
+        raise InputError(f"timings: a required column has the wrong type ({exc})") from None
+    df = df.filter(pl.col("duration_s").is_not_null() & pl.col("duration_s").is_finite())
+    if df.filter(pl.col("duration_s") < 0).height:
+        raise InputError("timings: duration_s has negative values")
+    if df.filter(pl.col("rank") < 0).height:
+        raise InputError("timings: rank has negative values")
+    return df
+
+
+def topology_for(timings: pl.DataFrame, topology: Topology | None) -> Topology:
+    """The given topology (checked against the ranks), else one built from the timing columns."""
+    ranks = np.unique(timings["rank"].to_numpy())
+    if topology is not None:
+        if ranks.max() >= topology.world_size:
+            raise InputError(f"timings: rank {int(ranks.max())} is outside the topology ({topology.description})")
+        return topology
+    per_rank = timings.group_by("rank").agg(
+        [pl.col(c).first() for c in ("node", *DIMS) if c in timings.columns]
+    ).sort("rank")
+    world = int(ranks.max()) + 1
+    if per_rank.height != world:
+        raise InputError(f"timings: ranks must be 0..{world - 1} without gaps (found {per_rank.height} ranks)")
+    nodes = (per_rank["node"].cast(pl.Utf8).fill_null("").to_list() if "node" in per_rank.columns
+             else [""] * world)
+    nodes = [n or f"rank-{r}" for r, n in zip(per_rank["rank"].to_list(), nodes)]
+    dims = {d: per_rank[d].to_list() for d in DIMS if d in per_rank.columns and per_rank[d].null_count() == 0}
+    if dims:
+        return Topology.from_table(per_rank["rank"].to_list(), nodes, coords=dims)
+    return Topology.from_table(per_rank["rank"].to_list(), nodes, layout=Layout(dp=world))
+
+
+# -- episodes -----------------------------------------------------------------------------------
+
+def _rolling_median(x: np.ndarray, k: int) -> np.ndarray:
+    """Trailing rolling median along axis 0 (NaN-aware); the first k-1 rows use what they have."""
+    if k <= 1 or x.shape[0] < k:
+        return x.copy() if k <= 1 else np.full_like(x, np.nan)
+    pad = np.concatenate([np.full((k - 1,) + x.shape[1:], np.nan), x])
+    win = np.lib.stride_tricks.sliding_window_view(pad, k, axis=0)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(win, axis=-1)
+
+
+@dataclass(frozen=True)
+class _Episode:
+    start: int
+    end: int
+    ratio: float
+    significance: float
+
+
+def episodes(log_ratio: np.ndarray, *, min_log: float, k: int, noise: float) -> list[_Episode | None]:
+    """Per column of ``log_ratio`` (steps x series): its strongest slow episode, or None.
+
+    An episode starts at the first slow step of the first trailing ``k``-step window whose median is
+    above ``min_log`` and lasts while that rolling median stays above it. Its significance is the
+    shift of the mean against the rest of the series, in units of ``noise / sqrt(n)``.
+    """
+    roll = _rolling_median(log_ratio, k)
+    out: list[_Episode | None] = []
+    n = log_ratio.shape[0]
+    for j in range(log_ratio.shape[1]):
+        flag = np.nan_to_num(roll[:, j], nan=-np.inf) > min_log
+        if not flag.any():
+            out.append(None)
+            continue
+        best: _Episode | None = None
+        idx = np.flatnonzero(flag)
+        runs = np.split(idx, np.flatnonzero(np.diff(idx) > 1) + 1)
+        for run in runs:
+            first, last = int(run[0]), int(run[-1])
+            lo = max(0, first - k + 1)
+            slow = np.flatnonzero(np.nan_to_num(log_ratio[lo : first + 1, j], nan=-np.inf) > min_log)
+            start = lo + int(slow[0]) if slow.size else first
+            seg = log_ratio[start : last + 1, j]
+            rest = np.concatenate([log_ratio[:start, j], log_ratio[last + 1 :, j]])
+            seg, rest = seg[np.isfinite(seg)], rest[np.isfinite(rest)]
+            if seg.size == 0:
+                continue
+            base = float(np.median(rest)) if rest.size >= k else 0.0
+            sig = (float(np.mean(seg)) - base) / (noise / np.sqrt(seg.size))
+            ep = _Episode(start, last + 1, float(np.exp(np.median(seg))), sig)
+            if best is None or ep.significance * ep.ratio > best.significance * best.ratio:
+                best = ep
+        out.append(best)
+    del n
+    return out
+
+
+def _noise(log_ratio: np.ndarray) -> float:
+    """Robust step-to-step noise of log ratios, floored at 1 %."""
+    finite = log_ratio[np.isfinite(log_ratio)]
+    if finite.size == 0:
+        return 0.01
+    return max(0.01, float(1.4826 * np.median(np.abs(finite - np.median(finite)))))
+
+
+# -- the analysis -------------------------------------------------------------------------------
+
+def _matrices(df: pl.DataFrame, world: int) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
+    steps = np.unique(df["step"].to_numpy())
+    step_idx = {int(s): i for i, s in enumerate(steps)}
+    mats: dict[str, np.ndarray] = {}
+    agg = df.group_by("op", "step", "rank").agg(pl.col("duration_s").sum())
+    for op in sorted(agg["op"].unique().to_list()):
+        part = agg.filter(pl.col("op") == op)
+        m = np.full((steps.size, world), np.nan)
+        si = np.fromiter((step_idx[int(s)] for s in part["step"].to_numpy()), dtype=np.int64, count=part.height)
+        m[si, part["rank"].to_numpy()] = part["duration_s"].to_numpy()
+        mats[op] = m
+    start = None
+    if "start_s" in df.columns and df["start_s"].null_count() < df.height:
+        s = df.group_by("step").agg(pl.col("start_s").min()).sort("step")
+        start = np.full(steps.size, np.nan)
+        start[[step_idx[int(x)] for x in s["step"].to_list()]] = s["start_s"].cast(pl.Float64).to_numpy()
+    return steps, mats, start
+
+
+def _group_reference(m: np.ndarray, gid: np.ndarray) -> np.ndarray:
+    """Per step, each rank's reference: the lower quartile of its peer group (steps x ranks).
+
+    NVRx compares with the best rank; the lower quartile is nearly as fast and not one lucky rank,
+    and stays a healthy reference even when a slow node holds half of a stage's ranks.
+    """
+    import warnings
+
+    out = np.full_like(m, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for g in np.unique(gid):
+            cols = gid == g
+            out[:, cols] = np.nanquantile(m[:, cols], 0.25, axis=1, keepdims=True)
+    return out
+
+
+def find_stragglers(
+    timings: pl.DataFrame, topology: Topology | None = None, *, config: StragglerConfig | None = None
+) -> StragglerReport:
+    """Slow ranks (each against its symmetric peers) and imbalances in per-rank op timings."""
+    cfg = config or StragglerConfig()
+    df = check_timings(timings)
+    if df.height == 0:
+        raise InputError("timings: no rows with a finite duration_s")
+    topo = topology_for(df, topology)
+    world = topo.world_size
+    steps, mats, start = _matrices(df, world)
+    k, min_log = cfg.min_episode_steps, float(np.log(cfg.min_slowdown_ratio))
+    pp = topo.coords["pp"]
+    n_pp = int(topo.sizes["pp"])
+    dp = topo.group_ids("mp") if n_pp > 1 or topo.sizes["tp"] > 1 else topo.ranks.copy()  # replica of each rank
+    stage_sizes = np.bincount(pp)
+    peers_ok = stage_sizes.min() >= 3
+    gid = pp if peers_ok else np.zeros(world, dtype=np.int64)
+    peer_kind = "same pipeline stage across replicas" if peers_ok and n_pp > 1 else "all ranks"
+
+    # 1. each rank against its stage peers, per op. A replica spread over several nodes that is slow
+    # at every stage is slow because of its data: that common part is taken out before blaming ranks.
+    reps = np.unique(dp)
+    spread = {int(rep): len(topo.nodes_of(np.flatnonzero(dp == rep))) > 1 for rep in reps}
+    per_rank: dict[int, list[tuple[str, _Episode]]] = {}
+    per_replica: dict[int, list[tuple[str, _Episode]]] = {}
+    for op, m in mats.items():
+        lr = np.log(np.clip(m, 1e-12, None) / np.clip(_group_reference(m, gid), 1e-12, None))
+        common = np.zeros_like(lr)
+        rep_lr = np.zeros((lr.shape[0], reps.size))
+        for j, rep in enumerate(reps):
+            cols = dp == rep
+            if spread[int(rep)]:
+                import warnings
+
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    rep_lr[:, j] = np.nanmedian(lr[:, cols], axis=1)
+                common[:, cols] = rep_lr[:, [j]]
+        resid = lr - common
+        for r, ep in enumerate(episodes(resid, min_log=min_log, k=k, noise=_noise(resid))):
+            if ep is not None and ep.significance >= cfg.min_significance:
+                per_rank.setdefault(r, []).append((op, ep))
+        if any(spread.values()):
+            for j, ep in enumerate(episodes(rep_lr, min_log=min_log, k=k, noise=_noise(rep_lr))):
+                if ep is not None and ep.significance >= cfg.min_significance and spread[int(reps[j])]:
+                    per_replica.setdefault(int(reps[j]), []).append((op, ep))
+
+    imbalances: list[Imbalance] = []
+    slow_ranks: list[SlowRank] = []
+    slow_set = set(per_rank)
+    replica_slow: set[int] = set()
+    for rep, eps in sorted(per_replica.items()):
+        ratio = float(max(ep.ratio for _, ep in eps))
+        onset = min(ep.start for _, ep in eps)
+        imbalances.append(Imbalance(
+            "replica", ratio, f"replica {rep}", int(steps[onset]),
+            f"replica {rep} is {ratio:.2f}x slower at every pipeline stage from step {int(steps[onset])} "
+            "across several nodes: data imbalance (heavier batches), not one machine"))
+    if len(slow_set) > world // 2:
+        imbalances.append(Imbalance("job-wide", 1.0, "more than half of the ranks", None,
+                                    f"{len(slow_set)} of {world} ranks are slower than their peers: no single "
+                                    "machine stands out"))
+        slow_set = set()
+    for r in sorted(slow_set - replica_slow):
+        eps = per_rank[r]
+        first = min(ep.start for _, ep in eps)
+        slow_ranks.append(SlowRank(
+            r, topo.node_of(r), float(max(ep.ratio for _, ep in eps)), int(steps[first]),
+            None if start is None or not np.isfinite(start[first]) else float(start[first]),
+            tuple(op for op, _ in sorted(eps, key=lambda e: -e[1].ratio)),
+            float(max(ep.significance for _, ep in eps))))
+
+    total = np.nansum(np.stack(list(mats.values())), axis=0)  # steps x ranks, all ops
+    total[np.all(np.isnan(np.stack(list(mats.values()))), axis=0)] = np.nan
+    # 2. a whole stage slower than the other stages (same replica across stages)
+    if n_pp > 1:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            stage = np.stack([np.nanmedian(total[:, pp == s], axis=1) for s in range(n_pp)], axis=1)
+            ref = np.nanmin(np.nanmedian(stage, axis=0))  # the fastest stage's typical step
+            base = stage / np.nanmedian(stage[: max(k, stage.shape[0] // 5)], axis=0)  # each stage vs its own start
+        lr = np.log(stage / ref)
+        for s, ep in enumerate(episodes(np.log(base), min_log=min_log, k=k, noise=_noise(np.log(base)))):
+            if ep is not None and ep.significance >= cfg.min_significance and not _stage_has_culprit(s, pp, slow_set):
+                others = [o for o in range(n_pp) if o != s]
+                rel = float(np.nanmedian(stage[ep.start : ep.end, s]) / np.nanmedian(stage[ep.start : ep.end][:, others]))
+                base_rel = float(np.nanmedian(stage[: max(k, ep.start), s]) / np.nanmedian(stage[: max(k, ep.start)][:, others]))
+                if rel > base_rel * cfg.min_slowdown_ratio ** 0.5:
+                    imbalances.append(Imbalance(
+                        "stage", ep.ratio, f"pipeline stage {s}", int(steps[ep.start]),
+                        f"pipeline stage {s} (all {int(stage_sizes[s])} ranks) became {ep.ratio:.2f}x slower from step "
+                        f"{int(steps[ep.start])} while the other stages did not: a stage imbalance, not a machine"))
+        persistent = np.nanmedian(lr, axis=0)
+        worst = int(np.nanargmax(persistent))
+        if not any(i.kind == "stage" for i in imbalances) and persistent[worst] > min_log and not _stage_has_culprit(worst, pp, slow_set):
+            ratio = float(np.exp(persistent[worst]))
+            imbalances.append(Imbalance(
+                "stage", ratio, f"pipeline stage {worst}", None,
+                f"pipeline stage {worst} is {ratio:.2f}x slower than the fastest stage on every replica throughout: "
+                "the pipeline is unbalanced (layers per stage), not a machine"))
+    # 3. every worker slower together
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        job = np.nanmedian(total, axis=1)
+        lj = np.log(job / np.nanmedian(job[: max(k, job.size // 5)]))
+    (ep,) = episodes(lj[:, None], min_log=min_log, k=k, noise=_noise(lj))
+    if ep is not None and ep.significance >= cfg.min_significance:
+        imbalances.append(Imbalance(
+            "job-wide", ep.ratio, "every rank", int(steps[ep.start]),
+            f"every worker became {ep.ratio:.2f}x slower together from step {int(steps[ep.start])}: a job-wide "
+            "change (data, configuration or shared infrastructure), no machine is blamed"))
+    # 4. slow steps that move between replicas: data imbalance
+    if not slow_ranks:
+        rep_total = np.stack([np.nanmedian(total[:, dp == rep], axis=1) for rep in np.unique(dp)], axis=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            rel = rep_total / np.nanmedian(rep_total, axis=1, keepdims=True)
+        slow_cells = rel > cfg.min_slowdown_ratio
+        frac = float(np.mean(slow_cells))
+        spread = int(np.sum(slow_cells.any(axis=0)))
+        if frac >= cfg.intermittent_fraction and spread > rep_total.shape[1] // 2 and rep_total.shape[1] > 1:
+            imbalances.append(Imbalance(
+                "data", float(np.nanquantile(rel, 0.95)), f"{spread} of {rep_total.shape[1]} replicas", None,
+                f"{frac:.0%} of (step, replica) pairs are over {cfg.min_slowdown_ratio:.2f}x the median replica, and the "
+                f"slow replica changes from step to step ({spread} replicas take turns): data imbalance, no straggler"))
+    return StragglerReport(tuple(sorted(slow_ranks, key=lambda s: -s.ratio)), tuple(imbalances), world,
+                           int(steps.size), tuple(mats), peer_kind)
+
+
+def _stage_has_culprit(stage: int, pp: np.ndarray, slow: set[int]) -> bool:
+    return any(pp[r] == stage for r in slow)
+
+
+def ranks_of(report: StragglerReport) -> Sequence[int]:
+    return [s.rank for s in report.slow_ranks]
