@@ -23,11 +23,22 @@ from ..errors import InputError
 from .readers.base import Frame, ProcessDump, ThreadDump, to_rows
 from .synthetic_faults import Scenario, build_scenario
 from .synthetic_frames import ENVS, InstallEnv, StackDef, child_stacks, trainer_stacks
+from .synthetic_render import FORMATS, write_job_dir
 from .topology import Layout, Topology
 
 FAULTS = ("none", "compute-hang", "collective-hang", "p2p-hang", "dataloader-stall", "checkpoint-stall",
           "crash", "slow-rank")
-FORMATS = ("pyspy-text", "pyspy-json", "faulthandler", "mixed")
+FAULT_SUMMARIES = {
+    "none": "a healthy job making progress (stacks change between snapshots)",
+    "compute-hang": "one rank stuck in a GPU kernel; its TP peers wait in the TP all_reduce",
+    "collective-hang": "one TP all_reduce never completes; the whole TP group is blocked in it",
+    "p2p-hang": "a pipeline send never completes; sender and receiver stages are blocked",
+    "dataloader-stall": "a DataLoader worker stuck reading its dataset; the rank waits for its batch",
+    "checkpoint-stall": "an async checkpoint process stuck in write/fsync; everyone else waits at a barrier",
+    "crash": "one rank died: no dump for it; its peers wait in collectives",
+    "slow-rank": "one rank computes slowly: over several snapshots it is always in compute, peers always wait",
+}
+"""One line per fault, for help texts and reports."""
 SOURCE_FORMAT = "synthetic"
 SNAPSHOT_INTERVAL_SECONDS = 30
 START_TIME = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -98,17 +109,32 @@ class SyntheticJob:
 
     def write_dir(self, path: str | os.PathLike[str], *, fmt: str = "pyspy-text", manifest: bool = True) -> Path:
         """Write one file per process under ``path`` (see :func:`synthetic_render.write_job_dir`)."""
-        from .synthetic_render import write_job_dir
-
         return write_job_dir(self, path, fmt=fmt, manifest=manifest)
 
     def to_rows(self, job: str) -> list[dict[str, Any]]:
-        """Rows of the ``stacks`` table, one per thread of every dump."""
+        """Rows of the ``stacks`` table, one per thread of every dump (as :func:`readers.base.to_rows` makes them).
+
+        Threads that share a frame tuple share one (read-only) ``frames`` list, which keeps 100k ranks cheap.
+        """
         rows: list[dict[str, Any]] = []
         times = [START_TIME + timedelta(seconds=SNAPSHOT_INTERVAL_SECONDS * i) for i in range(self.n_snapshots)]
+        frame_lists: dict[int, list[dict[str, Any]]] = {}
         for d in self.dumps:
-            rows.extend(to_rows(d.dump, job=job, snapshot=d.snapshot, rank=d.rank, node=d.node, role=d.role,
-                                time=times[d.snapshot]))
+            p = d.dump
+            if not p.threads:
+                rows.extend(to_rows(p, job=job, snapshot=d.snapshot, rank=d.rank, node=d.node, role=d.role,
+                                    time=times[d.snapshot]))
+                continue
+            base = {"job": job, "snapshot": d.snapshot, "time": times[d.snapshot], "node": d.node, "rank": d.rank,
+                    "pid": p.pid, "role": d.role, "source_format": p.source_format, "source_file": p.source_file,
+                    "status": p.status, "error": p.error}
+            for t in p.threads:
+                fl = frame_lists.get(id(t.frames))
+                if fl is None:
+                    fl = [{"function": f.function, "file": f.file, "line": f.line} for f in t.frames]
+                    frame_lists[id(t.frames)] = fl
+                rows.append({**base, "thread_id": t.thread_id, "thread_name": t.thread_name,
+                             "is_main_thread": t.is_main, "active": t.active, "frames": fl})
         return rows
 
 
@@ -156,8 +182,8 @@ def _spawn_cmdline(env: InstallEnv) -> str:
             "spawn_main(tracker_fd=9, pipe_handle=31) --multiprocessing-fork")
 
 
-def _check(layout: Layout, *, gpus_per_node: int, fault: str, fault_rank: int | None, n_snapshots: int | None,
-           dataloader_workers: int, checkpoint_process: bool) -> None:
+def _check(layout: Layout, *, fault: str, fault_rank: int | None, n_snapshots: int | None,
+           dataloader_workers: int, node_format: str) -> None:
     if fault not in FAULTS:
         raise InputError(f"fault={fault!r} is not one of {', '.join(FAULTS)}")
     world = layout.world_size
@@ -173,8 +199,10 @@ def _check(layout: Layout, *, gpus_per_node: int, fault: str, fault_rank: int | 
         raise InputError(f"fault='collective-hang' needs a tensor-parallel group (tp, cp or ep >= 2); layout is {layout}")
     if fault == "dataloader-stall" and dataloader_workers < 1:
         raise InputError("fault='dataloader-stall' needs dataloader_workers >= 1")
-    if world > 10_000_000:
-        raise InputError(f"layout {layout}: world size {world} is too large to generate")
+    try:
+        node_format.format(0)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise InputError(f"node_format={node_format!r} is not a format string with one {{}} field ({exc})") from None
 
 
 def generate_job(
@@ -197,8 +225,8 @@ def generate_job(
     With ``install_prefixes`` nodes differ in install paths and Python version, as real clusters do.
     """
     lay = Layout.parse(layout) if isinstance(layout, str) else layout
-    _check(lay, gpus_per_node=gpus_per_node, fault=fault, fault_rank=fault_rank, n_snapshots=n_snapshots,
-           dataloader_workers=dataloader_workers, checkpoint_process=checkpoint_process)
+    _check(lay, fault=fault, fault_rank=fault_rank, n_snapshots=n_snapshots, dataloader_workers=dataloader_workers,
+           node_format=node_format)
     topo = Topology.from_layout(lay, gpus_per_node=gpus_per_node, node_format=node_format)
     rng = np.random.default_rng(seed)
     if n_snapshots is None:
@@ -305,15 +333,15 @@ def _build_dumps(topo: Topology, lay: Layout, cat: _Catalog, sc: Scenario, node_
     return tuple(out)
 
 
-def stack_names(job: SyntheticJob) -> dict[str, int]:
-    """How many trainer dumps are in each catalog state (by leaf function), for quick inspection."""
+def leaf_counts(job: SyntheticJob, snapshot: int = 0) -> dict[str, int]:
+    """How many trainers of one snapshot sit in each leaf function, for a quick look at a job."""
     counts: dict[str, int] = {}
     for d in job.dumps:
-        if d.role == "trainer":
+        if d.role == "trainer" and d.snapshot == snapshot:
             main = d.dump.main_thread
             leaf = main.frames[0].function if main and main.frames else "?"
             counts[leaf] = counts.get(leaf, 0) + 1
     return counts
 
 
-__all__ = ["FAULTS", "FORMATS", "GroundTruth", "SyntheticDump", "SyntheticJob", "generate_job"]
+__all__ = ["FAULTS", "FORMATS", "GroundTruth", "SyntheticDump", "SyntheticJob", "generate_job", "leaf_counts"]

@@ -241,10 +241,8 @@ def _progressing(c: _Ctx, fault: str, r: int, n: int, w: int, with_ckpt: bool, r
                     break
                 st[same] = c.sample_healthy(same)
         trainer.append(st)
-        wk = np.full((world, w), c.id("worker-idle"), dtype=np.int64)
-        if w:
-            wk[rng.random((world, w)) < 0.1] = c.id("worker-fetch")
-        workers.append(wk)
+        # workers stay idle: a healthy prefetching DataLoader is almost never caught mid-read
+        workers.append(np.full((world, w), c.id("worker-idle"), dtype=np.int64))
         if with_ckpt:
             ckpt.append(np.full(world, c.id("ckpt-idle"), dtype=np.int64))
     if fault == "none":

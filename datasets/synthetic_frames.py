@@ -348,8 +348,6 @@ def child_stacks() -> list[StackDef]:
                  _t("_AsyncWriterThread.run", "tensorboard/summary/writer/event_file_writer.py", 244),
                  *_thread_wait(171))),
         StackDef("worker-idle", "worker", worker + _mp_poll_wait()),
-        StackDef("worker-fetch", "worker", worker_busy + fetch[:-1] + (_m("IndexedDataset.get", IDX, 699),
-                 _m("_FileBinReader.read", IDX, 436)), True),
         StackDef("worker-io-stall", "worker", worker_busy + fetch),
         StackDef("ckpt-idle", "ckpt", ckpt + _mp_poll_wait(122)),
         StackDef("ckpt-write-stall", "ckpt", ckpt_busy + (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.datasets.readers.base import ProcessDump
+from rankscope.datasets.readers.base import ProcessDump, to_rows
 from rankscope.datasets.synthetic import FAULTS, SyntheticJob, generate_job
 from rankscope.datasets.synthetic_frames import co_name
 from rankscope.errors import InputError
@@ -173,6 +173,7 @@ def test_same_seed_same_job_and_fault_rank_honoured():
     ({"fault": "compute-hang", "fault_rank": 99}, "fault_rank=99"),
     ({"fault": "compute-hang", "n_snapshots": 0}, "n_snapshots=0"),
     ({"fault": "dataloader-stall", "dataloader_workers": 0}, "dataloader_workers"),
+    ({"fault": "none", "node_format": "host-{name}"}, "node_format"),
 ])
 def test_bad_arguments_name_the_parameter(kwargs, what):
     with pytest.raises(InputError, match=what.replace("(", r"\(")):
@@ -187,6 +188,14 @@ def test_faults_that_need_a_dimension():
     # pp=1 uses the no-pipelining schedule and still hangs sensibly
     job = generate_job("tp=4,dp=2", gpus_per_node=4, fault="compute-hang", seed=1)
     assert all("forward_backward_no_pipelining" in fr for fr in _mains(job).values())
+
+
+def test_context_parallel_ranks_are_model_parallel_peers():
+    job = generate_job("tp=2,cp=2,pp=2,dp=2", gpus_per_node=8, fault="compute-hang", seed=4)
+    r = job.truth.fault_rank
+    mains = _mains(job)
+    assert len(_peers(job, r)) == 3 and all(mains[p][0] == "all_reduce" for p in _peers(job, r))
+    assert "--context-parallel-size 2" in job.dumps[0].dump.cmdline
 
 
 def test_install_prefixes_differ_across_nodes():
@@ -210,6 +219,9 @@ def test_to_rows_fit_the_stacks_table(tmp_path, jobs):
     job = jobs["slow-rank"]
     rows = job.to_rows("synth")
     assert len(rows) == sum(len(d.dump.threads) for d in job.dumps)
+    first = job.dumps[0]
+    assert rows[:len(first.dump.threads)] == to_rows(first.dump, job="synth", snapshot=0, rank=first.rank,
+                                                      node=first.node, role=first.role, time=rows[0]["time"])
     assert {r["snapshot"] for r in rows} == set(range(5))
     Store(tmp_path / "store", create=True).write("stacks", rows)
     df = Store(tmp_path / "store").read("stacks", job="synth")
