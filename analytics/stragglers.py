@@ -1,9 +1,9 @@
 """Timing stragglers: which rank is persistently slower than its symmetric peers, and since when.
 
-Per op and step, each rank's duration is divided by the lower quartile of its peers (ranks of the
-same pipeline stage across data-parallel replicas and tensor ranks): NVRx's relative score, inverted so
+Per op and step, each rank's duration is divided by the median of its peers on other nodes (ranks
+of the same pipeline stage across data-parallel replicas and tensor ranks): NVRx's relative score, inverted so
 that 1.4 means 40 % slower. A rank is blamed only for an *episode*: a change point after which the
-rolling median of its ratio stays above ``min_slowdown_ratio`` for ``min_episode_steps`` steps and
+rolling median of its ratio stays above ``min_slowdown_ratio`` (1.25, about NVRx's 0.75 score) for ``min_episode_steps`` steps and
 the shift is significant against the peers' noise; one noisy step blames no one.
 
 Slowness that is not one machine's is reported as imbalance, never blamed: a whole pipeline stage
@@ -30,7 +30,7 @@ REQUIRED = ("rank", "step", "op", "duration_s")
 class StragglerConfig:
     """Thresholds of the straggler analysis (ratios are durations over the peers' median)."""
 
-    min_slowdown_ratio: float = 1.2
+    min_slowdown_ratio: float = 1.25
     min_episode_steps: int = 5
     min_significance: float = 4.0
     intermittent_fraction: float = 0.05
@@ -244,11 +244,11 @@ def _matrices(df: pl.DataFrame, world: int) -> tuple[np.ndarray, dict[str, np.nd
     return steps, mats, start
 
 
-def _group_reference(m: np.ndarray, gid: np.ndarray) -> np.ndarray:
-    """Per step, each rank's reference: the lower quartile of its peer group (steps x ranks).
+def _group_reference(m: np.ndarray, gid: np.ndarray, node: np.ndarray) -> np.ndarray:
+    """Per step, each rank's reference: the median of its peer group on *other* nodes (steps x ranks).
 
-    NVRx compares with the best rank; the lower quartile is nearly as fast and not one lucky rank,
-    and stays a healthy reference even when a slow node holds half of a stage's ranks.
+    NVRx compares with the best rank; the median of the peers is steadier, and leaving out the rank's
+    own node keeps the reference healthy when a slow node holds half of a stage's ranks.
     """
     import warnings
 
@@ -256,8 +256,12 @@ def _group_reference(m: np.ndarray, gid: np.ndarray) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for g in np.unique(gid):
-            cols = gid == g
-            out[:, cols] = np.nanquantile(m[:, cols], 0.25, axis=1, keepdims=True)
+            in_group = gid == g
+            for nd in np.unique(node[in_group]):
+                others = in_group & (node != nd)
+                if not others.any():
+                    others = in_group
+                out[:, in_group & (node == nd)] = np.nanmedian(m[:, others], axis=1, keepdims=True)
     return out
 
 
@@ -288,7 +292,7 @@ def find_stragglers(
     per_rank: dict[int, list[tuple[str, _Episode]]] = {}
     per_replica: dict[int, list[tuple[str, _Episode]]] = {}
     for op, m in mats.items():
-        lr = np.log(np.clip(m, 1e-12, None) / np.clip(_group_reference(m, gid), 1e-12, None))
+        lr = np.log(np.clip(m, 1e-12, None) / np.clip(_group_reference(m, gid, topo.node_index), 1e-12, None))
         common = np.zeros_like(lr)
         rep_lr = np.zeros((lr.shape[0], reps.size))
         for j, rep in enumerate(reps):

@@ -1,0 +1,124 @@
+"""Read long-form metrics and per-rank timings from CSV or Parquet files in a directory.
+
+Files whose names start with ``metrics`` hold ``ts, node, metric, value[, gpu]``; files whose names
+start with ``timings`` hold ``rank, step, op, duration_s[, start_s, node, tp, pp, dp]`` (what Megatron
+timers, per-op traces and the hook's ``log_step`` produce). A bad file is a :class:`ParseError`
+naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import polars as pl
+
+from ...errors import InputError, ParseError
+
+SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
+METRIC_COLUMNS = {"ts": None, "node": pl.Utf8, "metric": pl.Utf8, "value": pl.Float64}
+METRIC_OPTIONAL = {"gpu": pl.Int32, "rank": pl.Int32, "job": pl.Utf8}
+TIMING_COLUMNS = {"rank": pl.Int32, "step": pl.Int64, "op": pl.Utf8, "duration_s": pl.Float64}
+TIMING_OPTIONAL = {"start_s": pl.Float64, "node": pl.Utf8, "tp": pl.Int32, "pp": pl.Int32, "dp": pl.Int32,
+                   "cp": pl.Int32, "ep": pl.Int32, "job": pl.Utf8}
+
+
+def _find(directory: str | os.PathLike[str], prefix: str) -> list[Path]:
+    root = Path(directory)
+    if not root.is_dir():
+        raise InputError(f"{root}: not a directory")
+    return sorted(p for p in root.rglob(f"{prefix}*")
+                  if p.is_file() and p.name.lower().endswith(SUFFIXES) and not p.name.startswith("."))
+
+
+def find_metric_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """CSV/Parquet files under ``directory`` whose names start with ``metrics``."""
+    return _find(directory, "metrics")
+
+
+def find_timing_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """CSV/Parquet files under ``directory`` whose names start with ``timings``."""
+    return _find(directory, "timings")
+
+
+def _load(path: Path) -> pl.DataFrame:
+    try:
+        if path.name.lower().endswith((".parquet", ".pq")):
+            return pl.read_parquet(path)
+        return pl.read_csv(path, infer_schema_length=10000, try_parse_dates=True)
+    except (pl.exceptions.PolarsError, OSError, ValueError) as exc:
+        raise ParseError(path, f"unreadable {'Parquet' if 'parquet' in path.suffix else 'CSV'} ({exc})") from None
+
+
+def _conform(path: Path, df: pl.DataFrame, required: dict, optional: dict, kind: str) -> pl.DataFrame:
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ParseError(path, f"not a {kind} file: missing column(s) {missing} (required: {', '.join(required)})")
+    cols = []
+    for name, dtype in {**required, **optional}.items():
+        if name not in df.columns:
+            continue
+        if dtype is None:
+            cols.append(pl.col(name))
+            continue
+        bad = df.filter(pl.col(name).is_not_null() & pl.col(name).cast(dtype, strict=False).is_null())
+        if bad.height:
+            raise ParseError(path, f"column {name!r} has a non-{dtype} value {bad[name][0]!r} (first of {bad.height})")
+        cols.append(pl.col(name).cast(dtype))
+    out = df.select(cols)
+    for name in required:
+        nulls = out[name].null_count()
+        if nulls:
+            raise ParseError(path, f"column {name!r} has {nulls} empty value(s)")
+    return out
+
+
+def _timestamp(path: Path, df: pl.DataFrame) -> pl.DataFrame:
+    ts = df["ts"]
+    if ts.dtype == pl.Utf8:
+        parsed = ts.str.to_datetime(time_zone="UTC", strict=False)
+        if parsed.null_count() > ts.null_count():
+            raise ParseError(path, f"column 'ts' has a value that is neither seconds nor a timestamp: {ts[0]!r}")
+        return df.with_columns(parsed.alias("ts"))
+    if ts.dtype.is_temporal():
+        if ts.dtype == pl.Date:
+            return df.with_columns(pl.col("ts").cast(pl.Datetime("us", "UTC")))
+        tz = getattr(ts.dtype, "time_zone", None)
+        col = pl.col("ts").dt.cast_time_unit("us")
+        col = col.dt.convert_time_zone("UTC") if tz else col.dt.replace_time_zone("UTC")
+        return df.with_columns(col)
+    if ts.dtype.is_numeric():
+        return df.with_columns((pl.col("ts").cast(pl.Float64) * 1e6).cast(pl.Int64).cast(pl.Datetime("us", "UTC")))
+    raise ParseError(path, f"column 'ts' must hold seconds or timestamps, not {ts.dtype}")
+
+
+def read_metrics(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
+    """Long-form metrics from ``paths``: ``ts`` (UTC timestamp), ``node``, ``metric``, ``value`` [, ``gpu``]."""
+    frames = []
+    for p in map(Path, paths):
+        df = _conform(p, _load(p), METRIC_COLUMNS, METRIC_OPTIONAL, "metrics")
+        df = _timestamp(p, df)
+        if df["ts"].null_count():
+            raise ParseError(p, f"column 'ts' has {df['ts'].null_count()} empty value(s)")
+        frames.append(df)
+    if not frames:
+        return pl.DataFrame(schema={"ts": pl.Datetime("us", "UTC"), "node": pl.Utf8, "metric": pl.Utf8,
+                                    "value": pl.Float64})
+    return pl.concat(frames, how="diagonal_relaxed")
+
+
+def read_timings(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
+    """Per-rank timings from ``paths``: ``rank, step, op, duration_s`` [, ``start_s, node, tp, pp, dp``]."""
+    frames = []
+    for p in map(Path, paths):
+        df = _conform(p, _load(p), TIMING_COLUMNS, TIMING_OPTIONAL, "timings")
+        neg = df.filter(pl.col("duration_s") < 0)
+        if neg.height:
+            raise ParseError(p, f"column 'duration_s' has {neg.height} negative value(s), e.g. {neg['duration_s'][0]}")
+        if df.filter(pl.col("rank") < 0).height:
+            raise ParseError(p, "column 'rank' has negative values")
+        frames.append(df)
+    if not frames:
+        return pl.DataFrame(schema=dict(TIMING_COLUMNS))
+    return pl.concat(frames, how="diagonal_relaxed")
