@@ -178,10 +178,11 @@ def build_scenario(topo: Topology, defs: Sequence[StackDef], ids: Mapping[str, i
     elif fault == "checkpoint-stall":
         st[:] = c.id("ckpt-barrier")
         st[r] = c.id("ckpt-finalize")
-        stall = "ckpt-write-stall" if rng.random() < 0.5 else "ckpt-fsync-stall"
-        ckpt[0][r] = c.id(stall)
+        tensor_item = bool(rng.random() < 0.5)
+        ckpt[0][r] = c.id("ckpt-write-stall" if tensor_item else "ckpt-bytes-stall")
         affected = np.array([r])
-        desc = f"the async checkpoint process of rank {r} is stuck in {'write' if 'write' in stall else 'fsync'}"
+        desc = (f"the async checkpoint process of rank {r} is stuck writing a "
+                f"{'tensor (torch.save)' if tensor_item else 'bytes item'} to storage; rank {r} waits for it")
     else:  # pragma: no cover - guarded by the caller
         raise AssertionError(fault)
     return Scenario([st] * n_snapshots, workers * n_snapshots, ckpt * n_snapshots, culprits,

@@ -353,6 +353,6 @@ def child_stacks() -> list[StackDef]:
         StackDef("ckpt-write-stall", "ckpt", ckpt_busy + (
                  _t("_write_item", "torch/distributed/checkpoint/filesystem.py", 162),
                  _t("save", "torch/serialization.py", 944), _t("_save", "torch/serialization.py", 1216))),
-        StackDef("ckpt-fsync-stall", "ckpt", ckpt_busy[:-1] + (
-                 _m("FileSystemWriterAsync.write_preloaded_data", FSA, 318),)),
+        StackDef("ckpt-bytes-stall", "ckpt", ckpt_busy + (
+                 _t("_write_item", "torch/distributed/checkpoint/filesystem.py", 157),)),
     ]

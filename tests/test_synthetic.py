@@ -117,7 +117,7 @@ def test_dataloader_and_checkpoint_stall(jobs):
     assert "maybe_finalize_async_save" in mains[r]
     assert all(fr[0] == "barrier" for x, fr in mains.items() if x != r)
     ck = {d.rank: d.dump.main_thread.frames for d in job.dumps if d.role == "checkpoint"}
-    assert co_name(ck[r][0].function) in ("_save", "write_preloaded_data")
+    assert co_name(ck[r][0].function) in ("_save", "_write_item")
     assert all(co_name(f[0].function) == "select" for x, f in ck.items() if x != r)
     assert job.truth.affected_ranks == (r,)
 
