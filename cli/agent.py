@@ -37,6 +37,8 @@ def register(app: typer.Typer) -> None:
         from ..collectors.trigger import request_capture
 
         flags = {k: v for k, v in locals().items() if k not in ("config", "trigger", "Agent", "resolve", "request_capture")}
+        if trigger and not store:
+            flags["store"] = "(not needed to trigger)"
         cfg = resolve(flags, config_file=config)
         if trigger:
             out.print(f"trigger written: {request_capture(cfg.run_dir, rounds=cfg.capture_rounds, trigger_file=cfg.trigger_file)}")

@@ -314,12 +314,9 @@ def _record_exit(tp: Any, value: Any, tb: Any) -> None:
 def dump_flight_recorder(path: str | os.PathLike[str] | None = None) -> str | None:
     """Dump the PyTorch Flight Recorder to ``path`` (default ``pid<PID>.fr.json``); the path, or None."""
     st = _state
-    torch_c = sys.modules.get("torch._C._distributed_c10d")
-    if torch_c is None:
-        try:
-            import torch._C._distributed_c10d as torch_c  # type: ignore[no-redef]
-        except Exception:  # noqa: BLE001
-            return None
+    if "torch.distributed" not in sys.modules:  # no torch.distributed in this process: nothing recorded
+        return None
+    import torch._C._distributed_c10d as torch_c
     target = Path(path) if path else (st.run_dir / f"pid{os.getpid()}.fr.json" if st and st.run_dir else None)
     if target is None:
         return None

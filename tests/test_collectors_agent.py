@@ -1,0 +1,109 @@
+"""The agent loop on a small real process tree (no torch): discovery, steps, stall capture, SIGTERM flush."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from rankscope.collectors.agent import Agent
+from rankscope.collectors.config import AgentConfig
+from rankscope.datasets.store import Store
+
+# A "launcher" starting two ranks; each logs 4 steps then waits forever in a named function.
+LAUNCHER = r"""
+import os, subprocess, sys, time
+WORKER = '''
+import sys, time
+from rankscope.collectors import hook
+hook.install()
+for step in range(4):
+    hook.log_step(step, loss=1.0 / (step + 1))
+    time.sleep(0.05)
+def stuck_forever():
+    while True:
+        time.sleep(0.1)
+stuck_forever()
+'''
+procs = [subprocess.Popen([sys.executable, "-c", WORKER], env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
+         "LOCAL_RANK": str(r), "RANKSCOPE_RANKS_PER_NODE": "1"}) for r in range(2)]
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def mini_job(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "RANKSCOPE_RUN_DIR": str(run_dir)}
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER], env=env, start_new_session=True)
+    yield proc, run_dir
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def config(tmp_path: Path, run_dir: Path, **kw: object) -> AgentConfig:
+    base = dict(store=str(tmp_path / "store"), job="mini", node="host-a", run_dir=str(run_dir),
+                metric_interval_seconds=0.2, discovery_interval_seconds=0.5, flush_interval_seconds=1.0,
+                stall_seconds=1.5, capture_flight_recorder=False, kernel_log="", max_runtime_seconds=40.0)
+    base.update(kw)
+    return AgentConfig(**base)  # type: ignore[arg-type]
+
+
+def test_agent_captures_a_stall_and_writes_every_table(tmp_path: Path, mini_job) -> None:
+    proc, run_dir = mini_job
+    agent = Agent(config(tmp_path, run_dir, exit_after_captures=1), launcher_pid=proc.pid)
+    report = agent.run()
+    assert len(report.captures) == 1, report.explain()
+    cap = report.captures[0]
+    assert cap.reason == "stall" and cap.n_processes == 2 and cap.n_failed == 0
+    assert report.failures == {}, report.messages
+    store = Store(tmp_path / "store")
+    st = store.read("stacks").filter(pl.col("is_main_thread"))
+    assert sorted(st["rank"].to_list()) == [0, 1]
+    assert set(st["node"].to_list()) == {"node-0", "node-1"}  # the hook's per-rank node
+    for frames in st["frames"].to_list():
+        assert any(f["function"] == "stuck_forever" for f in frames)
+    procs = store.read("processes")
+    assert set(procs.filter(pl.col("role") == "trainer")["rank"].to_list()) == {0, 1}
+    metrics = set(store.read("metrics")["metric"].to_list())
+    assert {"train_loss", "train_step", "process_resident_memory_bytes", "node_load1",
+            "rankscope_agent_cpu_seconds_total"} <= metrics
+    kinds = store.read("events")["kind"].to_list()
+    assert "stall" in kinds and kinds.count("agent") == 2
+    assert not (run_dir / "trigger").exists()
+
+
+def test_agent_trigger_file_and_sigterm_flush(tmp_path: Path, mini_job) -> None:
+    proc, run_dir = mini_job
+    cmd = [sys.executable, "-m", "rankscope", "agent", str(tmp_path / "store"), "--job", "mini",
+           "--run-dir", str(run_dir), "--launcher-pid", str(proc.pid), "--stall-seconds", "600",
+           "--metric-interval-seconds", "0.2"]
+    env = {**os.environ, "RANKSCOPE_AGENT_DISCOVERY_INTERVAL_SECONDS": "0.5", "RANKSCOPE_AGENT_KERNEL_LOG": "",
+           "RANKSCOPE_AGENT_FLUSH_INTERVAL_SECONDS": "600"}
+    agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and not list(run_dir.glob("pid*.json")):
+            time.sleep(0.2)
+        time.sleep(2.0)
+        subprocess.run(cmd[:4] + ["--run-dir", str(run_dir), "--trigger"], check=True, env=env, capture_output=True)
+        while time.time() < deadline and (run_dir / "trigger").exists():
+            time.sleep(0.2)
+        time.sleep(1.5)
+        agent.send_signal(signal.SIGTERM)
+        out, err = agent.communicate(timeout=30)
+    finally:
+        agent.kill()
+    assert agent.returncode == 0, err
+    assert "trigger 1/1" in out, out + err
+    store = Store(tmp_path / "store")
+    assert store.read("stacks").height > 0
+    # the metrics flush interval is 600 s: rows exist only because SIGTERM flushed them
+    assert store.read("metrics").height > 0
+    assert "agent stopped" in store.read("events")["message"].to_list()

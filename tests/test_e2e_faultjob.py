@@ -1,0 +1,61 @@
+"""End to end on the real job: torchrun + gloo, 8 ranks on 4 simulated nodes, one injected fault.
+
+The agent runs beside the job with a 3 s stall threshold; ``rankscope diagnose`` on its store
+must name the node of the faulty rank (node-k holds ranks 2k and 2k+1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(120)]
+
+
+def run_fault(tmp_path: Path, fault: str, rank: int) -> dict:
+    pytest.importorskip("torch")
+    from rankscope.datasets.faultjob import command
+
+    run_dir, store = tmp_path / "run", tmp_path / "store"
+    argv, env = command(run_dir=run_dir, fault=fault, fault_rank=rank, fault_step=4)
+    log = open(tmp_path / "job.log", "w")  # noqa: SIM115
+    job = subprocess.Popen(argv, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        agent = subprocess.run(
+            [sys.executable, "-m", "rankscope", "agent", str(store), "--job", "e2e", "--run-dir", str(run_dir),
+             "--stall-seconds", "3", "--exit-after-captures", "1", "--launcher-pid", str(job.pid),
+             "--max-runtime-seconds", "80", "--metric-interval-seconds", "0.5"],
+            capture_output=True, text=True, timeout=100,
+            env={**os.environ, "RANKSCOPE_AGENT_DISCOVERY_INTERVAL_SECONDS": "1", "RANKSCOPE_AGENT_KERNEL_LOG": ""})
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait()
+        log.close()
+    assert agent.returncode == 0, agent.stderr[-3000:]
+    assert "captures: #" in agent.stdout, agent.stdout + agent.stderr[-2000:]
+    diag = subprocess.run(
+        [sys.executable, "-m", "rankscope", "diagnose", str(store), "--layout", "tp=2,pp=2,dp=2",
+         "--gpus-per-node", "2", "--format", "json"], capture_output=True, text=True, timeout=60)
+    assert diag.returncode == 0, diag.stderr[-3000:]
+    return json.loads(diag.stdout)
+
+
+@pytest.mark.parametrize(("fault", "rank", "node"), [
+    ("compute_hang", 5, "node-2"),
+    ("dataloader_stall", 3, "node-1"),
+    ("crash", 6, "node-3"),
+])
+def test_agent_and_diagnose_name_the_faulty_node(tmp_path: Path, fault: str, rank: int, node: str) -> None:
+    verdict = run_fault(tmp_path, fault, rank)
+    assert node in verdict["suspect_nodes"], verdict
+    assert verdict["culprit_nodes"] == [node], verdict
+    assert rank in verdict["culprit_ranks"], verdict
