@@ -295,15 +295,18 @@ def find_stragglers(
         lr = np.log(np.clip(m, 1e-12, None) / np.clip(_group_reference(m, gid, topo.node_index), 1e-12, None))
         common = np.zeros_like(lr)
         rep_lr = np.zeros((lr.shape[0], reps.size))
-        for j, rep in enumerate(reps):
-            cols = dp == rep
-            if spread[int(rep)]:
-                import warnings
+        import warnings
 
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    rep_lr[:, j] = np.nanmedian(lr[:, cols], axis=1)
-                common[:, cols] = rep_lr[:, [j]]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for j, rep in enumerate(reps):
+                cols = dp == rep
+                if not spread[int(rep)]:
+                    continue
+                rep_lr[:, j] = np.nanmedian(lr[:, cols], axis=1)
+                for nd in np.unique(topo.node_index[cols]):  # the replica's slowness seen on its *other* nodes
+                    mine = cols & (topo.node_index == nd)
+                    common[:, mine] = np.nanmedian(lr[:, cols & ~mine], axis=1, keepdims=True)
         resid = lr - common
         for r, ep in enumerate(episodes(resid, min_log=min_log, k=k, noise=_noise(resid))):
             if ep is not None and ep.significance >= cfg.min_significance:
@@ -318,6 +321,8 @@ def find_stragglers(
     slow_set = set(per_rank)
     replica_slow: set[int] = set()
     for rep, eps in sorted(per_replica.items()):
+        if any(dp[r] == rep for r in slow_set):
+            continue  # a blamed machine explains it
         ratio = float(max(ep.ratio for _, ep in eps))
         onset = min(ep.start for _, ep in eps)
         imbalances.append(Imbalance(

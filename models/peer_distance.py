@@ -1,6 +1,8 @@
 """Minder-style peer distance: score each machine by how far its metric windows lie from its peers'.
 
-Per metric and window, each machine's (optionally LSTM-VAE-denoised) window of peer-normalized values
+Per metric and window, each machine's window of peer-normalized values (optionally denoised: an
+LSTM-VAE per metric, trained on the calmer half of the windows, reconstructs the window's shape
+around its mean, so level shifts pass through untouched)
 is compared with the peer median (the RMS distance), the distances are z-scored across machines, and
 an alert needs the same machine on top for ``continuity_s`` (Minder uses 4 minutes).
 """
@@ -64,6 +66,7 @@ class PeerDistance(PeerDetector):
         rng = np.random.default_rng(self.random_state)
         for m in range(W.shape[-1]):
             seqs = W[..., m].reshape(-1, W.shape[2])
+            seqs = seqs - seqs.mean(axis=1, keepdims=True)  # the denoiser learns shapes; levels pass through
             healthy = d[..., m].reshape(-1) <= np.median(d[..., m])  # train on the calmer half
             seqs = seqs[healthy]
             if seqs.shape[0] > self.denoiser_max_windows:
@@ -80,6 +83,8 @@ class PeerDistance(PeerDetector):
             W = W.copy()
             n, k, w, m = W.shape
             for j, model in enumerate(self.denoisers_):
-                W[..., j] = reconstruct(model, W[..., j].reshape(-1, w, 1)).reshape(n, k, w)
+                level = W[..., j].mean(axis=2, keepdims=True)
+                shape = (W[..., j] - level).reshape(-1, w, 1)
+                W[..., j] = level + reconstruct(model, shape).reshape(n, k, w)
         d = np.sqrt(np.mean(W * W, axis=2))  # (N, K, M): RMS distance to the peer median
         return robust_z_across_machines(d, self.min_spread)

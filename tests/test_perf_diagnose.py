@@ -1,0 +1,111 @@
+"""diagnose_perf: metric outliers per fault kind, stragglers, imbalance and healthy verdicts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from rankscope.analytics.perf import PerfConfig, counters_to_rates, diagnose_perf, metric_cubes
+from rankscope.datasets.synthetic_metrics import FAULT_KINDS, make_metrics, make_timings
+from rankscope.errors import InputError
+
+DRIVER = {
+    "gpu-throttle": "gpu_sm_clock_hertz",
+    "nic-degrade": "node_network_receive_bytes_per_second",
+    "ecc-growth": "gpu_ecc_errors_total",
+    "pcie-downgrade": "gpu_pcie_throughput_bytes_per_second",
+    "slow-cpu": "node_cpu_utilization_ratio",
+}
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_each_fault_kind_names_the_machine_metric_and_onset(kind):
+    run = make_metrics(n_machines=24, duration_s=1200, faults={kind: 1}, onset_range_s=(200, 300), seed=11)
+    fault = run.faults[0]
+    v = diagnose_perf(run.to_long(), None, None, job="j")
+    assert v is not None
+    assert v.verdict == ("degraded" if kind == "ecc-growth" else "fail-slow")
+    assert v.culprit_nodes == (fault.node,) and v.suspect_nodes == (fault.node,)
+    assert DRIVER[kind] in v.details["drivers"][fault.node]
+    onset = pl.Series([v.details["onset"]]).str.to_datetime().dt.epoch("s")[0] - 1767225600
+    assert fault.onset_s - 20 <= onset <= fault.onset_s + 700
+    assert v.sources == ("metrics",)
+    json.loads(v.to_json())
+
+
+def test_fault_free_metrics_are_healthy():
+    run = make_metrics(n_machines=24, duration_s=900, seed=12)
+    v = diagnose_perf(run.to_long(), None, None)
+    assert v.verdict == "healthy" and v.suspect_nodes == ()
+
+
+def test_slow_machine_in_timings_is_fail_slow():
+    df, topo, truth = make_timings("tp=2,pp=4,dp=8", scenario="slow-machine", seed=2)
+    v = diagnose_perf(None, df, topo, job="j")
+    assert v.verdict == "fail-slow"
+    assert v.culprit_nodes == truth.slow_nodes
+    assert v.details["onset"].startswith(f"step {truth.onset_step}")
+    assert all(d.startswith("op:") for d in v.details["drivers"][truth.slow_nodes[0]])
+    assert v.suspect_ranks and all(topo.node_of(r) == truth.slow_nodes[0] for r in v.suspect_ranks)
+
+
+@pytest.mark.parametrize("scenario", ["slow-stage", "data-imbalance", "global-slowdown"])
+def test_imbalance_verdict_blames_no_one(scenario):
+    df, topo, _ = make_timings("tp=2,pp=4,dp=8", scenario=scenario, seed=3)
+    v = diagnose_perf(None, df, topo)
+    assert v.verdict == "imbalance"
+    assert v.suspect_nodes == () and v.culprit_nodes == ()
+    assert any("no machine" in r or "not a machine" in r or "no straggler" in r for r in v.reasons)
+
+
+def test_nothing_to_analyze_is_none():
+    assert diagnose_perf(None, None, None) is None
+    assert diagnose_perf(pl.DataFrame(), None, None) is None
+
+
+def test_metrics_and_timings_agree():
+    run = make_metrics(n_machines=16, duration_s=900, faults={"gpu-throttle": 1}, onset_range_s=(100, 200), seed=5)
+    df, topo, truth = make_timings("tp=1,pp=1,dp=16", scenario="slow-machine", gpus_per_node=1, seed=5)
+    node = truth.slow_nodes[0]
+    metrics = run.to_long().with_columns(
+        pl.col("node").replace({run.faults[0].node: node, node: run.faults[0].node}).str.replace("node-00", "node-"))
+    metrics = metrics.with_columns(pl.col("node").str.replace(r"^node-0*(\d)", "node-$1"))
+    v = diagnose_perf(metrics, df, topo)
+    assert v.verdict == "fail-slow" and v.culprit_nodes == (node,)
+    assert v.confidence == pytest.approx(0.9)
+    assert set(v.sources) == {"metrics", "timings"}
+
+
+def test_gpu_level_metrics_compare_gpus():
+    rng = np.random.default_rng(0)
+    rows = []
+    for node in range(6):
+        for gpu in range(4):
+            v = 1.98e9 + rng.normal(0, 2e6, 600)
+            if node == 2 and gpu == 3:
+                v[200:] *= 0.7
+            rows.append(pl.DataFrame({"ts": np.arange(600, dtype=float), "node": f"n{node}", "gpu": gpu,
+                                      "metric": "gpu_sm_clock_hertz", "value": v}))
+    df = pl.concat(rows)
+    cubes = metric_cubes(df)
+    assert cubes[0].level == "gpu" and cubes[0].values.shape == (24, 600, 1)
+    v = diagnose_perf(df, None, None, config=PerfConfig(continuity_seconds=120))
+    assert v.culprit_nodes == ("n2",)
+    assert v.details["metric_alerts"][0]["unit"] == "n2/gpu3"
+
+
+def test_counters_become_rates():
+    c = np.cumsum(np.ones((3, 100, 1), dtype=np.float32), axis=1)
+    r = counters_to_rates(c, ["x_total"], interval_s=1.0, rate_window_s=10.0)
+    assert np.allclose(r[:, 20:, 0], 1.0)
+    assert counters_to_rates(c, ["x_ratio"], interval_s=1.0, rate_window_s=10.0) is c
+
+
+def test_bad_metrics_and_config_are_named():
+    with pytest.raises(InputError, match="missing column"):
+        diagnose_perf(pl.DataFrame({"ts": [1.0], "node": ["a"]}), None, None)
+    with pytest.raises(InputError, match="continuity_seconds"):
+        PerfConfig(continuity_seconds=0)
