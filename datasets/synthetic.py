@@ -14,6 +14,7 @@ import gc
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,16 @@ class SyntheticJob:
     node_env: tuple[int, ...] = ()
     seed: int = 0
 
+    @cached_property
+    def _env_by_node(self) -> dict[str, InstallEnv]:
+        return {n: self.envs[self.node_env[i] if self.node_env else 0] for i, n in enumerate(self.topology.node_names)}
+
     def env_of(self, node: str) -> InstallEnv:
-        """The install layout of ``node``."""
-        i = self.topology.node_names.index(node)
-        return self.envs[self.node_env[i] if self.node_env else 0]
+        """The install layout of ``node`` (Python version, site-packages and Megatron paths)."""
+        try:
+            return self._env_by_node[node]
+        except KeyError:
+            raise InputError(f"node {node!r} is not a node of this job") from None
 
     def snapshot(self, i: int) -> tuple[SyntheticDump, ...]:
         """The dumps of snapshot ``i``."""

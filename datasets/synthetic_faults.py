@@ -4,6 +4,12 @@ Each scenario assigns integer stack ids (indexes into the catalog of
 :mod:`rankscope.datasets.synthetic_frames`) with numpy over all ranks at once, and says which
 ranks are to blame. Model-parallel *peers* of a rank are the ranks that share its dp and pp
 coordinates (its TP group, widened by cp/ep when those are > 1).
+
+For a fault at rank r of replica d (its dp coordinate) and stage s, hangs put the other replicas in
+the DP gradient reduce-scatter, the later stages of d in ``recv_forward`` and the earlier ones in
+``recv_backward``; then r and its peers are in the fault's own state (compute + TP all_reduce, one TP
+all_reduce, send vs recv, DataLoader wait + batch broadcast, checkpoint wait vs barrier, or no dump).
+``none`` and ``slow-rank`` are progressing jobs whose stacks change between snapshots.
 """
 
 from __future__ import annotations

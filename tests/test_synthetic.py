@@ -324,3 +324,14 @@ def _stem(d, job) -> str:
         return f"rank{d.rank}-checkpoint"
     k = [x for x in job.dumps if x.rank == d.rank and x.role == "dataloader" and x.snapshot == d.snapshot].index(d)
     return f"rank{d.rank}-dataloader{k}"
+
+
+def test_write_dir_rejects_bad_targets(tmp_path):
+    job = _job("crash")
+    with pytest.raises(InputError, match="fmt='xml'"):
+        job.write_dir(tmp_path / "x", fmt="xml")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="not a directory"):
+        job.write_dir(tmp_path / "file")
+    with pytest.raises(InputError, match="not a node"):
+        job.env_of("nowhere")
