@@ -36,7 +36,7 @@ class InstallEnv:
     stdlib_dir: str
     site_dir: str
     megatron_dir: str
-    cwd: str
+    cwd: str  # where torchrun was started: decides whether the cmdline names the script by absolute path
 
     @property
     def qualnames(self) -> bool:
@@ -55,9 +55,11 @@ class InstallEnv:
         return f"{root}/{site.path}" if root else site.path
 
     def short_file(self, site: Site) -> str:
-        """The file as py-spy text prints it: relative to site-packages, the stdlib or the cwd."""
-        if site.tree == "meg" and self.cwd != self.megatron_dir:
-            return f"{self.megatron_dir}/{site.path}"
+        """The file as py-spy text prints it: relative to the ``sys.path`` entry it was found under.
+
+        Checked with py-spy 0.4.3: a script run as ``python /opt/megatron/pretrain_gpt.py`` from another
+        cwd still prints ``pretrain_gpt.py`` and ``megatron/core/...`` (the script's directory is on sys.path).
+        """
         return site.path
 
     def abs_from_short(self, short: str) -> str:

@@ -5,7 +5,8 @@ Formats, from real samples (``shared/data/torch_gloo_hang_probe/pyspy``) and CPy
 - py-spy text: ``Process PID: CMDLINE`` / ``Python vX.Y.Z (EXE)`` / blank / per thread
   ``Thread TID (idle|active|active+gil): "NAME"`` then ``    func (short_file:line)``, main thread first.
 - py-spy JSON: ``json.dumps(threads, indent=2)`` of thread objects (newest thread first, main last),
-  absolute ``filename`` and package-relative ``short_filename`` per frame.
+  absolute ``filename`` and ``short_filename`` relative to its sys.path entry per frame; ``is_entry``
+  marks frames entered from C (thread/process targets, ``f(*args)`` calls), ``is_shim_entry`` the outermost.
 - faulthandler: ``Thread 0x...`` blocks (``Current thread`` for the main one, last), ``File "ABS",
   line N in co_name``, blank line between threads; no names, no pids.
 """
