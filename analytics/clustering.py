@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..datasets.stackset import ProcStacks
 from .frames import classify, display, signature
 
@@ -41,8 +43,15 @@ def _state_frame(p: ProcStacks, state: str, idx: int) -> str:
 
 
 def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool = False,
-            dominance: float = 0.5, start_id: int = 0) -> list[Cluster]:
-    """Cluster ``procs`` (one role, one snapshot) by signature, largest first, flagging healthy ones."""
+            dominance: float = 0.5, start_id: int = 0, replica_of: np.ndarray | None = None) -> list[Cluster]:
+    """Cluster ``procs`` (one role, one snapshot) by signature, largest first, flagging healthy ones.
+
+    Healthy: the largest cluster, and any cluster that shares a data-parallel replica with it and
+    is either at least ``dominance`` times its size or spread over at least half as many replicas
+    (and at least three)
+    (healthy replicas all do the same thing, so a healthy state recurs across replicas, while a
+    fault confines its outliers to the replica it stopped). ``replica_of`` maps rank -> dp index.
+    """
     if not 0.0 < dominance <= 1.0:
         raise ValueError(f"dominance={dominance} must be in (0, 1]")
     groups: dict[tuple[str, ...] | None, list[int]] = {}
@@ -52,6 +61,14 @@ def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool =
     ordered = sorted(groups.items(), key=lambda kv: (kv[0] is None, -len(kv[1]), kv[0] or ()))
     sizes = [len(m) for k, m in ordered if k is not None]
     largest = max(sizes) if sizes else 0
+
+    def replicas(members: list[int]) -> set[int]:
+        if replica_of is None:
+            return set()
+        rs = [procs[i].rank for i in members]
+        return {int(replica_of[r]) for r in rs if r is not None and 0 <= r < len(replica_of)}
+
+    top_replicas = replicas(ordered[0][1]) if ordered and ordered[0][0] is not None else set()
     out = []
     for n, (sig, members) in enumerate(ordered):
         rep = procs[members[0]]
@@ -60,7 +77,16 @@ def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool =
         else:
             state, idx = classify(rep.main, role=role)
             frame = _state_frame(rep, state, idx)
-        healthy = sig is not None and largest >= 2 and len(members) >= dominance * largest
+        if sig is None or largest < 2:
+            healthy = False
+        elif n == 0:
+            healthy = True
+        elif replica_of is None or not top_replicas:
+            healthy = len(members) >= dominance * largest
+        else:
+            mine = replicas(members)
+            healthy = bool(mine & top_replicas) and (
+                len(members) >= dominance * largest or len(mine) >= max(3, len(top_replicas) / 2))
         ranks = tuple(sorted({procs[i].rank for i in members if procs[i].rank is not None}))
         representative = tuple(display(f) for f in reversed(rep.main)) if sig is not None else (frame,)
         out.append(Cluster(start_id + n, role, sig or (), tuple(members), ranks, state, frame, healthy,

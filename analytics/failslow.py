@@ -13,11 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import binom
 
 from ..datasets.stackset import ProcStacks
 from ..datasets.topology import KINDS, Topology
 from .frames import signature
-from .localize import SnapshotAnalysis
+from .localize import SnapshotAnalysis, cover
+from .verdict import SuspectGroup
 
 
 @dataclass(frozen=True)
@@ -57,52 +59,135 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]]) -> Progress:
 @dataclass(frozen=True)
 class RoundFlag:
     snapshot: int
-    kind: str
+    kind: str  # a parallel kind, or "node"
     group: int
     n_outliers: int
+    p_value: float
 
 
 @dataclass(frozen=True)
 class Degrader:
-    """The group flagged most often over the rounds, and the ranks inside it that were not waiting."""
+    """The group to isolate after all rounds, why, and the ranks inside it that kept others waiting."""
 
-    kind: str
-    group: int
-    flags: int
+    group: SuspectGroup
+    flags: int  # rounds in which the voted group was flagged (or the culprit was busy)
     rounds: int
     per_round: tuple[RoundFlag, ...]
     culprit_ranks: tuple[int, ...]
     culprit_counts: Mapping[int, int]
+    voted: tuple[str, int] | None  # (kind, group) that won the vote, if any
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.group.ranks
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.group.nodes
 
 
-def flag_round(a: SnapshotAnalysis, topology: Topology) -> RoundFlag | None:
-    """The group of any kind with the most outliers in one round (ties: smaller group, kind order)."""
-    if not a.outlier_ranks:
+def _groups(topology: Topology) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(kind, group id per rank, size per group) for every parallel kind and for nodes."""
+    out = []
+    for kind in (k for k in KINDS if k in topology.kinds()):
+        gid = topology.group_ids(kind)
+        out.append((kind, gid, np.full(topology.n_groups(kind), topology.group_size(kind))))
+    node_sizes = np.bincount(topology.node_index, minlength=len(topology.node_names))
+    out.append(("node", topology.node_index, node_sizes))
+    return out
+
+
+def flag_round(a: SnapshotAnalysis, topology: Topology, *, alpha: float = 0.01) -> RoundFlag | None:
+    """The group holding significantly more outliers than chance in one round, if any.
+
+    "Most outliers" is measured against the round's outlier rate: a group's count is tested with a
+    binomial tail (Bonferroni over all groups tested); the most significant group is flagged, ties
+    going to the smaller group. Raw counts would always favour the largest groups and, in a
+    healthy job with outliers everywhere, flag some group every round.
+    """
+    if len(a.outlier_ranks) < 2:
         return None
     out = np.asarray(a.outlier_ranks, dtype=np.int64)
-    best = None
-    for order, kind in enumerate(k for k in KINDS if k in topology.kinds()):
-        counts = np.bincount(topology.group_ids(kind)[out], minlength=topology.n_groups(kind))
-        g = int(np.argmax(counts))
-        key = (-int(counts[g]), topology.group_size(kind), order)
-        if best is None or key < best[0]:
-            best = (key, RoundFlag(a.snapshot, kind, g, int(counts[g])))
-    return best[1] if best else None
-
-
-def degrader(rounds: Sequence[SnapshotAnalysis], topology: Topology) -> Degrader | None:
-    """Vote over rounds; ``None`` when no round had outliers."""
-    flags = [f for f in (flag_round(a, topology) for a in rounds) if f is not None]
-    if not flags:
+    rate = out.size / topology.world_size
+    if rate >= 0.5:
         return None
-    votes = Counter((f.kind, f.group) for f in flags)
-    (kind, group), n = max(votes.items(), key=lambda kv: (kv[1], -topology.group_size(kv[0][0])))
-    members = set(topology.group(kind, group).ranks)
+    kinds = _groups(topology)
+    n_tests = sum(sizes.size for _, _, sizes in kinds)
+    best = None
+    for order, (kind, gid, sizes) in enumerate(kinds):
+        counts = np.bincount(gid[out], minlength=sizes.size)
+        cand = np.flatnonzero(counts >= 2)
+        if cand.size == 0:
+            continue
+        pv = binom.sf(counts[cand] - 1, sizes[cand], rate)
+        i = int(np.argmin(pv))
+        key = (float(pv[i]), int(sizes[cand[i]]), order)
+        if best is None or key < best[0]:
+            best = (key, RoundFlag(a.snapshot, kind, int(cand[i]), int(counts[cand[i]]), float(pv[i])))
+    if best is None or best[1].p_value > alpha / n_tests:
+        return None
+    return best[1]
+
+
+def _members(topology: Topology, kind: str, group: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    if kind == "node":
+        ranks = topology.ranks[topology.node_index == group]
+        return tuple(int(r) for r in ranks), (topology.node_names[group],)
+    g = topology.group(kind, group)
+    return g.ranks, g.nodes
+
+
+def degrader(rounds: Sequence[SnapshotAnalysis], topology: Topology, *, alpha: float = 0.01,
+             min_votes: int = 1) -> Degrader | None:
+    """Vote over rounds, and find the ranks that persistently keep the others waiting.
+
+    Votes: each round flags one group (:func:`flag_round`); the most-flagged group wins when it has
+    at least ``min_votes``. Persistence: a rank running its own code (not waiting) in significantly
+    more rounds than the job's base rate is a slow rank (its peers keep waiting for it); it is the
+    culprit. When the voted group does not contain it (the vote can land on its victims, e.g. the
+    next pipeline stage), the degrader is the smallest cover of both; without a vote, the culprits'
+    own cover (this also catches a lone slow rank in a pure data-parallel job).
+    """
+    flags = [f for f in (flag_round(a, topology, alpha=alpha) for a in rounds) if f is not None]
     counts: Counter[int] = Counter()
+    rates = []
     for a in rounds:
-        for f in a.findings:
-            if f.rank in members and f.score >= 0.7:
-                counts[f.rank] += 1
-    top = max(counts.values(), default=0)
-    culprits = tuple(sorted(r for r, c in counts.items() if c == top and c * 2 >= len(rounds)))
-    return Degrader(kind, group, n, len(rounds), tuple(flags), culprits, dict(counts))
+        counts.update(a.busy_ranks)
+        rates.append(len(a.busy_ranks) / topology.world_size)
+    base = max(float(np.mean(rates)) if rates else 0.0, 1e-6)
+    persistent = {r: k for r, k in counts.items()
+                  if k >= min_votes and base < 0.5 and binom.sf(k - 1, len(rounds), base) <= alpha / topology.world_size}
+    voted = None
+    if flags:
+        votes = Counter((f.kind, f.group) for f in flags)
+        voted = max(votes.items(), key=lambda kv: (kv[1], -len(_members(topology, *kv[0])[0])))
+    have_vote = voted is not None and voted[1] >= min_votes
+    if persistent:
+        top = max(persistent.values())
+        culprits = tuple(sorted(r for r, k in persistent.items() if k == top))
+    elif have_vote:
+        members = set(_members(topology, *voted[0])[0])
+        inside = {r: k for r, k in counts.items() if r in members}
+        top = max(inside.values(), default=0)
+        culprits = tuple(sorted(r for r, k in inside.items() if k == top and k * 2 >= len(rounds)))
+    else:
+        culprits = ()
+    if have_vote:
+        (kind, gidx), n = voted
+        ranks, nodes = _members(topology, kind, gidx)
+        group = SuspectGroup(kind, (gidx,), ranks, nodes)
+        if culprits and not set(culprits) <= set(ranks):
+            group = cover(sorted(set(ranks) | set(culprits)), topology) or group
+    elif culprits:
+        group = cover(culprits, topology)
+        n = max(counts[r] for r in culprits)
+        if group is None:
+            return None
+    elif voted is not None:
+        (kind, gidx), n = voted  # too few votes: reported, and judged by the caller
+        ranks, nodes = _members(topology, kind, gidx)
+        group = SuspectGroup(kind, (gidx,), ranks, nodes)
+    else:
+        return None
+    return Degrader(group, n, len(rounds), tuple(flags), culprits, {r: counts[r] for r in culprits},
+                    voted[0] if voted else None)

@@ -37,6 +37,7 @@ SCORES = {
     "p2p-wait": 0.2,
 }
 STRONG = 0.7
+BUSY_STATES = frozenset({"compute", "io", "empty"})
 MAX_COVER_FRACTION = 0.5
 
 
@@ -64,6 +65,7 @@ class SnapshotAnalysis:
     outlier_ranks: tuple[int, ...]
     missing_ranks: tuple[int, ...]
     findings: tuple[Finding, ...]  # best finding per outlier rank
+    busy_ranks: tuple[int, ...] = ()  # trainers running their own code (not waiting), healthy or not
 
     @property
     def dominant_fraction(self) -> float:
@@ -101,7 +103,8 @@ def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapsho
             trainers.append(p)
         else:
             children[p.role if p.role in CHILD_ROLES else "other"].append(p)
-    clusters = cluster(trainers, role="trainer", lines=lines, dominance=dominance)
+    replica_of = topology.coords["dp"] if topology.sizes["dp"] > 1 else None
+    clusters = cluster(trainers, role="trainer", lines=lines, dominance=dominance, replica_of=replica_of)
     findings: dict[int, Finding] = {}
 
     def add(f: Finding) -> None:
@@ -135,7 +138,7 @@ def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapsho
         kids = children.get(role)
         if not kids:
             continue
-        cc = cluster(kids, role=role, lines=lines, dominance=dominance, start_id=next_id)
+        cc = cluster(kids, role=role, lines=lines, dominance=dominance, start_id=next_id, replica_of=replica_of)
         next_id += len(cc)
         clusters.extend(cc)
         for c in cc:
@@ -153,8 +156,9 @@ def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapsho
                     add(Finding(p.rank, "child-outlier",
                                 f"its {role} process (pid {p.pid}) differs from its peers: in {c.state_frame}"))
     outliers = tuple(sorted(findings))
+    busy = tuple(sorted(r for c in clusters if c.role == "trainer" and c.state in BUSY_STATES for r in c.ranks))
     return SnapshotAnalysis(snapshot, tuple(clusters), len(trainers), healthy, outliers,
-                            tuple(int(r) for r in missing.tolist()), tuple(findings[r] for r in outliers))
+                            tuple(int(r) for r in missing.tolist()), tuple(findings[r] for r in outliers), busy)
 
 
 def cover(outliers: Sequence[int], topology: Topology, *,
@@ -190,23 +194,59 @@ def cover(outliers: Sequence[int], topology: Topology, *,
                         tuple(topology.node_names[i] for i in node_idx))
 
 
-def culprits(analysis: SnapshotAnalysis) -> tuple[tuple[int, ...], bool]:
+def culprits(analysis: SnapshotAnalysis, topology: Topology | None = None) -> tuple[tuple[int, ...], bool]:
     """The likeliest root ranks among the outliers, and whether the evidence is strong.
 
     Strong: ranks with a finding of at least STRONG (no dump, not waiting, stuck child).
     Otherwise every outlier is waiting on someone; the origin is most likely where the wait
     started: a collective wait that the healthy majority is not in (p2p waiters are usually its
-    downstream victims), else the smallest outlier cluster.
+    downstream victims), else a blocked pipeline *send* together with the stage it sends to (a send
+    that does not complete means that link or that receiver is stuck), else the smallest cluster.
     """
     best = analysis.best()
     strong = [r for r, f in best.items() if f.score >= STRONG]
     if strong:
         top = max(best[r].score for r in strong)
-        return tuple(sorted(r for r in strong if best[r].score >= min(top, 0.9) or best[r].score >= 0.9)), True
+        return tuple(sorted(r for r in strong if best[r].score >= min(top, 0.9))), True
     outlier_clusters = [c for c in analysis.clusters if not c.healthy and c.role == "trainer" and c.ranks]
     if not outlier_clusters:
         return (), False
     coll = [c for c in outlier_clusters if c.state == "collective"]
-    pool = coll or [c for c in outlier_clusters if any("send" in k for k in c.signature[-6:])] or outlier_clusters
-    pick = min(pool, key=lambda c: (c.size, c.id))
+    if coll:
+        pick = min(coll, key=lambda c: (c.size, c.id))
+        return tuple(pick.ranks), False
+    senders = [(c, _send_direction(c)) for c in outlier_clusters]
+    senders = [(c, d) for c, d in senders if d]
+    if senders:
+        c, direction = min(senders, key=lambda cd: (cd[0].size, cd[0].id))
+        ranks = set(c.ranks)
+        if topology is not None and "pp" in topology.kinds():
+            ranks |= _pp_neighbours(c.ranks, direction, topology)
+        return tuple(sorted(ranks)), False
+    pick = min(outlier_clusters, key=lambda c: (c.size, c.id))
     return tuple(pick.ranks), False
+
+
+def _send_direction(c: Cluster) -> int:
+    """+1 for a blocked forward send, -1 for a backward send, 0 if the cluster is not sending."""
+    for key in reversed(c.signature[-8:]):  # innermost first
+        fn = key.split("@", 1)[0]
+        if fn.startswith("send_forward") or fn == "send_forward_recv_backward":
+            return 1
+        if fn.startswith("send_backward") or fn == "send_backward_recv_forward":
+            return -1
+    return 0
+
+
+def _pp_neighbours(ranks: Sequence[int], direction: int, topology: Topology) -> set[int]:
+    """The ranks one pipeline stage away (in ``direction``) from each of ``ranks``."""
+    out = set()
+    pp = topology.coords["pp"]
+    gid = topology.group_ids("pp")
+    n = topology.sizes["pp"]
+    for r in ranks:
+        target = pp[r] + direction
+        if 0 <= target < n:
+            members = topology.ranks[(gid == gid[r]) & (pp == target)]
+            out.update(int(m) for m in members)
+    return out

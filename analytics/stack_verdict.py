@@ -12,6 +12,7 @@ Decision procedure:
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -123,7 +124,7 @@ def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None
         reasons.append("The outliers are spread over most of the job's nodes: no single fault domain to isolate.")
         return Verdict("inconclusive", confidence=0.25, suspect_ranks=a.outlier_ranks, reasons=tuple(reasons),
                        details=details, evidence=_evidence(a, topology, ()), **common)
-    culprit_ranks, strong = culprits(a)
+    culprit_ranks, strong = culprits(a, topology)
     suspects = set(group.nodes)
     culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in suspects)
     reasons.append(_cover_words(group))
@@ -180,35 +181,41 @@ def _failslow_verdict(rounds: Sequence[SnapshotAnalysis], topology: Topology, pr
     clusters = _summaries(last.clusters, topology, last.snapshot)
     common = dict(job=job, clusters=clusters, world_size=topology.world_size, n_snapshots=len(rounds),
                   sources=("stacks",))
-    d: Degrader | None = degrader(rounds, topology)
-    if d is None or d.flags < cfg.min_flag_fraction * len(rounds):
+    min_votes = max(1, math.ceil(cfg.min_flag_fraction * len(rounds)))
+    d: Degrader | None = degrader(rounds, topology, min_votes=min_votes)
+    if d is None or d.flags < min_votes:
         if d is not None:
-            reasons.append(f"No group stands out: the most flagged ({d.kind.upper()} group {d.group}) was flagged "
-                           f"in {d.flags} of {d.rounds} rounds.")
+            reasons.append(f"No group stands out: the most flagged ({d.group.kind.upper()} group "
+                           f"{d.group.indices[0]}) was flagged in {d.flags} of {d.rounds} rounds.")
         else:
             reasons.append("No outlier in any round.")
         return Verdict("healthy", confidence=0.7, reasons=tuple(reasons),
                        details={"rounds": _rounds_dict(d)}, **common)
-    g = topology.group(d.kind, d.group)
-    culprit_nodes = tuple(n for n in topology.nodes_of(d.culprit_ranks) if n in g.nodes) if d.culprit_ranks else ()
-    reasons.append(f"{d.kind.upper()} group {d.group} ({len(g.ranks)} ranks on {len(g.nodes)} node(s)) held the "
-                   f"most outliers in {d.flags} of {d.rounds} rounds: it is the degrader; isolate it whole.")
+    culprit_nodes = tuple(n for n in topology.nodes_of(d.culprit_ranks) if n in d.nodes) if d.culprit_ranks else ()
+    if d.voted is not None and d.flags >= min_votes:
+        vk, vg = d.voted
+        what = f"node {topology.node_names[vg]}" if vk == "node" else f"{vk.upper()} group {vg}"
+        reasons.append(f"{what} held significantly more outlier ranks than chance in {d.flags} of {d.rounds} "
+                       "rounds (ByteRobust's fail-slow vote).")
     for r in d.culprit_ranks[:5]:
-        reasons.append(f"Rank {r} on {topology.node_of(r)} was not waiting on anyone (running its own code) in "
-                       f"{d.culprit_counts[r]} of {d.rounds} rounds while its peers waited on it.")
-    suspect_ranks = tuple(sorted({r for a in rounds for r in a.outlier_ranks if r in set(g.ranks)}))
+        reasons.append(f"Rank {r} on {topology.node_of(r)} was running its own code (not waiting on anyone) in "
+                       f"{d.culprit_counts[r]} of {d.rounds} rounds, far more than chance: the others keep "
+                       "waiting for it.")
+    reasons.append(_cover_words(d.group).replace("The outliers are", "The degrader is"))
+    suspect_ranks = tuple(sorted({r for a in rounds for r in a.outlier_ranks if r in set(d.ranks)}
+                                 | set(d.culprit_ranks)))
     evidence = tuple(Evidence("stacks", "slow-rank", f"not waiting in {d.culprit_counts[r]} of {d.rounds} rounds",
                               (r,), (topology.node_of(r),), d.culprit_counts[r] / d.rounds)
                      for r in d.culprit_ranks)
     conf = 0.4 + 0.5 * d.flags / d.rounds + (0.05 if d.culprit_ranks else 0.0)
-    return Verdict("fail-slow", confidence=round(min(conf, 0.99), 3), suspect_nodes=g.nodes,
+    return Verdict("fail-slow", confidence=round(min(conf, 0.99), 3), suspect_nodes=d.nodes,
                    culprit_nodes=culprit_nodes, suspect_ranks=suspect_ranks, culprit_ranks=d.culprit_ranks,
-                   reasons=tuple(reasons), suspect_group=SuspectGroup(d.kind, (d.group,), g.ranks, g.nodes),
+                   reasons=tuple(reasons), suspect_group=d.group,
                    evidence=evidence, details={"rounds": _rounds_dict(d)}, **common)
 
 
 def _rounds_dict(d: Degrader | None) -> list[dict]:
     if d is None:
         return []
-    return [{"snapshot": f.snapshot, "kind": f.kind, "group": f.group, "n_outliers": f.n_outliers}
-            for f in d.per_round]
+    return [{"snapshot": f.snapshot, "kind": f.kind, "group": f.group, "n_outliers": f.n_outliers,
+             "p_value": f.p_value} for f in d.per_round]

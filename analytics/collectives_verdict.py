@@ -1,0 +1,78 @@
+"""Flight Recorder analysis -> :class:`~rankscope.analytics.verdict.Verdict`.
+
+A hang isolates the stopped group's nodes when it is a model-parallel group (the fault domain),
+else only the culprits' nodes (a data-parallel or default group spans the job); culprit nodes are
+the missing ranks' nodes. A mismatch names ranks but no node: it is a code/config fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..datasets.topology import Topology
+from .collectives_result import CollectiveAnalysis
+from .verdict import SuspectGroup, Verdict, merge_nodes, rank_ranges
+
+MODEL_PARALLEL = ("tp", "cp", "ep", "pp", "mp")
+
+
+def fr_verdict(analysis: CollectiveAnalysis, topology: Topology | None, job: str = "") -> Verdict:
+    """The verdict the Flight Recorder evidence alone supports (source ``flight_recorder``)."""
+    a = analysis
+    details = {"flight_recorder": {k: v for k, v in a.to_dict().items() if k not in ("evidence", "reasons")}}
+    common = dict(job=job, confidence=round(min(max(a.confidence, 0.0), 1.0), 3), reasons=a.reasons,
+                  evidence=a.evidence, sources=("flight_recorder",), world_size=a.world_size, details=details)
+    nodes = _nodes_fn(topology)
+    if a.status == "mismatch":
+        ranks = a.mismatch_ranks
+        return Verdict("mismatch", suspect_ranks=ranks, culprit_ranks=ranks, **common)  # type: ignore[arg-type]
+    if a.status in ("healthy", "inconclusive"):
+        return Verdict(a.status, suspect_ranks=a.missing_ranks, **common)  # type: ignore[arg-type]
+    if a.status == "fail-slow":
+        n = nodes(a.slow_ranks)
+        group = SuspectGroup("node", (), a.slow_ranks, n) if n else None
+        return Verdict("fail-slow", suspect_nodes=n, culprit_nodes=n, suspect_ranks=a.slow_ranks,
+                       culprit_ranks=a.slow_ranks, suspect_group=group, **common)  # type: ignore[arg-type]
+    # hang
+    culprits = a.culprit_ranks
+    if a.stopped_kind in MODEL_PARALLEL and a.stopped_members:
+        suspect_ranks = tuple(sorted(set(a.stopped_members) | set(culprits)))
+        kind = a.stopped_kind
+    elif culprits:
+        suspect_ranks = culprits
+        kind = "node"
+    else:  # a collective every member entered but none finished: its members are the domain
+        suspect_ranks = a.stopped_members
+        kind = a.stopped_kind if a.stopped_kind in MODEL_PARALLEL else "node"
+    culprit_nodes = nodes(culprits)
+    suspect_nodes = merge_nodes(nodes(suspect_ranks), culprit_nodes)
+    group = None
+    if suspect_nodes:
+        indices: tuple[int, ...] = ()
+        if kind != "node" and topology is not None:
+            gid = topology.group_ids(kind)
+            indices = tuple(sorted({int(gid[r]) for r in (culprits or suspect_ranks) if r < topology.world_size}))
+            if not culprits and a.stopped_index >= 0:
+                indices = (a.stopped_index,)
+        group = SuspectGroup(kind, indices, suspect_ranks, suspect_nodes)
+    reasons = a.reasons
+    if culprits and suspect_nodes:
+        reasons = reasons + (f"Isolate {len(suspect_nodes)} node(s) ({_words(kind)}); culprit rank(s) "
+                             f"{rank_ranges(culprits)[:200]} on {', '.join(culprit_nodes[:8])}.",)
+    return Verdict("hang", suspect_nodes=suspect_nodes, culprit_nodes=culprit_nodes, suspect_ranks=suspect_ranks,
+                   culprit_ranks=culprits, suspect_group=group,
+                   **{**common, "reasons": reasons})  # type: ignore[arg-type]
+
+
+def _nodes_fn(topology: Topology | None):  # type: ignore[no-untyped-def]
+    def nodes(ranks: Sequence[int]) -> tuple[str, ...]:
+        if topology is None or not ranks:
+            return ()
+        return topology.nodes_of([r for r in ranks if r < topology.world_size])
+    return nodes
+
+
+def _words(kind: str) -> str:
+    if kind == "node":
+        return "the culprits' own nodes: the stopped group spans the data-parallel or default group"
+    return f"the stopped {kind.upper()} group, the fault domain"
