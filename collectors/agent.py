@@ -127,6 +127,7 @@ class Agent:
         self._crash_captured = False
         self._topology_written = False
         self._last_snapshot = 0
+        self._urgent = False
         self._stop = threading.Event()
         self._started = time.time()
         for msg in (self.gpu.message, self.kernel_log.error):
@@ -144,6 +145,8 @@ class Agent:
 
     def _event(self, ev: Event) -> None:
         self.n_events += 1
+        if ev.severity == "critical":
+            self._urgent = True  # the recovery side must see it this tick, not at the next flush
         self.writer.add("events", [ev.to_row(job=self.cfg.job, node=self.cfg.node)])
 
     def _node_of(self, rank: int | None, pid: int | None = None) -> str:
@@ -216,6 +219,9 @@ class Agent:
             self._next_flush = now + self.cfg.flush_interval_seconds
             self._health_metrics()
             self.writer.flush()
+        elif self._urgent:
+            self.writer.flush(["processes", "events"])
+        self._urgent = False
 
     # -- discovery and liveness ----------------------------------------------------------------
     def _liveness(self, now: float) -> None:

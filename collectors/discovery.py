@@ -51,10 +51,15 @@ class ProcInfo:
 def read_stat(pid: int, proc_root: str = "/proc") -> tuple[str, int, int] | None:
     """(comm, ppid, start_ticks) of ``pid``, or None when it is gone or unreadable."""
     try:
-        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
-            data = fh.read().decode(errors="replace")
+        fd = os.open(f"{proc_root}/{pid}/stat", os.O_RDONLY)
     except OSError:
         return None
+    try:
+        data = os.read(fd, 4096).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     lpar, rpar = data.find("("), data.rfind(")")
     if lpar < 0 or rpar < 0:
         return None

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .host_metrics import _read
+
 NETWORK_TOLERANCE = (2, 300.0)
 """(count, window seconds): network alerts are tolerated until this many within the window."""
 
@@ -192,9 +194,10 @@ class NicWatcher:
 
     @staticmethod
     def _int(path: Path) -> int | None:
+        text = _read(str(path))
         try:
-            return int(path.read_text().strip())
-        except (OSError, ValueError):
+            return int(text.strip()) if text is not None else None
+        except ValueError:
             return None
 
     def poll(self) -> list[Event]:

@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +51,32 @@ class Sample:
     def to_row(self, *, job: str, node: str, ts: object) -> dict[str, Any]:
         return {"job": job, "ts": ts, "node": node, "metric": self.metric, "value": float(self.value),
                 "gpu": self.gpu, "rank": self.rank, "pid": self.pid,
-                "labels": json.dumps(dict(self.labels), sort_keys=True) if self.labels else None}
+                "labels": _labels_json(tuple(sorted(self.labels.items()))) if self.labels else None}
+
+
+@lru_cache(maxsize=4096)
+def _labels_json(items: tuple[tuple[str, Any], ...]) -> str:
+    return json.dumps(dict(items), sort_keys=True)
 
 
 def _read(path: str | Path) -> str | None:
+    """A small /proc or /sys file's text (raw ``os`` calls: 3x cheaper than ``open()``), None if unreadable."""
     try:
-        with open(path) as fh:
-            return fh.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, 65536)
+            if not b:
+                break
+            chunks.append(b)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class HostSampler:
@@ -133,10 +151,10 @@ class HostSampler:
         return out
 
     def network(self) -> list[Sample]:
-        base = Path(self.sys_root, "class", "net")
+        base = f"{self.sys_root}/class/net"
         out = []
         try:
-            devices = sorted(p.name for p in base.iterdir())
+            devices = sorted(os.listdir(base))
         except OSError:
             return []
         for dev in devices:
@@ -144,12 +162,12 @@ class HostSampler:
                 continue
             lab = {"device": dev}
             for fname, metric in NET_COUNTERS.items():
-                text = _read(base / dev / "statistics" / fname)
+                text = _read(f"{base}/{dev}/statistics/{fname}")
                 if text is not None and text.strip().isdigit():
                     out.append(Sample(metric, float(text), lab))
             for fname, metric in (("carrier", "node_network_carrier"),
                                   ("carrier_changes", "node_network_carrier_changes_total")):
-                text = _read(base / dev / fname)
+                text = _read(f"{base}/{dev}/{fname}")
                 if text is not None and text.strip().lstrip("-").isdigit():
                     out.append(Sample(metric, float(text), lab))
         return out

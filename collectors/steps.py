@@ -108,17 +108,16 @@ def _float(v: Any) -> float | None:
 
 
 def to_metric_rows(records: Iterable[StepRecord], *, job: str, node_of: Any) -> list[dict[str, Any]]:
-    """``train_*`` metrics (``train_step`` too) in the metrics table's long form."""
+    """``train_*`` metrics (loss, grad norm, step time, extras) in the metrics table's long form."""
     rows = []
     for r in records:
         ts = datetime.fromtimestamp(r.t, tz=timezone.utc)
         node = node_of(r.rank, r.pid)
-        values = {"step": r.step, **r.values}
-        for key, v in values.items():
+        for key, v in r.values.items():  # the step number itself lives in the timings table
             f = _float(v)
             if f is None:
                 continue
-            metric = METRIC_NAMES.get(key, "train_step" if key == "step" else f"train_{key}")
+            metric = METRIC_NAMES.get(key, f"train_{key}")
             rows.append({"job": job, "ts": ts, "node": node, "metric": metric, "value": f, "rank": r.rank,
                          "pid": r.pid, "gpu": None, "labels": None})
     return rows

@@ -58,7 +58,7 @@ class BatchWriter:
             rows = list(buf)
             buf.clear()
             try:
-                self._get_store().write(table, rows)
+                self._get_store().write(table, _columns(table, rows))
             except Exception as exc:  # noqa: BLE001 - full disk, read-only fs, bad row: drop and count
                 self.write_errors += 1
                 self.dropped[table] = self.dropped.get(table, 0) + len(rows)
@@ -71,3 +71,17 @@ class BatchWriter:
     @property
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
+
+
+def _columns(table: str, rows: list[Mapping[str, Any]]) -> Any:
+    """``rows`` as an Arrow table of the table's schema, built column by column (no type inference)."""
+    import pyarrow as pa
+
+    from ..datasets.schemas import table as spec_of
+
+    spec = spec_of(table)
+    unknown = set(rows[0]) - set(spec.schema.names) if rows else set()
+    if unknown:
+        raise ValueError(f"table {table}: unknown columns {sorted(unknown)}")
+    return pa.Table.from_arrays([pa.array([r.get(f.name) for r in rows], type=f.type) for f in spec.schema],
+                                schema=spec.schema)

@@ -72,7 +72,7 @@ def test_agent_captures_a_stall_and_writes_every_table(tmp_path: Path, mini_job)
     procs = store.read("processes")
     assert set(procs.filter(pl.col("role") == "trainer")["rank"].to_list()) == {0, 1}
     metrics = set(store.read("metrics")["metric"].to_list())
-    assert {"train_loss", "train_step", "process_resident_memory_bytes", "node_load1",
+    assert {"train_loss", "train_step_time_seconds", "process_resident_memory_bytes", "node_load1",
             "rankscope_agent_cpu_seconds_total"} <= metrics
     kinds = store.read("events")["kind"].to_list()
     assert "stall" in kinds and kinds.count("agent") == 2

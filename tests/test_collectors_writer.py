@@ -53,7 +53,7 @@ def test_full_disk_drops_and_counts_never_raises(tmp_path: Path, monkeypatch) ->
     monkeypatch.undo()
     w.add("metrics", [metric(4)])
     assert w.flush() == 1  # recovers when space is back
-    assert Store(tmp_path / "store").read("metrics")["value"].to_list() == [1.0, 4.0]
+    assert sorted(Store(tmp_path / "store").read("metrics")["value"].to_list()) == [1.0, 4.0]
 
 
 def test_unwritable_store_and_bad_rows_are_counted(tmp_path: Path) -> None:
@@ -70,6 +70,8 @@ def test_unwritable_store_and_bad_rows_are_counted(tmp_path: Path) -> None:
 WRITER = r"""
 import sys
 from rankscope.collectors.writer import BatchWriter
+from rankscope.datasets.store import Store
+Store(sys.argv[1], create=True)
 w = BatchWriter(sys.argv[1])
 rows = [{"job": "j", "metric": "m" * 50, "value": float(i), "labels": "x" * 200} for i in range(20000)]
 print("ready", flush=True)
@@ -81,7 +83,7 @@ while True:
 
 def test_kill_9_mid_write_leaves_no_partial_visible_file(tmp_path: Path) -> None:
     root = tmp_path / "store"
-    for delay in (0.3, 0.55, 0.8):
+    for delay in (0.4, 0.9, 1.4):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         time.sleep(delay)
