@@ -165,13 +165,19 @@ def cover(outliers: Sequence[int], topology: Topology, *,
           max_fraction: float = MAX_COVER_FRACTION) -> SuspectGroup | None:
     """The smallest set of groups of one kind covering ``outliers`` (fewest nodes, then groups).
 
-    Kinds whose cover would take more than ``max_fraction`` of the job's nodes are not a fault
-    domain; then each outlier's own node is (kind ``node``). ``None`` if even that is too much.
+    When every outlier is on one node, that node alone is the domain. Kinds whose cover would take
+    more than ``max_fraction`` of the job's nodes are not a fault domain; then each outlier's own
+    node is (kind ``node``). ``None`` if even that is too much.
     """
     if len(outliers) == 0:
         return None
     out = np.asarray(sorted(set(outliers)), dtype=np.int64)
     n_nodes_total = len(topology.node_names)
+    own = np.unique(topology.node_index[out])
+    if own.size == 1:  # every outlier on one machine: that machine is the fault domain
+        i = int(own[0])
+        ranks = topology.ranks[topology.node_index == i]
+        return SuspectGroup("node", (i,), tuple(int(r) for r in ranks), (topology.node_names[i],))
     limit = max(1, int(max_fraction * n_nodes_total))
     best = None
     for order, kind in enumerate(k for k in KINDS if k in topology.kinds()):

@@ -151,9 +151,11 @@ def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None
 
 
 def _cover_words(group: SuspectGroup) -> str:
+    if group.kind == "node" and len(group.nodes) == 1:
+        return f"The outliers are all on {group.nodes[0]}: that machine is the fault domain."
     if group.kind == "node":
-        return (f"With no model-parallel group to isolate, the fault domain is each outlier's own node: "
-                f"{len(group.nodes)} node(s).")
+        return (f"No parallel group is a small enough fault domain (or the layout has none): isolate the "
+                f"outliers' own {len(group.nodes)} nodes.")
     idx = ",".join(map(str, group.indices[:10])) + ("..." if len(group.indices) > 10 else "")
     return (f"The outliers are covered by {len(group.indices)} {group.kind.upper()} group(s) [{idx}] on "
             f"{len(group.nodes)} node(s): isolate them whole (the parallel group is the fault domain).")

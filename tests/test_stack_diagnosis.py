@@ -1,0 +1,92 @@
+"""Hang localization on every synthetic fault kind: truth inside the suspects, suspects inside the
+culprit's minimal group, healthy jobs get no suspects; plus the real gloo probe."""
+
+from __future__ import annotations
+
+import pytest
+
+from rankscope.analytics.stack_verdict import StackConfig, diagnose_stacks
+from rankscope.datasets.stackset import from_dumps
+from rankscope.datasets.synthetic import FAULTS, generate_job
+from rankscope.datasets.inputs import load_inputs
+
+LAYOUTS = [("tp=4,pp=2,dp=4", 4), ("tp=2,cp=2,pp=2,dp=4", 8), ("tp=1,pp=4,dp=8", 4), ("tp=4,dp=8", 8)]
+
+
+def _verdict(job):
+    procs = from_dumps((d.dump, d.snapshot, d.rank, d.node, d.role) for d in job.dumps)
+    return diagnose_stacks(procs, job.topology, job="t")
+
+
+def _supported(layout, fault):
+    mp = 1
+    for part in layout.split(","):
+        k, v = part.split("=")
+        if k in ("tp", "cp", "ep"):
+            mp *= int(v)
+    pp = dict(p.split("=") for p in layout.split(",")).get("pp", "1")
+    if fault == "p2p-hang" and pp == "1":
+        return False
+    if fault == "collective-hang" and mp == 1:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("layout,gpn", LAYOUTS)
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_fault_kind_is_localized(layout, gpn, fault, seed):
+    if not _supported(layout, fault):
+        pytest.skip(f"{fault} needs more parallel dimensions than {layout}")
+    job = generate_job(layout, gpus_per_node=gpn, fault=fault, seed=seed)
+    v = _verdict(job)
+    truth = job.truth
+    assert v.verdict == truth.expected_verdict, v.explain()
+    if truth.expected_verdict == "healthy":
+        assert v.suspect_nodes == () and v.culprit_nodes == ()
+        return
+    # the true culprit is inside the set to isolate, and named as (one of) the culprits
+    assert set(truth.culprit_nodes) <= set(v.suspect_nodes), v.explain()
+    assert set(truth.culprit_nodes) & set(v.culprit_nodes), v.explain()
+    assert set(v.culprit_nodes) <= set(v.suspect_nodes)
+    # the suspects stay inside the culprit's data-parallel replica (its minimal covering group)
+    allowed = set(job.topology.group_of("mp", truth.fault_rank).nodes) | set(truth.culprit_nodes)
+    assert set(v.suspect_nodes) <= allowed, (v.suspect_nodes, allowed)
+    assert 0.0 < v.confidence <= 1.0
+    assert v.reasons and v.evidence
+
+
+def test_hang_at_512_ranks_isolates_one_pipeline_and_names_the_node():
+    job = generate_job("tp=8,pp=4,dp=16", gpus_per_node=8, fault="compute-hang", seed=3)
+    v = _verdict(job)
+    assert v.verdict == "hang"
+    assert v.suspect_group.kind == "mp" and len(v.suspect_nodes) == 4
+    assert v.culprit_nodes == job.truth.culprit_nodes
+    assert v.culprit_ranks == (job.truth.fault_rank,)
+    assert any("not waiting" in r for r in v.reasons)
+    tree = v.details["prefix_tree"]
+    assert any(line["diverges"] for line in tree)
+
+
+def test_static_snapshots_are_a_hang_and_moving_ones_are_not():
+    hang = generate_job("tp=2,pp=2,dp=4", gpus_per_node=4, fault="crash", n_snapshots=3, seed=1)
+    v = _verdict(hang)
+    assert v.verdict == "hang" and v.n_snapshots == 3
+    assert "not progressing" in v.reasons[0]
+    ok = generate_job("tp=2,pp=2,dp=4", gpus_per_node=4, fault="none", seed=1)
+    v = _verdict(ok)
+    assert v.verdict == "healthy" and "progresses" in v.reasons[0]
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="dominance"):
+        StackConfig(dominance=0)
+
+
+def test_real_gloo_probe_names_node_3(probe_dir):
+    for fmt in ("text", "json"):
+        inputs = load_inputs(probe_dir / "pyspy" / fmt, gpus_per_node=1)
+        v = diagnose_stacks(inputs.procs, inputs.topology)
+        assert v.verdict == "hang"
+        assert v.culprit_nodes == ("node-3",) and v.suspect_nodes == ("node-3",)
+        assert v.culprit_ranks == (3,)
