@@ -73,12 +73,12 @@ def analyze_collectives(
             raise InputError(f"rank {d.rank} has two Flight Recorder dumps: {by_rank[d.rank].source_file} "
                              f"and {d.source_file}")
         by_rank[d.rank] = d
-    keys = group_keys(dumps)
+    keys, cfg_members = group_keys(dumps)
     world = topology.world_size if topology is not None else _world_from(dumps, memberships)
     if topology is not None and max(by_rank) >= world:
         raise InputError(f"Flight Recorder dump of rank {max(by_rank)} but the topology has {world} ranks; "
                          "check the layout")
-    groups = resolve_groups(dumps, keys, world, topology, memberships)
+    groups = resolve_groups(dumps, keys, cfg_members, world, topology, memberships)
     tracks = {r: _tracks_state(d) for r, d in by_rank.items()}
 
     # per group, per rank: last enqueued / completed seq, collective signatures, p2p ops, pending ops
@@ -145,12 +145,12 @@ def analyze_collectives(
             stall_cache[(g, seq)] = hit
         return hit
 
-    # who waits for whom
+    # who waits for whom: each stuck rank -> the members missing from its op (tuples shared per op)
     waits: dict[int, tuple[int, ...]] = {}
     stuck: dict[tuple[GroupKey, int], list[int]] = defaultdict(list)  # (g, seq) -> ranks stuck in it
     p2p_waits: list[tuple[GroupKey, int, int, str]] = []
     for r, items in pending.items():
-        targets: dict[int, None] = {}
+        sources: list[tuple[int, ...]] = []
         for g, e in items:
             if e.is_p2p:
                 info = groups[g]
@@ -160,20 +160,19 @@ def analyze_collectives(
                     continue
                 other = "recv" if e.op == "send" else "send"
                 if p2p_pending.get((g, s, t, other), 0) == 0:
-                    targets[peer] = None
+                    sources.append((peer,))
                     p2p_waits.append((g, r, peer, e.op))
                 continue
             if e.collective_seq_id <= comp[g].get(r, 0):
                 continue  # pg_status says it completed (the entry was dumped before the watchdog saw it)
             stuck[(g, e.collective_seq_id)].append(r)
             miss, nodump = missing_at(g, e.collective_seq_id)
-            for m in miss:
-                targets[m] = None
-            for m in nodump:
-                targets[m] = None
-        targets.pop(r, None)
-        if targets:
-            waits[r] = tuple(targets)
+            if miss or nodump:
+                sources.append(miss + nodump)
+        if len(sources) == 1:
+            waits[r] = sources[0]
+        elif sources:
+            waits[r] = tuple(dict.fromkeys(x for src in sources for x in src if x != r))
 
     # stalls: groups whose members did not all reach a collective
     stalls = []
@@ -325,7 +324,7 @@ def _decide(waits: Mapping[int, tuple[int, ...]], stalls: Sequence[GroupStall],
 
     if waits:
         targets: set[int] = set()
-        for t in waits.values():
+        for t in {id(t): t for t in waits.values()}.values():  # shared tuples: each op's missing set once
             targets.update(t)
         culprits = tuple(sorted(t for t in targets if t not in waits))
         strong = bool(culprits)

@@ -27,8 +27,8 @@ _DESC_KINDS = (
     ("mesh_ep", "ep"), ("mesh_dp", "dp"),
 )
 
-GroupKey = tuple[str, tuple[int, ...] | None]
-"""A group's identity: its pg name and, when pg_config gave them, its members (split_group reuses names)."""
+GroupKey = str
+"""A group's identity: its pg name, plus ``#i`` when split_group reused the name for other members."""
 
 
 @dataclass(frozen=True)
@@ -48,22 +48,42 @@ class GroupInfo:
         return f"pg {self.name}" + (f" ({self.desc})" if self.desc and self.desc != "undefined" else "")
 
 
-def group_keys(dumps: Sequence[FRDump]) -> dict[int, dict[str, GroupKey]]:
-    """Per rank, its pg name -> group key (members from that rank's own pg_config when present)."""
+def group_keys(dumps: Sequence[FRDump]) -> tuple[dict[int, dict[str, GroupKey]], dict[GroupKey, tuple[int, ...]]]:
+    """Per rank, its pg name -> group key; and each key's members where a pg_config gave them.
+
+    Keys are short strings (hashing a member tuple of a world-sized group on every lookup is slow).
+    """
+    variants: dict[str, list[tuple[int, ...]]] = {}
+    members: dict[GroupKey, tuple[int, ...]] = {}
     out: dict[int, dict[str, GroupKey]] = {}
     for d in dumps:
-        names = dict.fromkeys([*d.pg_config, *d.pg_status, *(e.pg_name for e in d.entries)])
-        keys = {}
-        for n in names:
+        keys: dict[str, GroupKey] = {}
+        for n in (*d.pg_config, *d.pg_status, *(e.pg_name for e in d.entries)):
+            if n in keys:
+                continue
             cfg = d.pg_config.get(n)
-            keys[n] = (n, cfg.ranks if cfg is not None and cfg.ranks is not None else None)
+            ranks = cfg.ranks if cfg is not None else None
+            if ranks is None:
+                keys[n] = n
+                continue
+            seen = variants.setdefault(n, [])
+            for i, other in enumerate(seen):
+                if other is ranks or other == ranks:
+                    break
+            else:
+                seen.append(ranks)
+                i = len(seen) - 1
+            key = n if i == 0 else f"{n}#{i}"
+            members.setdefault(key, ranks)
+            keys[n] = key
         out[d.rank] = keys
-    return out
+    return out, members
 
 
 def resolve_groups(
     dumps: Sequence[FRDump],
     keys_by_rank: Mapping[int, Mapping[str, GroupKey]],
+    cfg_members: Mapping[GroupKey, tuple[int, ...]],
     world_size: int,
     topology: Topology | None,
     memberships: Mapping[str, Sequence[int]] | None,
@@ -73,18 +93,20 @@ def resolve_groups(
     descs: dict[GroupKey, str] = {}
     for d in dumps:
         k = keys_by_rank[d.rank]
+        done: set[str] = set()
         for n, key in k.items():
             observed[key].add(d.rank)
             cfg = d.pg_config.get(n)
             if cfg is not None and cfg.desc:
                 descs.setdefault(key, cfg.desc)
         for e in d.entries:
-            if e.pg_desc:
+            if e.pg_desc and e.pg_name not in done:
                 descs.setdefault(k[e.pg_name], e.pg_desc)
+                done.add(e.pg_name)
     mem = {str(k): tuple(sorted(int(r) for r in v)) for k, v in (memberships or {}).items()}
     groups = {}
     for key, seen in observed.items():
-        name, cfg_ranks = key
+        name, cfg_ranks = key.split("#", 1)[0], cfg_members.get(key)
         desc = descs.get(key, "")
         if cfg_ranks is not None:
             ranks, source = tuple(sorted(cfg_ranks)), "pg_config"

@@ -17,6 +17,7 @@ import re
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -217,11 +218,12 @@ def parse_dump(raw: Mapping[str, Any], *, path: str = "<dump>", rank: int | None
     if not isinstance(entries_raw, (list, tuple)):
         raise ParseError(path, f"'entries' is a {type(entries_raw).__name__}, not a list")
     entries = []
+    frame_cache: dict[int, tuple[Frame, ...]] = {}
     for i, e in enumerate(entries_raw):
-        if not isinstance(e, Mapping):
+        if type(e) is not dict and not isinstance(e, Mapping):
             raise ParseError(path, f"entry {i} is a {type(e).__name__}, not a dict")
         try:
-            entries.append(_entry(e))
+            entries.append(_entry(e, frame_cache))
         except (TypeError, ValueError, KeyError) as exc:
             raise ParseError(path, f"entry {i}: {exc}") from None
     try:
@@ -273,6 +275,7 @@ def read_fr_dir(path: str | os.PathLike[str], *, prefix: str | None = None) -> l
 
 
 # -- field parsing ----------------------------------------------------------------------------
+@lru_cache(maxsize=65536)
 def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
     """``"nccl:send 0->1"`` -> ``("nccl", "send", 0, 1)``; ``"gloo:all_reduce"`` -> ``("gloo", "all_reduce", None, None)``."""
     backend, _, rest = name.partition(":") if ":" in name else ("", "", name)
@@ -294,61 +297,86 @@ def _opt_int(v: Any) -> int | None:
 def _shapes(v: Any) -> tuple[tuple[int, ...], ...]:
     if not v:
         return ()
+    try:
+        return tuple(map(tuple, v))  # the decoders only produce plain scalars, so no per-number check
+    except TypeError:
+        pass
     return tuple(tuple(int(x) for x in s) if isinstance(s, (list, tuple)) else (int(s),) for s in v)
 
 
-def _frames(v: Any) -> tuple[Frame, ...]:
+def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
     if not v:
         return ()
-    out = []
-    for f in v:
-        if isinstance(f, Mapping):
-            line = f.get("line")
-            out.append(Frame(str(f.get("name", f.get("function", "?"))), str(f.get("filename", f.get("file", ""))),
-                             int(line) if line is not None else None))
-    return tuple(out)
+    hit = cache.get(id(v))  # pickles share one list for identical stacks; v stays alive while parsing
+    if hit is not None:
+        return hit
+    try:
+        out = tuple([Frame(f["name"], f["filename"], f["line"]) for f in v])
+    except (KeyError, TypeError):
+        out = tuple(
+            Frame(str(f.get("name", f.get("function", "?"))), str(f.get("filename", f.get("file", ""))),
+                  int(f["line"]) if f.get("line") is not None else None)
+            for f in v if isinstance(f, Mapping)
+        )
+    cache[id(v)] = out
+    return out
 
 
-def _entry(e: Mapping[str, Any]) -> FREntry:
-    pg = e.get("process_group")
-    pg_id = e.get("pg_id")
+def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
+    get = e.get
+    pg = get("process_group")
+    pg_id = get("pg_id")
     if isinstance(pg, (list, tuple)) and pg:
         pg_name, pg_desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
     else:
         pg_name, pg_desc = (str(pg_id) if pg_id is not None else ""), ""
-    pname = str(e.get("profiling_name", "") or "")
+    pname = get("profiling_name") or ""
+    if type(pname) is not str:
+        pname = str(pname)
     backend, op, src, dst = split_profiling_name(pname)
-    is_p2p = bool(e.get("is_p2p", op in ("send", "recv")))
-    seq = e.get("collective_seq_id", e.get("seq_id"))
-    duration = e.get("duration_ms")
+    is_p2p = get("is_p2p")
+    seq = get("collective_seq_id", get("seq_id"))
+    p2p_seq, op_id, duration = get("p2p_seq_id"), get("op_id"), get("duration_ms")
+    in_dt, out_dt = get("input_dtypes"), get("output_dtypes")
     return FREntry(
-        record_id=int(e.get("record_id", -1)),
-        pg_id=str(pg_id) if pg_id is not None else pg_name,
-        pg_name=pg_name, pg_desc=pg_desc,
-        collective_seq_id=int(seq) if seq is not None else -1,
-        p2p_seq_id=int(e.get("p2p_seq_id", -1) if e.get("p2p_seq_id") is not None else -1),
-        op_id=int(e.get("op_id", -1) if e.get("op_id") is not None else -1),
-        profiling_name=pname, backend=backend, op=op, is_p2p=is_p2p, src=src, dst=dst,
-        state=str(e.get("state", "") or ""),
-        retired=bool(e.get("retired", False)),
-        time_created_ns=_opt_int(e.get("time_created_ns")),
-        time_discovered_started_ns=_opt_int(e.get("time_discovered_started_ns")),
-        time_discovered_completed_ns=_opt_int(e.get("time_discovered_completed_ns")),
-        duration_ms=float(duration) if duration is not None else None,
-        timeout_ms=_opt_int(e.get("timeout_ms")),
-        input_sizes=_shapes(e.get("input_sizes")), input_dtypes=tuple(map(str, e.get("input_dtypes") or ())),
-        output_sizes=_shapes(e.get("output_sizes")), output_dtypes=tuple(map(str, e.get("output_dtypes") or ())),
-        frames=_frames(e.get("frames")),
+        int(get("record_id", -1)),
+        str(pg_id) if pg_id is not None else pg_name,
+        pg_name, pg_desc,
+        int(seq) if seq is not None else -1,
+        int(p2p_seq) if p2p_seq is not None else -1,
+        int(op_id) if op_id is not None else -1,
+        pname, backend, op,
+        bool(is_p2p) if is_p2p is not None else op in ("send", "recv"),
+        src, dst,
+        str(get("state") or ""),
+        bool(get("retired", False)),
+        _opt_int(get("time_created_ns")),
+        _opt_int(get("time_discovered_started_ns")),
+        _opt_int(get("time_discovered_completed_ns")),
+        float(duration) if duration is not None else None,
+        _opt_int(get("timeout_ms")),
+        _shapes(get("input_sizes")), tuple(map(str, in_dt)) if in_dt else (),
+        _shapes(get("output_sizes")), tuple(map(str, out_dt)) if out_dt else (),
+        _frames(get("frames"), frame_cache),
     )
 
 
 def _ranks(v: Any) -> tuple[int, ...] | None:
     if v is None:
         return None
-    if isinstance(v, str):
-        v = ast.literal_eval(v.strip() or "[]")
-    ranks = tuple(int(r) for r in v)
+    ranks = _ranks_text(v) if isinstance(v, str) else tuple(int(r) for r in v)
     return ranks or None  # gloo writes '[]' (unknown), never a real empty group
+
+
+@lru_cache(maxsize=4096)
+def _ranks_text(text: str) -> tuple[int, ...]:
+    """``"[0, 1, 2]"`` -> ``(0, 1, 2)``; cached: every member of the default group repeats the same string."""
+    text = text.strip() or "[]"
+    try:
+        v = json.loads(text)
+    except ValueError:
+        v = ast.literal_eval(text)
+    return tuple(int(r) for r in v)
 
 
 def _pg_config(v: Any) -> dict[str, PGInfo]:
