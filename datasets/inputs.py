@@ -17,7 +17,7 @@ from ..errors import InputError, LayoutError
 from .readers.dumpdir import DumpDir, scan_dump_dir
 from .stackset import ProcStacks, from_dump_dir, from_table
 from .store import Store
-from .topology import DIMS, Layout, Topology
+from .topology import DIMS, Layout, Topology, parse_order
 
 
 @dataclass(frozen=True)
@@ -48,19 +48,17 @@ def infer_topology(ranks: Sequence[int], nodes: Mapping[int, str], *, layout: La
             raise LayoutError(f"{where}: rank {max_rank} is outside the layout {layout} (world size {world})")
     else:
         world = max_rank + 1
-        if not nodes or len(nodes) < world:
-            world = -(-world // gpus_per_node) * gpus_per_node
         if world <= 0:
             raise InputError(f"{where}: no ranks found")
         layout = Layout(dp=world)
-        notes.append(f"no --layout given: treating the {world} ranks as pure data parallel "
-                     "(pass --layout tp=..,pp=..,dp=.. to isolate parallel groups)")
+        notes.append(f"no --layout given: treating ranks 0..{world - 1} as pure data parallel (pass --layout "
+                     "tp=..,pp=..,dp=.. to isolate parallel groups and to notice missing trailing ranks)")
     if nodes and all(r in nodes for r in range(world)):
         return Topology.from_table(list(range(world)), [nodes[r] for r in range(world)], layout=layout), notes
-    if nodes:
-        names = [nodes.get(r, f"node-{r // gpus_per_node}") for r in range(world)]
-        return Topology.from_table(list(range(world)), names, layout=layout), notes
-    return Topology.from_layout(layout, gpus_per_node=gpus_per_node), notes
+    names = [nodes.get(r, f"node-{r // gpus_per_node}") for r in range(world)]
+    if not nodes and world % gpus_per_node == 0:
+        return Topology.from_layout(layout, gpus_per_node=gpus_per_node), notes
+    return Topology.from_table(list(range(world)), names, layout=layout), notes
 
 
 def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> JobInputs:
@@ -132,6 +130,8 @@ def load_inputs(path: str | os.PathLike[str], *, layout: str | Layout | None = N
     """Load a dump directory or a store into :class:`JobInputs` (InputError on bad input)."""
     root = Path(path)
     lay: Layout | None
+    if order:
+        parse_order(order)  # validate even without a layout
     if isinstance(layout, str):
         lay = Layout.parse(layout, order or "tp-cp-ep-dp-pp")
     else:
