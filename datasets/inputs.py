@@ -66,21 +66,31 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str
     procs = from_dump_dir(dd)
     nodes = {p.rank: p.node for p in procs if p.role == "trainer" and p.rank is not None and p.node}
     ranks = sorted({p.rank for p in procs if p.rank is not None})
-    fr = _read_fr(dd.fr_files)
+    fr_notes: list[str] = []
+    fr = _read_fr(dd.fr_files, fr_notes)
     ranks_fr = [d.rank for d in fr if getattr(d, "rank", None) is not None]
     topo, notes = infer_topology(ranks + ranks_fr, nodes if dd.has_manifest else {}, layout=layout,
                                  gpus_per_node=gpus_per_node, where=str(root))
     metrics, timings = _read_tables(dd)
     return JobInputs(job or root.name, topo, tuple(procs), tuple(fr), metrics, timings,
-                     tuple(dd.notes) + tuple(notes), str(root))
+                     tuple(dd.notes) + tuple(fr_notes) + tuple(notes), str(root))
 
 
-def _read_fr(paths: Sequence[Path]) -> list[Any]:
+def _read_fr(paths: Sequence[Path], notes: list[str]) -> list[Any]:
+    """One Flight Recorder dump per rank: when a rank was dumped in several formats (pickle and JSON),
+    the name family covering most ranks wins, pickles (which carry call stacks) on a tie."""
     if not paths:
         return []
-    from .readers.flight_recorder import read_fr_file  # noqa: PLC0415 (optional reader, loaded on need)
+    from .readers.flight_recorder import _family, read_fr_file  # noqa: PLC0415 (loaded on need)
 
-    return [read_fr_file(p) for p in paths]
+    families: dict[str, list[Path]] = {}
+    for p in paths:
+        families.setdefault(_family(p), []).append(p)
+    best = max(families, key=lambda k: (len(families[k]), not k.endswith(".json"), k))
+    if len(families) > 1:
+        other = sorted(k for k in families if k != best)
+        notes.append(f"Flight Recorder: using the {best!r} files; ignored other dumps of the same ranks ({', '.join(other)})")
+    return [read_fr_file(p) for p in families[best]]
 
 
 def _read_tables(dd: DumpDir) -> tuple[Any, Any]:

@@ -186,7 +186,7 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
             timings.append(p)
             continue
         if (p.suffix == ".json" and _sniff_json_object(p)) or (p.suffix in ("", ".pkl", ".pickle") and _is_pickle(p)):
-            fr.append(p)
+            fr.append((snap, p))
             continue
         if p.suffix not in _STACK_SUFFIXES:
             ignored.append(rel)
@@ -229,6 +229,11 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
             f"{root}: no stack dumps found (expected rank<N>.txt / rank<N>.json files, a manifest.csv, "
             "or Flight Recorder / metrics / timings files)"
         )
+    if fr:
+        last = max(snap for snap, _ in fr)
+        if any(snap != last for snap, _ in fr):
+            notes.append(f"Flight Recorder dumps from several snapshots: using snapshot {last}")
+        fr = [p for snap, p in fr if snap == last]
     return DumpDir(root, tuple(files), tuple(fr), tuple(metrics), tuple(timings), manifest is not None,
                    tuple(notes))
 
