@@ -32,8 +32,8 @@ class PeerDistance(PeerDetector):
         min_scale_ratio: float = 1e-3,
         min_scale_abs: float = 1e-6,
         denoiser: str | None = None,
-        denoiser_epochs: int = 20,
-        denoiser_max_windows: int = 4096,
+        denoiser_epochs: int = 10,
+        denoiser_max_windows: int = 1024,
         random_state: int = 0,
     ) -> None:
         self.window_s = window_s
