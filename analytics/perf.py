@@ -163,13 +163,31 @@ def counters_to_rates(values: np.ndarray, names: tuple[str, ...] | list[str], *,
     return out
 
 
-def detect_metric_outliers(metrics: pl.DataFrame, *, config: PerfConfig | None = None) -> list[MetricAlert]:
-    """Units whose metrics stay unlike their peers' for the continuity window, strongest first."""
+@dataclass(frozen=True)
+class MetricFindings:
+    """Alerts (strongest first), how many units were compared, and why some data could not be used."""
+
+    alerts: tuple[MetricAlert, ...]
+    n_units: int
+    notes: tuple[str, ...]
+
+
+def detect_metric_outliers(metrics: pl.DataFrame, *, config: PerfConfig | None = None) -> MetricFindings:
+    """Units whose metrics stay unlike their peers' for the continuity window."""
     cfg = config or PerfConfig()
     alerts: list[MetricAlert] = []
+    notes: list[str] = []
+    n_units = 0
     for cube in metric_cubes(metrics, rate_window_seconds=cfg.rate_window_seconds):
-        if cube.values.shape[0] < cfg.min_machines or cube.values.shape[1] * cube.interval_s < cfg.window_seconds:
+        n, t = cube.values.shape[:2]
+        if n < cfg.min_machines:
+            notes.append(f"{cube.level} metrics: only {n} {cube.level}(s), peer comparison needs {cfg.min_machines}")
             continue
+        if t * cube.interval_s < cfg.window_seconds:
+            notes.append(f"{cube.level} metrics: {t * cube.interval_s:g} s of data, shorter than one "
+                         f"{cfg.window_seconds:g} s window")
+            continue
+        n_units += n
         det = PeerDistance(window_s=cfg.window_seconds, continuity_s=cfg.continuity_seconds,
                            sample_interval_s=cube.interval_s, threshold=cfg.threshold)
         found = det.fit(cube.values).detect(cube.values)
@@ -178,13 +196,14 @@ def detect_metric_outliers(metrics: pl.DataFrame, *, config: PerfConfig | None =
                 cube.units[i], cube.unit_nodes[i], float(found.scores[i]),
                 cube.t0_s + found.onset_index[i] * cube.interval_s, cube.t0_s + found.alert_index[i] * cube.interval_s,
                 tuple(cube.metrics[j] for j in found.drivers(int(i))), cube.level))
-    return sorted(alerts, key=lambda a: -a.score)
+    return MetricFindings(tuple(sorted(alerts, key=lambda a: -a.score)), n_units, tuple(notes))
 
 
 # -- the verdict --------------------------------------------------------------------------------
 
 def _is_health_only(drivers: tuple[str, ...]) -> bool:
-    return bool(drivers) and all(any(w in d for w in HEALTH_WORDS) for d in drivers[:1])
+    """True when the strongest driver is a wear metric (ECC, temperature, ...), not a throughput one."""
+    return bool(drivers) and any(w in drivers[0] for w in HEALTH_WORDS)
 
 
 def diagnose_perf(
@@ -201,13 +220,14 @@ def diagnose_perf(
     have_timings = timings is not None and timings.height > 0
     if not have_metrics and not have_timings:
         return None
-    alerts = detect_metric_outliers(metrics, config=cfg) if have_metrics else []  # type: ignore[arg-type]
+    findings = detect_metric_outliers(metrics, config=cfg) if have_metrics else None  # type: ignore[arg-type]
+    alerts = list(findings.alerts) if findings else []
     report: StragglerReport | None = (
         find_stragglers(timings, topology, config=cfg.stragglers) if have_timings else None  # type: ignore[arg-type]
     )
     sources = tuple(s for s, ok in (("metrics", have_metrics), ("timings", have_timings)) if ok)
     evidence: list[Evidence] = []
-    reasons: list[str] = []
+    reasons: list[str] = list(findings.notes) if findings else []
     drivers: dict[str, list[str]] = {}
     onset: dict[str, Any] = {}
 
@@ -283,6 +303,9 @@ def diagnose_perf(
         reasons.append("no machine is blamed")
         return Verdict("imbalance", job=job, confidence=0.7, reasons=tuple(reasons), evidence=tuple(evidence),
                        sources=sources, world_size=report.n_ranks, details=details)
+    if report is None and findings is not None and findings.n_units == 0:
+        return Verdict("inconclusive", job=job, confidence=0.0, reasons=tuple(reasons) or ("no usable metrics",),
+                       sources=sources, details=details)
     reasons.append("no machine behaves unlike its peers" + (" and no rank is slower than its peers" if report else ""))
     return Verdict("healthy", job=job, confidence=0.8, reasons=tuple(reasons), evidence=tuple(evidence),
                    sources=sources, world_size=report.n_ranks if report else 0, details=details)

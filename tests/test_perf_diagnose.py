@@ -109,3 +109,9 @@ def test_bad_metrics_and_config_are_named():
         diagnose_perf(pl.DataFrame({"ts": [1.0], "node": ["a"]}), None, None)
     with pytest.raises(InputError, match="continuity_seconds"):
         PerfConfig(continuity_seconds=0)
+
+
+def test_too_few_machines_is_inconclusive():
+    df = pl.DataFrame({"ts": [0.0, 1.0] * 2, "node": ["a", "a", "b", "b"], "metric": ["m"] * 4, "value": [1.0] * 4})
+    v = diagnose_perf(df, None, None)
+    assert v.verdict == "inconclusive" and "needs 3" in v.reasons[0]
