@@ -153,3 +153,13 @@ def test_peer_distance_with_lstm_vae_denoiser():
     det.fit(X)
     assert len(det.denoisers_) == X.shape[2]
     assert det.labels_[0] == 1
+
+
+def test_importing_detectors_needs_neither_torch_nor_sklearn():
+    import subprocess
+    import sys
+
+    code = ("import sys, rankscope.models, rankscope.analytics.perf; "
+            "print(int('torch' in sys.modules), int('sklearn' in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.split() == ["0", "0"]
