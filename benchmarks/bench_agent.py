@@ -170,6 +170,15 @@ def injection_time(run_dir: Path, rank: int, fault: str) -> float | None:
     return None
 
 
+def first_capture_time(store: Path) -> float | None:
+    """Wall time of the agent's first capture (its stall/fail-slow/capture event)."""
+    from rankscope.datasets.store import Store
+
+    ev = Store(store).read("events")
+    ev = ev.filter(ev["kind"].is_in(["stall", "fail_slow", "capture"])).sort("ts")
+    return ev["ts"][0].timestamp() if ev.height else None
+
+
 def bench_fault(base: Path, kind: str, stall_seconds: float) -> dict[str, Any]:
     rank, node, flags = FAULTS[kind]
     job, run_dir = start_job(base, kind, rank)
@@ -201,14 +210,18 @@ def bench_fault(base: Path, kind: str, stall_seconds: float) -> dict[str, Any]:
         out, err = agent.communicate(timeout=200)
         t_fault = injection_time(run_dir, rank, kind)
         stop(job, group=True)
+        t_diag = time.time()
         verdict, via = diagnose(store)
         t_verdict = time.time()
+        fired = first_capture_time(store)
         return {"kind": kind, "rank": rank, "expected_node": node, "diagnose": via,
                 "verdict": verdict.get("verdict"), "suspect_nodes": verdict.get("suspect_nodes"),
                 "culprit_nodes": verdict.get("culprit_nodes"), "culprit_ranks": verdict.get("culprit_ranks"),
                 "correct": node in (verdict.get("culprit_nodes") or []),
                 "suspect_contains_node": node in (verdict.get("suspect_nodes") or []),
                 "fault_to_verdict_seconds": round(t_verdict - t_fault, 2) if t_fault else None,
+                "fault_to_capture_seconds": round(fired - t_fault, 2) if t_fault and fired else None,
+                "diagnose_seconds": round(t_verdict - t_diag, 2),
                 "agent": out.strip().splitlines()[-1][:300] if out.strip() else err[-300:]}
     finally:
         if agent.poll() is None:
@@ -224,7 +237,8 @@ def main() -> None:
     ap.add_argument("--skip-overhead", action="store_true")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rankscope-bench-agent-"))
-    result: dict[str, Any] = {"benchmark": "agent", "cpus": os.cpu_count(), "stall_seconds": args.stall_seconds}
+    result: dict[str, Any] = {"benchmark": "agent", "cpus": os.cpu_count(), "stall_seconds": args.stall_seconds,
+                              "loadavg_at_start": [round(x, 1) for x in os.getloadavg()]}
     try:
         if not args.skip_overhead:
             (root / "overhead").mkdir()
@@ -237,6 +251,7 @@ def main() -> None:
             print(json.dumps(result["faults"][-1]), file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    result["loadavg_at_end"] = [round(x, 1) for x in os.getloadavg()]
     print(json.dumps(result, indent=2))
 
 

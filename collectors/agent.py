@@ -136,7 +136,7 @@ class Agent:
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _say(self, message: str) -> None:
-        if message not in self.messages:
+        if message not in self.messages and len(self.messages) < 100:  # bounded: each distinct failure once
             self.messages.append(message)
 
     def _fail(self, where: str, exc: BaseException) -> None:
@@ -237,12 +237,15 @@ class Agent:
             k.dead_since = now
         if info.role == "trainer":
             exit_rec = self._exit_record(pid)
+            normal = exit_rec.get("type") == "exit"
             msg = (f"rank {info.rank} (pid {pid}) exited: {exit_rec.get('type')}: {exit_rec.get('message')}"
-                   if exit_rec else f"rank {info.rank} (pid {pid}) exited")
-            self._event(Event("process_exit", msg, rank=info.rank, pid=pid, node=self._node_of(info.rank, pid),
+                   if exit_rec else f"rank {info.rank} (pid {pid}) vanished (signal or os._exit)")
+            self._event(Event("process_exit", msg, severity="info" if normal else "",
+                              action="none" if normal else "", rank=info.rank, pid=pid,
+                              node=self._node_of(info.rank, pid),
                               ts=float(exit_rec.get("time", now)) if exit_rec else now,
                               labels={"exception": exit_rec.get("type")} if exit_rec else {}))
-            if self._crash_since is None and not self._crash_captured:
+            if not normal and self._crash_since is None and not self._crash_captured:
                 self._crash_since = now
             self._next_discovery = 0.0
 
@@ -308,6 +311,8 @@ class Agent:
             if pid not in current:  # died between the liveness check and this walk
                 self._mark_dead(pid, info, now)
         self.alive = current
+        for pid in [p for p, k in self.known.items() if k.dead_since is not None and now - k.dead_since > 3600]:
+            del self.known[pid]  # bounded memory across restarts: forget processes dead for an hour
         if new_rows:
             self.writer.add("processes", new_rows)
         self._maybe_topology()

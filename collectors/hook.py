@@ -8,7 +8,8 @@ set per process id, so the agent can read them even when the process is deadlock
 ``pid<PID>.stack.txt``   faulthandler dumps: on ``RANKSCOPE_STACK_SIGNAL`` (default SIGUSR2), on SIGTERM
                          (chained, so torchrun's teardown leaves each rank's last stack) and on fatal errors
 ``pid<PID>.steps.jsonl`` one JSON line per :func:`log_step` (a single ``O_APPEND`` write, no buffering)
-``pid<PID>.exit.json``   the uncaught exception that ended the process, frames innermost first
+``pid<PID>.exit.json``   the uncaught exception that ended the process (frames innermost first), or
+                         ``type: exit`` for a normal interpreter exit; absent after a signal or os._exit
 ``pid<PID>.ctl``         a FIFO; a thread blocked on it (zero CPU while idle) runs requests such as
                          ``fr`` (dump the Flight Recorder to ``pid<PID>.fr.json``) and ``stack``
 ``pid<PID>.fr.json``     the Flight Recorder dump (``_dump_fr_trace_json``, else ``_dump_fr_trace``)
@@ -19,6 +20,7 @@ Forked children (DataLoader workers, checkpoint writers) re-register faulthandle
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import json
 import os
@@ -179,6 +181,7 @@ def install(
             excepthook._rankscope = True  # type: ignore[attr-defined]
             sys.excepthook = excepthook
         os.register_at_fork(after_in_child=_after_fork_in_child)
+        atexit.register(_record_normal_exit)
         return True
 
 
@@ -308,6 +311,18 @@ def _record_exit(tp: Any, value: Any, tb: Any) -> None:
     rec = {"pid": st.pid, "rank": st.identity.get("rank"), "time": time.time(), "type": tp.__name__,
            "message": str(value)[:2000], "frames": frames}
     _atomic_write(st.run_dir / f"pid{st.pid}.exit.json", json.dumps(rec))
+
+
+@_safe
+def _record_normal_exit() -> None:
+    """At interpreter exit without an uncaught exception: tell the agent this exit was not a crash."""
+    st = _state
+    if st is None or st.run_dir is None or st.pid != os.getpid():
+        return
+    path = st.run_dir / f"pid{st.pid}.exit.json"
+    if not path.exists():
+        _atomic_write(path, json.dumps({"pid": st.pid, "rank": st.identity.get("rank"), "time": time.time(),
+                                        "type": "exit", "message": "normal interpreter exit", "frames": []}))
 
 
 @_safe

@@ -106,6 +106,8 @@ def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -
     exit_path = Path(run_dir) / f"pid{pid}.exit.json"
     try:
         rec = json.loads(exit_path.read_text())
+        if rec.get("type") == "exit":
+            return failed_dump(str(exit_path), "exception", "process exited normally", pid), "none"
         frames = tuple(Frame(f["function"], f["file"], f.get("line")) for f in rec.get("frames", []))
         thread = ThreadDump(frames, thread_id=pid, thread_name="MainThread", active=False, is_main=True)
         dump = ProcessDump((thread,), pid=pid, status="ok",

@@ -99,3 +99,13 @@ def test_hook_api_is_safe_without_install_and_on_bad_input(tmp_path: Path) -> No
     assert hook.node_name(None)  # hostname fallback
     if not os.environ.get("RANKSCOPE_HOOK"):
         assert hook.maybe_install_from_env() is False
+
+
+def test_normal_exit_is_not_a_crash(tmp_path: Path) -> None:
+    code = "from rankscope.collectors import hook; hook.install(run_dir=__import__('sys').argv[1]); hook.log_step(0)"
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, env={**os.environ, "RANK": "0"})
+    [path] = tmp_path.glob("pid*.exit.json")
+    assert json.loads(path.read_text())["type"] == "exit"
+    pid = int(path.name[3:].split(".")[0])
+    dump, method = stacks.post_mortem(pid, tmp_path)
+    assert method == "none" and dump.error == "process exited normally"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(240)]
 
 
 def run_fault(tmp_path: Path, fault: str, rank: int) -> dict:
