@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..datasets.readers.flight_recorder import FRDump, FREntry
@@ -68,11 +69,15 @@ def analyze_collectives(
     if not dumps:
         raise InputError("analyze_collectives: no Flight Recorder dumps")
     by_rank: dict[int, FRDump] = {}
+    dropped: list[str] = []
     for d in dumps:
-        if d.rank in by_rank:
-            raise InputError(f"rank {d.rank} has two Flight Recorder dumps: {by_rank[d.rank].source_file} "
-                             f"and {d.source_file}")
+        old = by_rank.get(d.rank)
+        if old is not None:  # e.g. the same dump as JSON and as pickle: keep the richer one
+            keep, drop = (d, old) if _richness(d) > _richness(old) else (old, d)
+            dropped.append(f"rank {d.rank}: used {keep.source_file or '?'}, ignored {drop.source_file or '?'}")
+            d = keep
         by_rank[d.rank] = d
+    dumps = list(by_rank.values())
     keys, cfg_members = group_keys(dumps)
     world = topology.world_size if topology is not None else _world_from(dumps, memberships)
     if topology is not None and max(by_rank) >= world:
@@ -203,7 +208,16 @@ def analyze_collectives(
     no_dump = tuple(r for r in range(world) if r not in by_rank)
     result = _decide(waits, stalls, stuck, groups, p2p_waits, mismatches, slow, slow_scores, world,
                      tuple(sorted(by_rank)), no_dump, topology, n_entries)
+    if dropped:
+        note = f"{len(dropped)} rank(s) had two dumps; one kept each ({'; '.join(dropped[:3])})."
+        result = replace(result, reasons=result.reasons + (note,))
     return result
+
+
+def _richness(d: FRDump) -> tuple[int, int, int]:
+    """Which of two dumps of one rank to keep: more entries, then frames (pickles), then newer."""
+    newest = max((e.time_created_ns or 0 for e in d.entries), default=0)
+    return (len(d.entries), int(any(e.frames for e in d.entries)), newest)
 
 
 def _global(info: GroupInfo, local: int | None) -> int | None:

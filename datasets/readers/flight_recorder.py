@@ -26,10 +26,26 @@ from ..schemas import COLLECTIVES
 from .base import Frame
 
 SNIFF_BYTES = 1 << 16
+
+
+class RefusedPickle(pickle.UnpicklingError):
+    """A pickle that references something other than plain containers and scalars."""
+
+
+def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
+    """What protocol 0-2 pickles call (``_codecs.encode``) to rebuild ``bytes``; nothing else."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise RefusedPickle("_codecs.encode is only admitted to rebuild bytes from latin-1 text")
+    return text.encode("latin1")
+
+
 _SAFE_GLOBALS: dict[tuple[str, str], Any] = {
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
+    ("__builtin__", "set"): set,  # protocol 0-2 pickles name Python 2's module
+    ("__builtin__", "frozenset"): frozenset,
     ("collections", "OrderedDict"): OrderedDict,
+    ("_codecs", "encode"): _latin1_bytes,
 }
 _EXTENSIONS = (".json", ".pkl", ".pickle", ".pk")
 _RANK_AT_END = re.compile(r"^(.*?)(\d+)$")
@@ -40,19 +56,18 @@ class SafeUnpickler(pickle.Unpickler):
     """An unpickler for plain data: dicts, lists, tuples, sets, str, bytes, numbers, bools and None.
 
     Any reference to a class or function (``GLOBAL``/``STACK_GLOBAL``, extension codes, persistent
-    ids) raises :class:`pickle.UnpicklingError` before it is resolved, so no foreign code can run.
+    ids) raises :class:`RefusedPickle` before it is resolved, so no foreign code can run. Admitted:
+    ``set``/``frozenset``/``OrderedDict`` and ``_codecs.encode`` for latin-1 text (old pickles' bytes).
     """
 
     def find_class(self, module: str, name: str) -> Any:
         try:
             return _SAFE_GLOBALS[(module, name)]
         except KeyError:
-            raise pickle.UnpicklingError(
-                f"refers to {module}.{name}; only plain containers and scalars are allowed"
-            ) from None
+            raise RefusedPickle(f"refers to {module}.{name}; only plain containers and scalars are allowed") from None
 
     def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("uses persistent ids; only plain containers and scalars are allowed")
+        raise RefusedPickle("uses persistent ids; only plain containers and scalars are allowed")
 
 
 def safe_loads(data: bytes) -> Any:
@@ -179,9 +194,9 @@ def load_raw(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
         fmt = "fr-pickle"
         try:
             obj = safe_loads(data)
-        except pickle.UnpicklingError as exc:
+        except RefusedPickle as exc:
             raise ParseError(path, f"refused pickle: {exc}") from None
-        except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError,
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError,
                 RecursionError, UnicodeDecodeError) as exc:
             raise ParseError(path, f"corrupt or truncated pickle ({type(exc).__name__}: {exc})") from None
     else:
@@ -238,37 +253,53 @@ def parse_dump(raw: Mapping[str, Any], *, path: str = "<dump>", rank: int | None
 
 
 def read_fr_dir(path: str | os.PathLike[str], *, prefix: str | None = None) -> list[FRDump]:
-    """Every rank's dump under ``path`` (recursively), sorted by rank.
+    """Every rank's dump under ``path`` (recursively, hidden entries skipped), sorted by rank.
 
-    Files are grouped by name family (prefix + extension, e.g. ``rank_`` pickles vs ``fr_rank*.json``);
-    ``prefix`` picks one, else the family covering most ranks wins (pickles, which carry stack
-    frames, on a tie). Files that are not FR dumps are skipped; a rank seen twice is an error.
+    See :func:`read_fr_files` for how one family of files is chosen; files that are not FR dumps
+    are skipped.
     """
     root = Path(path)
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
     if root.is_file():
         return [read_fr_file(root)]
-    families: dict[str, list[Path]] = defaultdict(list)
+    paths = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            if name.startswith(".") or rank_from_name(name) is None:
-                continue
-            if prefix is not None and not name.startswith(prefix):
-                continue
-            p = Path(dirpath) / name
-            if is_fr_file(p):
-                families[_family(p)].append(p)
-    if not families:
+        paths += [Path(dirpath) / n for n in sorted(filenames) if not n.startswith(".") and rank_from_name(n) is not None]
+    paths = [p for p in paths if is_fr_file(p)]
+    if not paths:
         raise InputError(f"{root}: no Flight Recorder dumps (files named <prefix><rank>)")
-    best = max(families, key=lambda k: (len(families[k]), not k.endswith(".json"), k))
+    return read_fr_files(paths, prefix=prefix)
+
+
+def select_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None = None) -> list[Path]:
+    """One dump per rank out of ``paths``: files are grouped by name family (prefix + extension,
+    e.g. ``rank_<N>`` pickles vs ``fr_rank<N>.json``); ``prefix`` picks a family, else the family
+    covering most ranks wins (pickles, which carry stack frames, on a tie). Files whose name has
+    no rank are kept apart and appended (their rank must come from the dump itself)."""
+    families: dict[str, list[Path]] = defaultdict(list)
+    unnamed: list[Path] = []
+    for p in map(Path, paths):
+        if rank_from_name(p) is None:
+            unnamed.append(p)
+        elif prefix is None or p.name.startswith(prefix):
+            families[_family(p)].append(p)
+    if not families:
+        return unnamed
+    best = max(families, key=lambda k: (len({rank_from_name(p) for p in families[k]}), not k.endswith(".json"), k))
+    return families[best] + unnamed
+
+
+def read_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None = None) -> list[FRDump]:
+    """The dumps of :func:`select_fr_files`, sorted by rank; a rank seen twice is an :class:`InputError`."""
     seen: dict[int, str] = {}
     dumps = []
-    for p in families[best]:
+    for p in select_fr_files(paths, prefix=prefix):
         d = read_fr_file(p)
         if d.rank in seen:
-            raise InputError(f"{root}: rank {d.rank} has two dumps, {seen[d.rank]} and {p}; pass prefix=")
+            raise InputError(f"rank {d.rank} has two Flight Recorder dumps, {seen[d.rank]} and {p}; "
+                             "pass prefix= to pick one family of files")
         seen[d.rank] = str(p)
         dumps.append(d)
     return sorted(dumps, key=lambda d: d.rank)

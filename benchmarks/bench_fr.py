@@ -1,0 +1,212 @@
+"""rankscope vs torchfrtrace on the same Flight Recorder dumps: time, peak memory and accuracy.
+
+For each scale (64, 1,024, 8,192 ranks) and injected fault, synthetic NCCL-format pickles are
+written to a scratch directory; both analyzers then run as separate processes on it (the CLI
+``rankscope fr DIR --format json`` and ``torchfrtrace DIR``), with a bounded timeout. Accuracy is
+"names exactly the injected culprit ranks" (clean: names nobody; mismatch: names the odd rank as
+a mismatch). torchfrtrace's named ranks are its "missing ranks: {...}" and "Culprit rank N"
+lines. Its crashes and timeouts are recorded as such. Also runs both on the real gloo probe.
+Prints one JSON document. Example::
+
+    .venv/bin/python benchmarks/bench_fr.py                       # 64, 1024, 8192 ranks
+    .venv/bin/python benchmarks/bench_fr.py --sizes 64 --timeout 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO.parent / "shared" / "data" / "torch_gloo_hang_probe" / "fr"
+LAYOUTS = {64: "tp=2,pp=4,dp=8", 1024: "tp=8,pp=4,dp=32", 8192: "tp=8,pp=8,dp=128"}
+FAULTS = ("missing", "p2p_behind", "size_mismatch", "clean")
+_MISSING = re.compile(r"missing ranks: \{([\d,\s]*)\}")
+_CULPRIT = re.compile(r"Culprit rank (\d+)")
+
+
+def run_timed(cmd: list[str], timeout_s: float, log: Path) -> dict[str, Any]:
+    """Run ``cmd`` with stdout+stderr to ``log``; wall time, peak RSS (MiB), exit code or timeout."""
+    t0 = time.perf_counter()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+        while True:
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                break
+            if time.perf_counter() - t0 > timeout_s:
+                proc.kill()
+                _, status, ru = os.wait4(proc.pid, 0)
+                proc.returncode = None
+                break
+            time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    return {"seconds": round(wall, 3), "peak_rss_mib": round(ru.ru_maxrss / 1024, 1),
+            "rc": proc.returncode, "timed_out": proc.returncode is None}
+
+
+_PEER_WRAPPER = """
+import sys, time
+from torch.distributed.flight_recorder.fr_trace import main
+t = time.perf_counter()
+try:
+    main(sys.argv[1:])
+finally:
+    print("__WORK_SECONDS__", time.perf_counter() - t, file=sys.stderr, flush=True)
+"""
+_OURS_WRAPPER = """
+import json, sys, time
+from rankscope.analytics.collectives import analyze_collectives, fr_verdict
+from rankscope.datasets.inputs import infer_topology
+from rankscope.datasets.readers.flight_recorder import read_fr_dir
+from rankscope.datasets.topology import Layout
+t = time.perf_counter()
+dumps = read_fr_dir(sys.argv[1])
+lay = Layout.parse(sys.argv[2]) if sys.argv[2] else None
+topo, _ = infer_topology([d.rank for d in dumps], {}, layout=lay, gpus_per_node=int(sys.argv[3]), where=sys.argv[1])
+v = fr_verdict(analyze_collectives(dumps, topo), topo)
+work = time.perf_counter() - t
+print(json.dumps(v.to_dict()))
+print("__WORK_SECONDS__", work, file=sys.stderr, flush=True)
+"""
+_WORK = re.compile(r"__WORK_SECONDS__ ([\d.eE+-]+)")
+
+
+def _work_seconds(text: str) -> float | None:
+    m = _WORK.search(text)
+    return round(float(m.group(1)), 3) if m else None
+
+
+def torchfrtrace(directory: Path, timeout_s: float, scratch: Path, prefix: str | None = None) -> dict[str, Any]:
+    """The installed torchfrtrace (its ``main``, as the console script runs it) on ``directory``."""
+    cmd = [sys.executable, "-c", _PEER_WRAPPER, str(directory)] + (["-p", prefix] if prefix else [])
+    log = scratch / "torchfrtrace.log"
+    res = run_timed(cmd, timeout_s, log)
+    text = log.read_text(errors="replace")
+    res["work_seconds"] = _work_seconds(text)
+    missing = [sorted(int(x) for x in m.group(1).replace(" ", "").split(",") if x) for m in _MISSING.finditer(text)]
+    culprits = sorted({int(m.group(1)) for m in _CULPRIT.finditer(text)})
+    named = sorted({r for m in missing for r in m} | set(culprits))
+    res.update(missing_reports=missing[:20], n_missing_reports=len(missing), culprit_lines=culprits, named=named)
+    if res["timed_out"]:
+        res["failure"] = f"timeout after {timeout_s:.0f} s"
+    elif res["rc"] != 0:
+        tail = [ln for ln in text.strip().splitlines() if ln.strip() and "__WORK_SECONDS__" not in ln][-1:]
+        res["failure"] = f"exit {res['rc']}: {(tail or ['(no output)'])[0][:300]}"
+    return res
+
+
+def rankscope(directory: Path, layout: str | None, timeout_s: float, scratch: Path,
+              gpus_per_node: int = 8) -> dict[str, Any]:
+    """rankscope's reader + analysis + verdict in a fresh process (what ``rankscope fr`` runs)."""
+    cmd = [sys.executable, "-c", _OURS_WRAPPER, str(directory), layout or "", str(gpus_per_node)]
+    log = scratch / "rankscope.log"
+    res = run_timed(cmd, timeout_s, log)
+    text = log.read_text(errors="replace")
+    res["work_seconds"] = _work_seconds(text)
+    try:
+        v = json.loads(next(ln for ln in text.splitlines() if ln.startswith('{"verdict"')))
+        res.update(verdict=v["verdict"], culprit_ranks=v["culprit_ranks"], culprit_nodes=v["culprit_nodes"][:20],
+                   suspect_nodes=len(v["suspect_nodes"]))
+    except (ValueError, KeyError, StopIteration):
+        res["failure"] = text[-300:]
+    return res
+
+
+def correct_rankscope(res: dict[str, Any], fault: str, truth: list[int]) -> bool:
+    if "verdict" not in res:
+        return False
+    if fault == "clean":
+        return res["verdict"] == "healthy" and not res["culprit_ranks"]
+    if fault.endswith("mismatch"):
+        return res["verdict"] == "mismatch" and sorted(res["culprit_ranks"]) == truth
+    return res["verdict"] == "hang" and sorted(res["culprit_ranks"]) == truth
+
+
+def correct_peer(res: dict[str, Any], fault: str, truth: list[int]) -> bool:
+    if res.get("failure"):
+        return False
+    return res["named"] == ([] if fault == "clean" else truth)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="64,1024,8192")
+    ap.add_argument("--faults", default=",".join(FAULTS), help="faults at 64 and 1024 ranks")
+    ap.add_argument("--faults-large", default="missing", help="faults at 8192 ranks (torchfrtrace is slow)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per analyzer run")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
+    args = ap.parse_args(argv)
+    from rankscope.datasets.synthetic_fr import generate_fr
+
+    scratch = Path(args.workdir or tempfile.mkdtemp(prefix="bench_fr_"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    runs = []
+    try:
+        for size in [int(s) for s in args.sizes.split(",") if s]:
+            layout = LAYOUTS.get(size)
+            if layout is None:
+                raise SystemExit(f"--sizes: {size} not in {sorted(LAYOUTS)}")
+            faults = (args.faults_large if size >= 8192 else args.faults).split(",")
+            for fault in filter(None, faults):
+                t0 = time.perf_counter()
+                syn = generate_fr(layout, fault=fault, seed=args.seed)
+                d = scratch / f"{size}_{fault}"
+                shutil.rmtree(d, ignore_errors=True)
+                syn.write(d)
+                gen_s = time.perf_counter() - t0
+                truth = sorted(syn.truth.culprit_ranks)
+                ours = rankscope(d, layout, args.timeout, scratch)
+                peer = torchfrtrace(d, args.timeout, scratch)
+                ratio = round(peer["seconds"] / ours["seconds"], 1) if ours["seconds"] else None
+                pw, ow = peer.get("work_seconds"), ours.get("work_seconds")
+                work_ratio = round(pw / ow, 1) if pw and ow else None
+                runs.append({
+                    "ranks": size, "layout": layout, "fault": fault, "truth": truth,
+                    "truth_description": syn.truth.description, "generate_s": round(gen_s, 2),
+                    "rankscope": {**ours, "correct": correct_rankscope(ours, fault, truth)},
+                    "torchfrtrace": {**peer, "correct": correct_peer(peer, fault, truth)},
+                    "speedup_wall": ratio if not peer["timed_out"] else f">{ratio}",
+                    "speedup_work": work_ratio if not peer["timed_out"] else None,
+                })
+                print(json.dumps({k: runs[-1][k] for k in ("ranks", "fault", "speedup_wall", "speedup_work")}),
+                      file=sys.stderr)
+                shutil.rmtree(d, ignore_errors=True)
+        probe = {}
+        if PROBE.is_dir():
+            ours = rankscope(PROBE, None, args.timeout, scratch, gpus_per_node=1)
+            peer = torchfrtrace(PROBE, args.timeout, scratch, prefix="rank_")
+            probe = {"dir": str(PROBE), "truth": [3], "rankscope": {**ours, "correct": ours.get("culprit_ranks") == [3]},
+                     "torchfrtrace": {**peer, "correct": correct_peer(peer, "missing", [3])}}
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    summary = {
+        "rankscope_correct": f"{sum(r['rankscope']['correct'] for r in runs)}/{len(runs)}",
+        "torchfrtrace_correct": f"{sum(r['torchfrtrace']['correct'] for r in runs)}/{len(runs)}",
+        "torchfrtrace_failures": [f"{r['ranks']} {r['fault']}: {r['torchfrtrace']['failure']}"
+                                  for r in runs if r["torchfrtrace"].get("failure")],
+        "speedup_wall_by_ranks": {str(n): [r["speedup_wall"] for r in runs if r["ranks"] == n]
+                                  for n in dict.fromkeys(r["ranks"] for r in runs)},
+        "speedup_work_by_ranks": {str(n): [r["speedup_work"] for r in runs if r["ranks"] == n]
+                                  for n in dict.fromkeys(r["ranks"] for r in runs)},
+        "note": "speedup_wall: whole processes (interpreter + imports: torch ~ rankscope's polars/pyarrow); "
+                "speedup_work: time after imports (load + analysis). A timed-out torchfrtrace has speedup '>x'.",
+    }
+    print(json.dumps({"benchmark": "bench_fr", "cpu_count": os.cpu_count(), "load_avg": os.getloadavg(),
+                      "summary": summary, "runs": runs, "gloo_probe": probe}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
