@@ -59,9 +59,26 @@ def frame_key(f: FrameLike, *, lines: bool = False) -> str:
     return f"{fn}@{base}"
 
 
+_SIG_CACHE: dict[tuple[int, bool], tuple[object, tuple[str, ...]]] = {}
+
+
 def signature(frames: Sequence[FrameLike], *, lines: bool = False) -> tuple[str, ...]:
-    """Outermost-first tuple of frame keys of an innermost-first frame list."""
-    return tuple(frame_key(f, lines=lines) for f in reversed(frames))
+    """Outermost-first tuple of frame keys of an innermost-first frame list.
+
+    Memoized per frames object: readers share one tuple among identical stacks, so 100,000
+    ranks in the same state cost one computation. The cache keeps the tuple alive (its id stays
+    valid) and is cleared when it grows past 100,000 entries.
+    """
+    key = (id(frames), lines)
+    hit = _SIG_CACHE.get(key)
+    if hit is not None and hit[0] is frames:
+        return hit[1]
+    sig = tuple(frame_key(f, lines=lines) for f in reversed(frames))
+    if isinstance(frames, tuple):
+        if len(_SIG_CACHE) >= 100_000:
+            _SIG_CACHE.clear()
+        _SIG_CACHE[key] = (frames, sig)
+    return sig
 
 
 def display(f: FrameLike) -> str:

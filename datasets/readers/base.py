@@ -5,20 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One stack frame as the tool printed it (``file`` not yet normalized)."""
+class Frame(NamedTuple):
+    """One stack frame as the tool printed it (``file`` not yet normalized). A tuple: cheap at 10^7."""
 
     function: str
     file: str
     line: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ThreadDump:
+class ThreadDump(NamedTuple):
     """One thread's stack, ``frames[0]`` the innermost (currently executing) frame."""
 
     frames: tuple[Frame, ...]
@@ -49,6 +47,27 @@ class ProcessDump:
         return self.threads[0] if self.threads else None
 
 
+class Interner:
+    """Shares one frames tuple among all threads with the same stack text.
+
+    In a hang, most of 100,000 ranks print the very same stack: parsing it once and sharing the
+    tuple makes reading cheap and lets the analysis memoize per tuple. Bounded: cleared when full.
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self.max_entries = max_entries
+        self._stacks: dict[object, tuple[Frame, ...]] = {}
+
+    def get(self, key: object) -> tuple[Frame, ...] | None:
+        return self._stacks.get(key)
+
+    def put(self, key: object, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        if len(self._stacks) >= self.max_entries:
+            self._stacks.clear()
+        self._stacks[key] = frames
+        return frames
+
+
 def failed_dump(source_file: str, source_format: str, error: str, pid: int | None = None) -> ProcessDump:
     """A dump that produced no stack (py-spy error, empty file, unreadable file)."""
     return ProcessDump((), pid=pid, status="failed", error=error, source_format=source_format,
@@ -57,13 +76,12 @@ def failed_dump(source_file: str, source_format: str, error: str, pid: int | Non
 
 def mark_main(threads: Sequence[ThreadDump], pid: int | None) -> tuple[ThreadDump, ...]:
     """Flag the main thread: named MainThread, else thread id == pid, else the one running ``<module>``."""
-    if any(t.is_main for t in threads):
-        return tuple(threads)
     pick = None
     for i, t in enumerate(threads):
-        if t.thread_name == "MainThread":
+        if t.is_main:
+            return tuple(threads)
+        if pick is None and t.thread_name == "MainThread":
             pick = i
-            break
     if pick is None and pid is not None:
         pick = next((i for i, t in enumerate(threads) if t.thread_id == pid), None)
     if pick is None:

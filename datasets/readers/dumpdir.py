@@ -63,17 +63,20 @@ class DumpDir:
     notes: tuple[str, ...] = field(default=())
 
 
-def read_stack_file(path: str | os.PathLike[str], display: str | None = None) -> list[ProcessDump]:
+def read_stack_file(path: str | os.PathLike[str], display: str | None = None, *,
+                    raw: bytes | None = None) -> list[ProcessDump]:
     """Parse one stack dump file of any supported format (decided by suffix and content)."""
-    p = Path(path)
-    name = display or str(p)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        return [failed_dump(name, "unknown", f"unreadable ({exc.strerror})")]
+    path = os.fspath(path)
+    name = display or path
+    if raw is None:
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            return [failed_dump(name, "unknown", f"unreadable ({exc.strerror})")]
     text = raw.decode("utf-8", errors="replace")
     stripped = text.lstrip()
-    if p.suffix == ".json" or stripped.startswith("["):
+    if path.endswith(".json") or stripped.startswith("["):
         if stripped.startswith("[") or not stripped.startswith("{"):
             return parse_pyspy_json(text, name)
         return [failed_dump(name, "pyspy-json", "JSON object, not a py-spy thread list")]
@@ -82,16 +85,7 @@ def read_stack_file(path: str | os.PathLike[str], display: str | None = None) ->
     return parse_pyspy_text(text, name)
 
 
-def _sniff_json_object(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(64).lstrip()
-    except OSError:
-        return False
-    return head.startswith(b"{")
-
-
-def _is_pickle(path: Path) -> bool:
+def _is_pickle(path: str | Path) -> bool:
     try:
         with open(path, "rb") as fh:
             return fh.read(1) == b"\x80"
@@ -145,19 +139,25 @@ def _read_manifest(path: Path) -> list[dict[str, str]]:
         raise InputError(f"{path}: malformed CSV ({exc})") from None
 
 
-def _walk(root: Path) -> Iterable[tuple[Path, int]]:
-    """Files under root with their snapshot number (from snapshot-N folders, else 0)."""
-    for dirpath, dirnames, filenames in os.walk(root):
+def _walk(root: Path) -> Iterable[tuple[str, str, int]]:
+    """(absolute path, path relative to root with '/', snapshot) of every file under root.
+
+    Plain strings and os.walk: at 100,000 files pathlib's object churn costs more than parsing.
+    """
+    base = str(root)
+    for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        rel = Path(dirpath).relative_to(root)
+        rel_dir = os.path.relpath(dirpath, base)
+        parts = [] if rel_dir == "." else rel_dir.split(os.sep)
         snap = 0
-        for part in rel.parts:
+        for part in parts:
             m = _SNAPSHOT_DIR.match(part)
             if m:
                 snap = int(m.group(1))
+        prefix = "/".join(parts) + "/" if parts else ""
         for fn in sorted(filenames):
             if not fn.startswith("."):
-                yield Path(dirpath) / fn, snap
+                yield os.path.join(dirpath, fn), prefix + fn, snap
 
 
 def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> DumpDir:
@@ -174,21 +174,32 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
     files: list[DumpFile] = []
     fr, metrics, timings, notes = [], [], [], []
     ignored = []
-    for p, snap in _walk(root):
-        rel = p.relative_to(root).as_posix()
-        name = p.name.lower()
+    for path, rel, snap in _walk(root):
         if rel == MANIFEST:
             continue
-        if name.startswith("metrics") and p.suffix in (".csv", ".parquet"):
-            metrics.append(p)
+        fname = rel.rsplit("/", 1)[-1]
+        name = fname.lower()
+        stem, suffix = os.path.splitext(fname)
+        if name.startswith("metrics") and suffix in (".csv", ".parquet"):
+            metrics.append(Path(path))
             continue
-        if name.startswith("timings") and p.suffix in (".csv", ".parquet"):
-            timings.append(p)
+        if name.startswith("timings") and suffix in (".csv", ".parquet"):
+            timings.append(Path(path))
             continue
-        if (p.suffix == ".json" and _sniff_json_object(p)) or (p.suffix in ("", ".pkl", ".pickle") and _is_pickle(p)):
-            fr.append((snap, p))
+        raw = None
+        if suffix == ".json":
+            try:
+                with open(path, "rb") as fh:
+                    raw = fh.read()
+            except OSError:
+                raw = None
+            if raw is not None and raw.lstrip()[:1] == b"{":
+                fr.append((snap, Path(path)))
+                continue
+        elif suffix in ("", ".pkl", ".pickle") and _is_pickle(path):
+            fr.append((snap, Path(path)))
             continue
-        if p.suffix not in _STACK_SUFFIXES:
+        if suffix not in _STACK_SUFFIXES:
             ignored.append(rel)
             continue
         meta = manifest.get(rel) if manifest is not None else None
@@ -203,14 +214,14 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
             if meta.get("snapshot"):
                 snap = int(meta["snapshot"])
         else:
-            m = _RANK.search(p.stem)
+            m = _RANK.search(stem)
             if not m:
                 ignored.append(rel)
                 continue
             rank = int(m.group(1))
             node = f"node-{rank // gpus_per_node}"
             role, pid = None, None
-        procs = read_stack_file(p, rel)
+        procs = read_stack_file(path, rel, raw=raw)
         files.append(DumpFile(rel, snap, rank, node, role, pid, tuple(procs)))
     if manifest is not None:
         present = {f.path for f in files}

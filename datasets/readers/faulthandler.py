@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import re
 
-from .base import Frame, ProcessDump, ThreadDump, failed_dump, mark_main
+from .base import Frame, Interner, ProcessDump, ThreadDump, failed_dump, mark_main
+
+_INTERN = Interner()
 
 FORMAT = "faulthandler"
 
@@ -43,8 +45,11 @@ def parse_traceback_text(text: str, source_file: str = "") -> list[ProcessDump]:
     def close() -> None:
         nonlocal cur
         if cur is not None and cur["frames"]:
-            frames = cur["frames"] if cur["innermost_first"] else list(reversed(cur["frames"]))
-            threads.append(ThreadDump(tuple(frames), cur["tid"], cur["name"], None, cur["main"]))
+            key = (cur["innermost_first"], tuple(cur["frames"]))
+            frames = _INTERN.get(key)
+            if frames is None:
+                frames = _INTERN.put(key, tuple(cur["frames"] if cur["innermost_first"] else reversed(cur["frames"])))
+            threads.append(ThreadDump(frames, cur["tid"], cur["name"], None, cur["main"]))
             if cur.get("current"):
                 current.append(len(threads) - 1)
         cur = None

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .base import Frame, ProcessDump, ThreadDump, failed_dump, mark_main
+from .base import Frame, Interner, ProcessDump, ThreadDump, failed_dump, mark_main
+
+_INTERN = Interner()
 
 FORMAT = "pyspy-json"
 
@@ -70,7 +72,16 @@ def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
         for t in data:
             if not isinstance(t, dict):
                 raise TypeError("thread is not an object")
-            frames = tuple(_frame(f) for f in (t.get("frames") or []))
+            raw = t.get("frames") or []
+            try:
+                key = tuple((f["name"], f["filename"], f["line"]) for f in raw)
+            except (KeyError, TypeError):
+                key = None
+            frames = _INTERN.get(key) if key is not None else None
+            if frames is None:
+                frames = tuple(_frame(f) for f in raw)
+                if key is not None:
+                    _INTERN.put(key, frames)
             tid = t.get("os_thread_id") or t.get("thread_id")
             by_pid.setdefault(t.get("pid"), []).append(
                 ThreadDump(frames, int(tid) if isinstance(tid, int) else None, t.get("thread_name"),

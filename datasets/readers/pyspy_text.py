@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Frame, ProcessDump, ThreadDump, failed_dump, mark_main
+from .base import Frame, Interner, ProcessDump, ThreadDump, failed_dump, mark_main
 
 FORMAT = "pyspy-text"
 
@@ -30,6 +30,22 @@ _ERROR = re.compile(r"^(Error|error|Permission Denied|Failed)\b[: ]?(.*)$")
 
 def _thread_id(token: str) -> int:
     return int(token, 16) if token.lower().startswith("0x") else int(token)
+
+
+_INTERN = Interner()
+
+
+def _frames(lines: list[str]) -> tuple[Frame, ...]:
+    key = tuple(lines)
+    frames = _INTERN.get(key)
+    if frames is None:
+        out = []
+        for line in lines:
+            m = _FRAME.match(line)
+            if m:
+                out.append(Frame(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None))
+        frames = _INTERN.put(key, tuple(out))
+    return frames
 
 
 def parse_pyspy_text(text: str, source_file: str = "") -> list[ProcessDump]:
@@ -47,7 +63,7 @@ def parse_pyspy_text(text: str, source_file: str = "") -> list[ProcessDump]:
     def close_thread() -> None:
         nonlocal cur
         if cur is not None:
-            threads.append(ThreadDump(tuple(cur["frames"]), cur["tid"], cur["name"], cur["active"]))
+            threads.append(ThreadDump(_frames(cur["frames"]), cur["tid"], cur["name"], cur["active"]))
             cur = None
 
     def close_process(final: bool = False) -> None:
@@ -66,11 +82,11 @@ def parse_pyspy_text(text: str, source_file: str = "") -> list[ProcessDump]:
         threads, pid, cmdline = [], None, None
 
     for line in text.splitlines():
-        if not line.strip():
+        if line.startswith("    "):
+            if cur is not None and line[4] != " ":  # a frame; deeper indents are --locals blocks
+                cur["frames"].append(line)
             continue
-        m = _FRAME.match(line)
-        if m and cur is not None:
-            cur["frames"].append(Frame(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None))
+        if not line.strip():
             continue
         m = _THREAD.match(line)
         if m:
