@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from .inputs import JobInputs, load_inputs
-from .stackset import to_rows
+from .stackset import to_table
 from .store import Store
 
 
@@ -21,10 +21,10 @@ def ingest_inputs(inputs: JobInputs, store: Store, *, job: str | None = None) ->
     """Append one job's stacks, topology, Flight Recorder entries, metrics and timings to ``store``."""
     name = job or inputs.job
     counts: dict[str, int] = {}
-    stack_rows = to_rows(inputs.procs, name)
-    if stack_rows:
-        store.write("stacks", stack_rows)
-    counts["stacks"] = len(stack_rows)
+    stacks = to_table(inputs.procs, name)
+    if stacks.num_rows:
+        store.write("stacks", stacks)
+    counts["stacks"] = stacks.num_rows
     topo_rows = inputs.topology.to_rows(name)
     store.write("topology", topo_rows)
     counts["topology"] = len(topo_rows)

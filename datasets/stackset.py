@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (registers pa.compute)
 
 from .readers.base import Frame, ProcessDump, ThreadDump
 from .readers.dumpdir import DumpDir, assign_roles
@@ -59,17 +60,31 @@ def from_dumps(items: Iterable[tuple[ProcessDump, int, int | None, str | None, s
 
 
 def from_table(tbl: pa.Table) -> list[ProcStacks]:
-    """From rows of the ``stacks`` table (one row per thread; grouped back into processes)."""
-    cols = {name: tbl.column(name).to_pylist() for name in
-            ("snapshot", "rank", "node", "role", "pid", "status", "error", "thread_id", "thread_name",
-             "is_main_thread", "active", "frames", "source_file", "source_format")}
+    """From rows of the ``stacks`` table (one row per thread; grouped back into processes).
+
+    Frames are decoded once per distinct stack (rows are keyed by a hash of their frames list,
+    computed columnar by polars), so a 100,000-rank hang decodes a handful of stacks.
+    """
+    import polars as pl  # noqa: PLC0415
+
+    names = ("snapshot", "rank", "node", "role", "pid", "status", "error", "thread_id", "thread_name",
+             "is_main_thread", "active", "source_file", "source_format")
+    cols = {name: tbl.column(name).to_pylist() for name in names}
+    frames_col = tbl.column("frames")
+    hashes = pl.from_arrow(frames_col).hash().to_list() if tbl.num_rows else []
+    lengths = pa.compute.list_value_length(frames_col).to_pylist() if tbl.num_rows else []
+    decoded: dict[tuple[int, int], tuple[Frame, ...]] = {}
     procs: dict[tuple, dict] = {}
     for i in range(tbl.num_rows):
         key = (cols["snapshot"][i], cols["rank"][i], cols["pid"][i], cols["source_file"][i], cols["role"][i])
         p = procs.get(key)
         if p is None:
             p = procs[key] = {"i": i, "main": None, "others": []}
-        frames = tuple(Frame(f["function"], f["file"], f["line"]) for f in (cols["frames"][i] or ()))
+        fkey = (hashes[i], lengths[i] or 0)
+        frames = decoded.get(fkey)
+        if frames is None:
+            raw = frames_col[i].as_py() or ()
+            frames = decoded[fkey] = tuple(Frame(f["function"], f["file"], f["line"]) for f in raw)
         if cols["status"][i] == "failed" and not frames:
             continue
         t = ThreadDump(frames, cols["thread_id"][i], cols["thread_name"][i], cols["active"][i],
@@ -79,28 +94,59 @@ def from_table(tbl: pa.Table) -> list[ProcStacks]:
         else:
             p["others"].append(t)
     out = []
-    for key, p in procs.items():
+    for p in procs.values():
         i = p["i"]
         main = p["main"] or (p["others"].pop(0) if p["others"] else None)
         out.append(ProcStacks(int(cols["snapshot"][i] or 0), cols["rank"][i], cols["node"][i],
                               cols["role"][i] or "trainer", cols["pid"][i], cols["status"][i] or "ok",
-                              cols["error"][i], main, tuple(p["others"]),
-                              cols["source_file"][i] or "", cols["source_format"][i] or ""))
+                              cols["error"][i], main, tuple(p["others"]), cols["source_file"][i] or "",
+                              cols["source_format"][i] or ""))
     return out
 
 
-def to_rows(procs: Sequence[ProcStacks], job: str) -> list[dict]:
-    """Rows of the ``stacks`` table (for ingesting a dump directory into the store)."""
-    rows = []
+def to_table(procs: Sequence[ProcStacks], job: str) -> pa.Table:
+    """The ``stacks`` table for ``procs`` (one row per thread), built column by column.
+
+    Each distinct frames tuple is converted to Arrow once and gathered with ``take``: a
+    100,000-rank job has a few hundred distinct stacks but millions of frames.
+    """
+    from .schemas import FRAME, STACKS  # noqa: PLC0415
+
+    cols: dict[str, list] = {n: [] for n in STACKS.schema.names if n != "frames"}
+    uniq: dict[int, int] = {}
+    uniq_frames: list[tuple[Frame, ...]] = []
+    idx: list[int] = []
     for p in procs:
-        base = {"job": job, "snapshot": p.snapshot, "node": p.node, "rank": p.rank, "pid": p.pid, "role": p.role,
-                "status": p.status, "error": p.error, "source_file": p.source,
-                "source_format": p.source_format or None}
-        threads = ([p.main_thread] if p.main_thread else []) + list(p.others)
-        if not threads:
-            rows.append({**base, "frames": []})
-        for t in threads:
-            rows.append({**base, "thread_id": t.thread_id, "thread_name": t.thread_name,
-                         "is_main_thread": t is p.main_thread, "active": t.active,
-                         "frames": [{"function": f.function, "file": f.file, "line": f.line} for f in t.frames]})
-    return rows
+        threads = ([p.main_thread] if p.main_thread is not None else []) + list(p.others)
+        rows = threads or [None]
+        for t in rows:
+            cols["job"].append(job)
+            cols["snapshot"].append(p.snapshot)
+            cols["time"].append(None)
+            cols["node"].append(p.node)
+            cols["rank"].append(p.rank)
+            cols["pid"].append(p.pid)
+            cols["role"].append(p.role)
+            cols["status"].append(p.status)
+            cols["error"].append(p.error)
+            cols["source_file"].append(p.source)
+            cols["source_format"].append(p.source_format or None)
+            cols["thread_id"].append(t.thread_id if t is not None else None)
+            cols["thread_name"].append(t.thread_name if t is not None else None)
+            cols["is_main_thread"].append((t is p.main_thread) if t is not None else None)
+            cols["active"].append(t.active if t is not None else None)
+            frames = t.frames if t is not None else ()
+            k = uniq.get(id(frames))
+            if k is None:
+                k = uniq[id(frames)] = len(uniq_frames)
+                uniq_frames.append(frames)
+            idx.append(k)
+    distinct = pa.array([[{"function": f.function, "file": f.file, "line": f.line} for f in fr] for fr in uniq_frames],
+                        type=pa.list_(FRAME))
+    arrays = []
+    for field in STACKS.schema:
+        if field.name == "frames":
+            arrays.append(distinct.take(pa.array(idx, type=pa.int64())) if idx else pa.array([], type=field.type))
+        else:
+            arrays.append(pa.array(cols[field.name], type=field.type))
+    return pa.Table.from_arrays(arrays, schema=STACKS.schema)

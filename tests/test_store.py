@@ -70,3 +70,24 @@ def test_not_a_store(tmp_path):
     with pytest.raises(StoreError, match="not a rankscope store"):
         Store(tmp_path)
     assert not Store.is_store(tmp_path)
+
+
+def test_stacks_round_trip_through_the_store(tmp_path):
+    from rankscope.analytics.stack_verdict import diagnose_stacks
+    from rankscope.datasets.stackset import from_dumps, from_table, to_table
+    from rankscope.datasets.synthetic import generate_job
+
+    job = generate_job("tp=2,pp=2,dp=4", gpus_per_node=4, fault="dataloader-stall", seed=3)
+    procs = from_dumps((d.dump, d.snapshot, d.rank, d.node, d.role) for d in job.dumps)
+    st = Store(tmp_path, create=True)
+    st.write("stacks", to_table(procs, "j"))
+    back = from_table(st.read_arrow("stacks", job="j"))
+    key = lambda p: (p.snapshot, p.rank, p.pid, p.role)  # noqa: E731
+    assert sorted(map(key, back)) == sorted(map(key, procs))
+    by = {key(p): p for p in procs}
+    for p in back:
+        q = by[key(p)]
+        assert p.main == q.main and p.node == q.node and len(p.others) == len(q.others)
+    a = diagnose_stacks(procs, job.topology)
+    b = diagnose_stacks(back, job.topology)
+    assert (a.verdict, a.suspect_nodes, a.culprit_nodes) == (b.verdict, b.suspect_nodes, b.culprit_nodes)
