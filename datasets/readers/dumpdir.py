@@ -160,6 +160,47 @@ def _walk(root: Path) -> Iterable[tuple[str, str, int]]:
                 yield os.path.join(dirpath, fn), prefix + fn, snap
 
 
+PARALLEL_MIN_FILES = 2000
+
+
+def _workers() -> int:
+    env = os.environ.get("RANKSCOPE_WORKERS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _parse_chunk(items: list[tuple[str, str]]) -> list[list[ProcessDump]]:
+    return [read_stack_file(path, rel) for path, rel in items]
+
+
+def _parse_all(items: list[tuple[str, str]]) -> list[list[ProcessDump]]:
+    """Parse every stack file; large directories are split over the available cores (fork).
+
+    Identical stacks inside one chunk travel back as one pickled object, so the transfer stays
+    small. ``RANKSCOPE_WORKERS=1`` forces a single process.
+    """
+    n = _workers()
+    if n < 2 or len(items) < PARALLEL_MIN_FILES:
+        return _parse_chunk(items)
+    import multiprocessing as mp  # noqa: PLC0415
+
+    try:
+        ctx = mp.get_context("fork")
+    except ValueError:
+        return _parse_chunk(items)
+    size = max(500, len(items) // (n * 4))
+    chunks = [items[i:i + size] for i in range(0, len(items), size)]
+    with ctx.Pool(n) as pool:
+        out: list[list[ProcessDump]] = []
+        for part in pool.imap(_parse_chunk, chunks):
+            out.extend(part)
+    return out
+
+
 def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> DumpDir:
     """Find and parse every dump under ``path``. Raises InputError when there is nothing usable."""
     root = Path(path)
@@ -174,6 +215,7 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
     files: list[DumpFile] = []
     fr, metrics, timings, notes = [], [], [], []
     ignored = []
+    todo: list[tuple] = []
     for path, rel, snap in _walk(root):
         if rel == MANIFEST:
             continue
@@ -186,14 +228,13 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
         if name.startswith("timings") and suffix in (".csv", ".parquet"):
             timings.append(Path(path))
             continue
-        raw = None
         if suffix == ".json":
             try:
                 with open(path, "rb") as fh:
-                    raw = fh.read()
+                    head = fh.read(256)
             except OSError:
-                raw = None
-            if raw is not None and raw.lstrip()[:1] == b"{":
+                head = b""
+            if head.lstrip()[:1] == b"{":
                 fr.append((snap, Path(path)))
                 continue
         elif suffix in ("", ".pkl", ".pickle") and _is_pickle(path):
@@ -221,7 +262,8 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
             rank = int(m.group(1))
             node = f"node-{rank // gpus_per_node}"
             role, pid = None, None
-        procs = read_stack_file(path, rel, raw=raw)
+        todo.append((path, rel, snap, rank, node, role, pid))
+    for (path, rel, snap, rank, node, role, pid), procs in zip(todo, _parse_all([(t[0], t[1]) for t in todo])):
         files.append(DumpFile(rel, snap, rank, node, role, pid, tuple(procs)))
     if manifest is not None:
         present = {f.path for f in files}
