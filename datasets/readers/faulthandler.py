@@ -34,6 +34,11 @@ def _int(x: str) -> int | None:
     return int(x) if x.isdigit() else None
 
 
+def _frame(line: str) -> Frame | None:
+    m = _FH_FRAME.match(line) or _TB_FRAME.match(line)
+    return Frame(m.group(3), m.group(1), _int(m.group(2))) if m else None
+
+
 def parse_traceback_text(text: str, source_file: str = "") -> list[ProcessDump]:
     """One process with every thread found in faulthandler or traceback text."""
     if not text.strip():
@@ -48,13 +53,20 @@ def parse_traceback_text(text: str, source_file: str = "") -> list[ProcessDump]:
             key = (cur["innermost_first"], tuple(cur["frames"]))
             frames = _INTERN.get(key)
             if frames is None:
-                frames = _INTERN.put(key, tuple(cur["frames"] if cur["innermost_first"] else reversed(cur["frames"])))
+                parsed = [f for f in map(_frame, cur["frames"]) if f is not None]
+                frames = _INTERN.put(key, tuple(parsed if cur["innermost_first"] else reversed(parsed)))
             threads.append(ThreadDump(frames, cur["tid"], cur["name"], None, cur["main"]))
             if cur.get("current"):
                 current.append(len(threads) - 1)
         cur = None
 
     for line in text.splitlines():
+        if line.startswith("  File "):
+            if cur is not None:
+                cur["frames"].append(line)  # parsed once per distinct thread block, in close()
+            continue
+        if line.startswith("    "):  # source lines under traceback frames
+            continue
         m = _FH_THREAD.match(line)
         if m:
             close()
@@ -75,12 +87,8 @@ def parse_traceback_text(text: str, source_file: str = "") -> list[ProcessDump]:
             else:
                 cur["innermost_first"] = False
             continue
-        if cur is not None:
-            m = (_FH_FRAME if cur["innermost_first"] else _TB_FRAME).match(line)
-            if m is None:
-                m = _FH_FRAME.match(line) or _TB_FRAME.match(line)
-            if m:
-                cur["frames"].append(Frame(m.group(3), m.group(1), _int(m.group(2))))
+        if cur is not None and line.lstrip().startswith("File "):
+            cur["frames"].append(line)
     close()
     if not threads:
         first = text.strip().splitlines()[0][:200]
