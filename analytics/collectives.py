@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..datasets.readers.flight_recorder import FRDump, FREntry
+from ..datasets.readers.flight_recorder import FRDump, FREntry, paused_gc
 from ..datasets.topology import Topology
 from ..errors import InputError
 from .collectives_groups import KIND_ORDER, GroupInfo, GroupKey, group_keys, resolve_groups
@@ -68,6 +68,12 @@ def analyze_collectives(
     """
     if not dumps:
         raise InputError("analyze_collectives: no Flight Recorder dumps")
+    with paused_gc():
+        return _analyze(dumps, topology, memberships)
+
+
+def _analyze(dumps: Sequence[FRDump], topology: Topology | None,
+             memberships: Mapping[str, Sequence[int]] | None) -> CollectiveAnalysis:
     by_rank: dict[int, FRDump] = {}
     dropped: list[str] = []
     for d in dumps:
@@ -172,8 +178,8 @@ def analyze_collectives(
                 continue  # pg_status says it completed (the entry was dumped before the watchdog saw it)
             stuck[(g, e.collective_seq_id)].append(r)
             miss, nodump = missing_at(g, e.collective_seq_id)
-            if miss or nodump:
-                sources.append(miss + nodump)
+            if miss or nodump:  # a dumped member known to be missing explains the wait before an unknown one
+                sources.append(miss or nodump)
         if len(sources) == 1:
             waits[r] = sources[0]
         elif sources:
@@ -340,7 +346,13 @@ def _decide(waits: Mapping[int, tuple[int, ...]], stalls: Sequence[GroupStall],
         targets: set[int] = set()
         for t in {id(t): t for t in waits.values()}.values():  # shared tuples: each op's missing set once
             targets.update(t)
-        culprits = tuple(sorted(t for t in targets if t not in waits))
+        sinks = sorted(t for t in targets if t not in waits)
+        no_dump_set = set(no_dump)
+        alive = tuple(r for r in sinks if r not in no_dump_set)  # seen alive, waiting for nobody: strongest
+        culprits = alive or tuple(sinks)
+        if alive and len(alive) < len(sinks):
+            reasons.append(f"Rank(s) {rank_ranges(sorted(no_dump_set & set(sinks)))[:200]} left no dump and are "
+                           "waited for too; whether they reached their collective is unknown.")
         strong = bool(culprits)
         if not culprits:  # everyone waits for someone: a circular wait (ops issued in different orders)
             first = next((s for s in stalls if s.missing_ranks), None)

@@ -151,11 +151,13 @@ def generate_fr(
     gpus_per_node: int = 8,
     buffer_entries: int | None = None,
     timing: bool = False,
+    at: str | None = None,
     seed: int = 0,
 ) -> SyntheticFR:
     """Simulate ``steps`` training steps on ``layout`` and inject ``fault`` (one of :data:`FAULTS`).
 
-    ``missing``: ``n_culprits`` ranks stop before a TP/DP/default collective of the last step;
+    ``missing``: ``n_culprits`` ranks stop before a TP/DP/default collective (``at``: tp, dp or
+    world; random when None) of the last step;
     ``p2p_behind``: a pipeline rank stops before a send; ``*_mismatch``: a rank issues a DP
     collective with the wrong size/op/dtype (the op mismatch hangs it); ``slow``: a rank computes 4x
     slower (``duration_ms`` recorded). ``buffer_entries`` keeps only each rank's last N entries,
@@ -195,7 +197,10 @@ def generate_fr(
     truth = FRTruth("clean", description="no fault: every collective completes")
 
     if fault == "missing":
-        pick_kind = rng.choice([k for k in ("tp", "dp", "world") if k == "world" or topo.sizes[k] > 1])
+        kinds_ok = [k for k in ("tp", "dp", "world") if k == "world" or topo.sizes[k] > 1]
+        if at is not None and at not in kinds_ok:
+            raise InputError(f"at={at!r}: layout {lay} has no such collective; valid: {kinds_ok}")
+        pick_kind = at or rng.choice(kinds_ok)
         culprits = _spread(rng, topo, n_culprits)
         for c in culprits:
             idx = next(i for i in range(last_step_start[c], len(programs[c])) if programs[c][i].kind == pick_kind)

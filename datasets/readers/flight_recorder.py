@@ -9,13 +9,15 @@ defaults for fields older or newer versions lack; a file no version explains is 
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import json
 import os
 import pickle
 import re
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -295,14 +297,28 @@ def read_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None
     """The dumps of :func:`select_fr_files`, sorted by rank; a rank seen twice is an :class:`InputError`."""
     seen: dict[int, str] = {}
     dumps = []
-    for p in select_fr_files(paths, prefix=prefix):
-        d = read_fr_file(p)
-        if d.rank in seen:
-            raise InputError(f"rank {d.rank} has two Flight Recorder dumps, {seen[d.rank]} and {p}; "
-                             "pass prefix= to pick one family of files")
-        seen[d.rank] = str(p)
-        dumps.append(d)
+    with paused_gc():
+        for p in select_fr_files(paths, prefix=prefix):
+            d = read_fr_file(p)
+            if d.rank in seen:
+                raise InputError(f"rank {d.rank} has two Flight Recorder dumps, {seen[d.rank]} and {p}; "
+                                 "pass prefix= to pick one family of files")
+            seen[d.rank] = str(p)
+            dumps.append(d)
     return sorted(dumps, key=lambda d: d.rank)
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building millions of acyclic objects (it would rescan
+    them again and again; torchfrtrace's loader does the same); the previous state is restored."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # -- field parsing ----------------------------------------------------------------------------
@@ -353,43 +369,58 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
     return out
 
 
+_new_entry = tuple.__new__
+
+
+def _int(v: Any) -> int | None:
+    return v if v.__class__ is int else _opt_int(v)
+
+
 def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
+    """One raw FR record -> :class:`FREntry` (hot: called once per record of every rank)."""
     get = e.get
     pg = get("process_group")
     pg_id = get("pg_id")
-    if isinstance(pg, (list, tuple)) and pg:
-        pg_name, pg_desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+    if pg.__class__ in (tuple, list) and pg:
+        pg_name = pg[0] if pg[0].__class__ is str else str(pg[0])
+        pg_desc = (pg[1] if pg[1].__class__ is str else str(pg[1])) if len(pg) > 1 else ""
     else:
         pg_name, pg_desc = (str(pg_id) if pg_id is not None else ""), ""
     pname = get("profiling_name") or ""
-    if type(pname) is not str:
+    if pname.__class__ is not str:
         pname = str(pname)
     backend, op, src, dst = split_profiling_name(pname)
     is_p2p = get("is_p2p")
-    seq = get("collective_seq_id", get("seq_id"))
-    p2p_seq, op_id, duration = get("p2p_seq_id"), get("op_id"), get("duration_ms")
-    in_dt, out_dt = get("input_dtypes"), get("output_dtypes")
-    return FREntry(
-        int(get("record_id", -1)),
-        str(pg_id) if pg_id is not None else pg_name,
+    seq = get("collective_seq_id")
+    if seq is None:
+        seq = get("seq_id")
+    p2p_seq, op_id, duration, record_id = get("p2p_seq_id"), get("op_id"), get("duration_ms"), get("record_id", -1)
+    in_dt, out_dt, ins, outs = get("input_dtypes"), get("output_dtypes"), get("input_sizes"), get("output_sizes")
+    state = get("state") or ""
+    t0, t1, t2, tmo = (get("time_created_ns"), get("time_discovered_started_ns"),
+                       get("time_discovered_completed_ns"), get("timeout_ms"))
+    frames = get("frames")
+    return _new_entry(FREntry, (
+        record_id if record_id.__class__ is int else int(record_id),
+        pg_id if pg_id.__class__ is str else (str(pg_id) if pg_id is not None else pg_name),
         pg_name, pg_desc,
-        int(seq) if seq is not None else -1,
-        int(p2p_seq) if p2p_seq is not None else -1,
-        int(op_id) if op_id is not None else -1,
+        _int(seq) if seq is not None else -1,
+        _int(p2p_seq) if p2p_seq is not None else -1,
+        _int(op_id) if op_id is not None else -1,
         pname, backend, op,
         bool(is_p2p) if is_p2p is not None else op in ("send", "recv"),
         src, dst,
-        str(get("state") or ""),
+        state if state.__class__ is str else str(state),
         bool(get("retired", False)),
-        _opt_int(get("time_created_ns")),
-        _opt_int(get("time_discovered_started_ns")),
-        _opt_int(get("time_discovered_completed_ns")),
+        None if t0 is None else _int(t0),
+        None if t1 is None else _int(t1),
+        None if t2 is None else _int(t2),
         float(duration) if duration is not None else None,
-        _opt_int(get("timeout_ms")),
-        _shapes(get("input_sizes")), tuple(map(str, in_dt)) if in_dt else (),
-        _shapes(get("output_sizes")), tuple(map(str, out_dt)) if out_dt else (),
-        _frames(get("frames"), frame_cache),
-    )
+        None if tmo is None else _int(tmo),
+        _shapes(ins) if ins else (), tuple(in_dt) if in_dt else (),
+        _shapes(outs) if outs else (), tuple(out_dt) if out_dt else (),
+        _frames(frames, frame_cache) if frames else (),
+    ))
 
 
 def _ranks(v: Any) -> tuple[int, ...] | None:
