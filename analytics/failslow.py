@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binom
 
 from ..datasets.stackset import ProcStacks
 from ..datasets.topology import KINDS, Topology
@@ -107,6 +106,8 @@ def flag_round(a: SnapshotAnalysis, topology: Topology, *, alpha: float = 0.01) 
     """
     if len(a.outlier_ranks) < 2:
         return None
+    from scipy.stats import binom  # noqa: PLC0415 (only multi-snapshot jobs need scipy)
+
     out = np.asarray(a.outlier_ranks, dtype=np.int64)
     rate = out.size / topology.world_size
     if rate >= 0.5:
@@ -148,6 +149,8 @@ def degrader(rounds: Sequence[SnapshotAnalysis], topology: Topology, *, alpha: f
     next pipeline stage), the degrader is the smallest cover of both; without a vote, the culprits'
     own cover (this also catches a lone slow rank in a pure data-parallel job).
     """
+    from scipy.stats import binom  # noqa: PLC0415
+
     flags = [f for f in (flag_round(a, topology, alpha=alpha) for a in rounds) if f is not None]
     counts: Counter[int] = Counter()
     rates = []
