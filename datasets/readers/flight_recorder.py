@@ -12,6 +12,7 @@ import ast
 import gc
 import io
 import json
+import operator
 import os
 import pickle
 import re
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ...errors import InputError, ParseError
-from ..schemas import COLLECTIVES
 from .base import Frame
 
 SNIFF_BYTES = 1 << 16
@@ -376,42 +376,37 @@ def _int(v: Any) -> int | None:
     return v if v.__class__ is int else _opt_int(v)
 
 
+_MODERN = operator.itemgetter(
+    "record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
+    "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state",
+    "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms", "is_p2p",
+)
+"""The keys every entry has since FR format 2.x, fetched in one C call (the loader's hot path)."""
+
+
 def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
     """One raw FR record -> :class:`FREntry` (hot: called once per record of every rank)."""
-    get = e.get
-    pg = get("process_group")
-    pg_id = get("pg_id")
-    if pg.__class__ in (tuple, list) and pg:
-        pg_name = pg[0] if pg[0].__class__ is str else str(pg[0])
-        pg_desc = (pg[1] if pg[1].__class__ is str else str(pg[1])) if len(pg) > 1 else ""
-    else:
-        pg_name, pg_desc = (str(pg_id) if pg_id is not None else ""), ""
-    pname = get("profiling_name") or ""
-    if pname.__class__ is not str:
-        pname = str(pname)
+    try:
+        (record_id, pg_id, pg, seq, p2p_seq, op_id, pname, t0, ins, in_dt, outs, out_dt, state, t1, t2, retired,
+         tmo, is_p2p) = _MODERN(e)
+    except KeyError:
+        return _entry_tolerant(e, frame_cache)
+    if pname.__class__ is not str or pg.__class__ not in (tuple, list) or len(pg) != 2:
+        return _entry_tolerant(e, frame_cache)
     backend, op, src, dst = split_profiling_name(pname)
-    is_p2p = get("is_p2p")
-    seq = get("collective_seq_id")
-    if seq is None:
-        seq = get("seq_id")
-    p2p_seq, op_id, duration, record_id = get("p2p_seq_id"), get("op_id"), get("duration_ms"), get("record_id", -1)
-    in_dt, out_dt, ins, outs = get("input_dtypes"), get("output_dtypes"), get("input_sizes"), get("output_sizes")
-    state = get("state") or ""
-    t0, t1, t2, tmo = (get("time_created_ns"), get("time_discovered_started_ns"),
-                       get("time_discovered_completed_ns"), get("timeout_ms"))
-    frames = get("frames")
+    get = e.get
+    duration, frames = get("duration_ms"), get("frames")
+    pg_name, pg_desc = pg
     return _new_entry(FREntry, (
         record_id if record_id.__class__ is int else int(record_id),
-        pg_id if pg_id.__class__ is str else (str(pg_id) if pg_id is not None else pg_name),
-        pg_name, pg_desc,
+        str(pg_id) if pg_id is not None else pg_name,
+        pg_name if pg_name.__class__ is str else str(pg_name), pg_desc if pg_desc.__class__ is str else str(pg_desc),
         _int(seq) if seq is not None else -1,
         _int(p2p_seq) if p2p_seq is not None else -1,
         _int(op_id) if op_id is not None else -1,
-        pname, backend, op,
-        bool(is_p2p) if is_p2p is not None else op in ("send", "recv"),
-        src, dst,
-        state if state.__class__ is str else str(state),
-        bool(get("retired", False)),
+        pname, backend, op, bool(is_p2p), src, dst,
+        state if state.__class__ is str else str(state or ""),
+        bool(retired),
         None if t0 is None else _int(t0),
         None if t1 is None else _int(t1),
         None if t2 is None else _int(t2),
@@ -421,6 +416,38 @@ def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> F
         _shapes(outs) if outs else (), tuple(out_dt) if out_dt else (),
         _frames(frames, frame_cache) if frames else (),
     ))
+
+
+def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
+    """Any FR record, old or odd: every field optional, with defaults."""
+    get = e.get
+    pg = get("process_group")
+    pg_id = get("pg_id")
+    if isinstance(pg, (list, tuple)) and pg:
+        pg_name, pg_desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+    else:
+        pg_name, pg_desc = (str(pg_id) if pg_id is not None else ""), ""
+    pname = str(get("profiling_name") or "")
+    backend, op, src, dst = split_profiling_name(pname)
+    is_p2p = get("is_p2p")
+    seq = get("collective_seq_id")
+    if seq is None:
+        seq = get("seq_id")
+    p2p_seq, op_id, duration = get("p2p_seq_id"), get("op_id"), get("duration_ms")
+    in_dt, out_dt = get("input_dtypes"), get("output_dtypes")
+    return FREntry(
+        int(get("record_id", -1)), str(pg_id) if pg_id is not None else pg_name, pg_name, pg_desc,
+        int(seq) if seq is not None else -1, int(p2p_seq) if p2p_seq is not None else -1,
+        int(op_id) if op_id is not None else -1, pname, backend, op,
+        bool(is_p2p) if is_p2p is not None else op in ("send", "recv"), src, dst,
+        str(get("state") or ""), bool(get("retired", False)),
+        _opt_int(get("time_created_ns")), _opt_int(get("time_discovered_started_ns")),
+        _opt_int(get("time_discovered_completed_ns")), float(duration) if duration is not None else None,
+        _opt_int(get("timeout_ms")),
+        _shapes(get("input_sizes")), tuple(map(str, in_dt)) if in_dt else (),
+        _shapes(get("output_sizes")), tuple(map(str, out_dt)) if out_dt else (),
+        _frames(get("frames"), frame_cache),
+    )
 
 
 def _ranks(v: Any) -> tuple[int, ...] | None:
@@ -473,17 +500,17 @@ def _pg_status(v: Any) -> dict[str, PGStatus]:
 
 
 # -- the collectives table ----------------------------------------------------------------------
-_EMPTY_ROW: dict[str, Any] = dict.fromkeys(COLLECTIVES.schema.names)  # every row has every key (from_pylist)
-
-
 def fr_to_rows(dumps: Iterable[FRDump], job: str, node_of: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
     """Rows of the ``collectives`` table: one per entry, plus one metadata row per process group of a
     rank (``record_id`` null) carrying ``pg_config``/``pg_status``, so a store round-trip loses nothing
     the analysis needs (a rank with no group at all still gets one row, so its dump is not forgotten)."""
+    from ..schemas import COLLECTIVES  # noqa: PLC0415 (pyarrow only when rows are wanted)
+
+    empty_row = dict.fromkeys(COLLECTIVES.schema.names)  # every row has every key (pa.Table.from_pylist)
     rows: list[dict[str, Any]] = []
     for d in dumps:
         node = node_of.get(d.rank) if node_of is not None else None
-        base = {**_EMPTY_ROW, "job": job, "rank": d.rank, "node": node, "source_file": d.source_file,
+        base = {**empty_row, "job": job, "rank": d.rank, "node": node, "source_file": d.source_file,
                 "fr_version": d.version}
         pgs = dict.fromkeys([*d.pg_config, *d.pg_status, *(e.pg_name for e in d.entries)])
         pg_meta = {}
