@@ -160,45 +160,13 @@ def _walk(root: Path) -> Iterable[tuple[str, str, int]]:
                 yield os.path.join(dirpath, fn), prefix + fn, snap
 
 
-PARALLEL_MIN_FILES = 2000
-
-
-def _workers() -> int:
-    env = os.environ.get("RANKSCOPE_WORKERS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def _parse_chunk(items: list[tuple[str, str]]) -> list[list[ProcessDump]]:
-    return [read_stack_file(path, rel) for path, rel in items]
-
-
 def _parse_all(items: list[tuple[str, str]]) -> list[list[ProcessDump]]:
-    """Parse every stack file; large directories are split over the available cores (fork).
+    """Parse every stack file in one process.
 
-    Identical stacks inside one chunk travel back as one pickled object, so the transfer stays
-    small. ``RANKSCOPE_WORKERS=1`` forces a single process.
+    Measured: a process pool is slower here (pickling parsed stacks back costs more than
+    parsing, which the shared-frames interning already makes cheap).
     """
-    n = _workers()
-    if n < 2 or len(items) < PARALLEL_MIN_FILES:
-        return _parse_chunk(items)
-    import multiprocessing as mp  # noqa: PLC0415
-
-    try:
-        ctx = mp.get_context("fork")
-    except ValueError:
-        return _parse_chunk(items)
-    size = max(500, len(items) // (n * 4))
-    chunks = [items[i:i + size] for i in range(0, len(items), size)]
-    with ctx.Pool(n) as pool:
-        out: list[list[ProcessDump]] = []
-        for part in pool.imap(_parse_chunk, chunks):
-            out.extend(part)
-    return out
+    return [read_stack_file(path, rel) for path, rel in items]
 
 
 def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> DumpDir:
