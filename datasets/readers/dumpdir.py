@@ -160,15 +160,6 @@ def _walk(root: Path) -> Iterable[tuple[str, str, int]]:
                 yield os.path.join(dirpath, fn), prefix + fn, snap
 
 
-def _parse_all(items: list[tuple[str, str]]) -> list[list[ProcessDump]]:
-    """Parse every stack file in one process.
-
-    Measured: a process pool is slower here (pickling parsed stacks back costs more than
-    parsing, which the shared-frames interning already makes cheap).
-    """
-    return [read_stack_file(path, rel) for path, rel in items]
-
-
 def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> DumpDir:
     """Find and parse every dump under ``path``. Raises InputError when there is nothing usable."""
     root = Path(path)
@@ -183,7 +174,6 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
     files: list[DumpFile] = []
     fr, metrics, timings, notes = [], [], [], []
     ignored = []
-    todo: list[tuple] = []
     for path, rel, snap in _walk(root):
         if rel == MANIFEST:
             continue
@@ -196,13 +186,14 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
         if name.startswith("timings") and suffix in (".csv", ".parquet"):
             timings.append(Path(path))
             continue
-        if suffix == ".json":
+        raw = None
+        if suffix == ".json":  # read once: a JSON object is a Flight Recorder dump, a list is py-spy
             try:
                 with open(path, "rb") as fh:
-                    head = fh.read(256)
+                    raw = fh.read()
             except OSError:
-                head = b""
-            if head.lstrip()[:1] == b"{":
+                raw = None
+            if raw is not None and raw.lstrip()[:1] == b"{":
                 fr.append((snap, Path(path)))
                 continue
         elif suffix in ("", ".pkl", ".pickle") and _is_pickle(path):
@@ -230,8 +221,7 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
             rank = int(m.group(1))
             node = f"node-{rank // gpus_per_node}"
             role, pid = None, None
-        todo.append((path, rel, snap, rank, node, role, pid))
-    for (path, rel, snap, rank, node, role, pid), procs in zip(todo, _parse_all([(t[0], t[1]) for t in todo])):
+        procs = read_stack_file(path, rel, raw=raw)
         files.append(DumpFile(rel, snap, rank, node, role, pid, tuple(procs)))
     if manifest is not None:
         present = {f.path for f in files}
