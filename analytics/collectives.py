@@ -158,6 +158,7 @@ def _analyze(dumps: Sequence[FRDump], topology: Topology | None,
 
     # who waits for whom: each stuck rank -> the members missing from its op (tuples shared per op)
     waits: dict[int, tuple[int, ...]] = {}
+    all_sources: dict[int, list[tuple[int, ...]]] = {}
     stuck: dict[tuple[GroupKey, int], list[int]] = defaultdict(list)  # (g, seq) -> ranks stuck in it
     p2p_waits: list[tuple[GroupKey, int, int, str]] = []
     for r, items in pending.items():
@@ -180,10 +181,9 @@ def _analyze(dumps: Sequence[FRDump], topology: Topology | None,
             miss, nodump = missing_at(g, e.collective_seq_id)
             if miss or nodump:  # a dumped member known to be missing explains the wait before an unknown one
                 sources.append(miss or nodump)
-        if len(sources) == 1:
-            waits[r] = sources[0]
-        elif sources:
-            waits[r] = tuple(dict.fromkeys(x for src in sources for x in src if x != r))
+        if sources:
+            all_sources[r] = sources
+            waits[r] = min(sources, key=len)  # the most specific wait, for reports
 
     # stalls: groups whose members did not all reach a collective
     stalls = []
@@ -212,7 +212,7 @@ def _analyze(dumps: Sequence[FRDump], topology: Topology | None,
     slow = _strongest_per_group(
         [r for r, s in slow_scores.items() if s >= SLOW_MIN_SCORE], slow_scores, groups, keys)
     no_dump = tuple(r for r in range(world) if r not in by_rank)
-    result = _decide(waits, stalls, stuck, groups, p2p_waits, mismatches, slow, slow_scores, world,
+    result = _decide(waits, all_sources, stalls, stuck, groups, p2p_waits, mismatches, slow, slow_scores, world,
                      tuple(sorted(by_rank)), no_dump, topology, n_entries)
     if dropped:
         note = f"{len(dropped)} rank(s) had two dumps; one kept each ({'; '.join(dropped[:3])})."
@@ -308,7 +308,8 @@ def _slow_scores(durations: Mapping[tuple[GroupKey, int], list[tuple[int, float]
 
 
 
-def _decide(waits: Mapping[int, tuple[int, ...]], stalls: Sequence[GroupStall],
+def _decide(waits: Mapping[int, tuple[int, ...]], all_sources: Mapping[int, list[tuple[int, ...]]],
+            stalls: Sequence[GroupStall],
             stuck: Mapping[tuple[GroupKey, int], list[int]], groups: Mapping[GroupKey, GroupInfo],
             p2p_waits: Sequence[tuple[GroupKey, int, int, str]], mismatches: tuple[Mismatch, ...],
             slow: tuple[int, ...], slow_scores: Mapping[int, float], world: int, dumped: tuple[int, ...],
@@ -344,7 +345,8 @@ def _decide(waits: Mapping[int, tuple[int, ...]], stalls: Sequence[GroupStall],
 
     if waits:
         targets: set[int] = set()
-        for t in {id(t): t for t in waits.values()}.values():  # shared tuples: each op's missing set once
+        unique = {id(t): t for srcs in all_sources.values() for t in srcs}  # each op's missing set once
+        for t in unique.values():
             targets.update(t)
         sinks = sorted(t for t in targets if t not in waits)
         no_dump_set = set(no_dump)

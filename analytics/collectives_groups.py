@@ -58,7 +58,7 @@ def group_keys(dumps: Sequence[FRDump]) -> tuple[dict[int, dict[str, GroupKey]],
     out: dict[int, dict[str, GroupKey]] = {}
     for d in dumps:
         keys: dict[str, GroupKey] = {}
-        for n in (*d.pg_config, *d.pg_status, *(e.pg_name for e in d.entries)):
+        for n in (*d.pg_config, *d.pg_status, *{e.pg_name for e in d.entries}):
             if n in keys:
                 continue
             cfg = d.pg_config.get(n)

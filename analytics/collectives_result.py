@@ -70,7 +70,8 @@ class CollectiveAnalysis:
     slow_ranks: tuple[int, ...] = ()
     slow_scores: Mapping[int, float] = field(default_factory=dict)
     no_dump_ranks: tuple[int, ...] = ()
-    waits: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> ranks it waits for
+    waits: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> who it waits for (its most
+    # specific unfinished op: the missing members, or the p2p peer)
     n_groups: int = 0
     n_entries: int = 0
     confidence: float = 0.0

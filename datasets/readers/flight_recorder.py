@@ -167,7 +167,7 @@ def is_fr_file(path: str | os.PathLike[str]) -> bool:
 
 def rank_from_name(path: str | os.PathLike[str]) -> int | None:
     """The rank at the end of a dump's file name (``nccl_trace_rank_12``, ``fr_rank3.json``), else None."""
-    stem = Path(path).name
+    stem = os.path.basename(os.fspath(path))
     low = stem.lower()
     for ext in _EXTENSIONS:
         if low.endswith(ext):
@@ -179,7 +179,7 @@ def rank_from_name(path: str | os.PathLike[str]) -> int | None:
 
 def _family(path: str | os.PathLike[str]) -> str:
     """``<prefix>#<extension>`` of a dump file name, the unit torchfrtrace calls a prefix."""
-    name = Path(path).name
+    name = os.path.basename(os.fspath(path))
     ext = next((e for e in _EXTENSIONS if name.lower().endswith(e)), "")
     stem = name[: len(name) - len(ext)]
     m = _RANK_AT_END.match(stem)
@@ -189,7 +189,8 @@ def _family(path: str | os.PathLike[str]) -> str:
 def load_raw(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
     """The decoded top-level dict of an FR file and its format (``fr-pickle`` or ``fr-json``)."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as exc:
         raise ParseError(path, f"unreadable ({exc.strerror or exc})") from None
     if data[:1] == b"\x80":
@@ -268,24 +269,25 @@ def read_fr_dir(path: str | os.PathLike[str], *, prefix: str | None = None) -> l
     paths = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        paths += [Path(dirpath) / n for n in sorted(filenames) if not n.startswith(".") and rank_from_name(n) is not None]
+        paths += [os.path.join(dirpath, n) for n in sorted(filenames)
+                  if not n.startswith(".") and rank_from_name(n) is not None]
     paths = [p for p in paths if is_fr_file(p)]
     if not paths:
         raise InputError(f"{root}: no Flight Recorder dumps (files named <prefix><rank>)")
     return read_fr_files(paths, prefix=prefix)
 
 
-def select_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None = None) -> list[Path]:
+def select_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None = None) -> list[str]:
     """One dump per rank out of ``paths``: files are grouped by name family (prefix + extension,
     e.g. ``rank_<N>`` pickles vs ``fr_rank<N>.json``); ``prefix`` picks a family, else the family
     covering most ranks wins (pickles, which carry stack frames, on a tie). Files whose name has
     no rank are kept apart and appended (their rank must come from the dump itself)."""
-    families: dict[str, list[Path]] = defaultdict(list)
-    unnamed: list[Path] = []
-    for p in map(Path, paths):
+    families: dict[str, list[str]] = defaultdict(list)
+    unnamed: list[str] = []
+    for p in map(os.fspath, paths):
         if rank_from_name(p) is None:
             unnamed.append(p)
-        elif prefix is None or p.name.startswith(prefix):
+        elif prefix is None or os.path.basename(p).startswith(prefix):
             families[_family(p)].append(p)
     if not families:
         return unnamed
