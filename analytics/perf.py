@@ -34,6 +34,7 @@ class PerfConfig:
     continuity_seconds: float = 240.0
     threshold: float = 12.0
     rate_window_seconds: float = 120.0
+    counter_allowance: float = 2.0
     min_machines: int = 3
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
 
@@ -42,6 +43,8 @@ class PerfConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or v <= 0:
                 raise InputError(f"{name}={v!r} must be a positive number")
+        if self.counter_allowance < 0:
+            raise InputError(f"counter_allowance={self.counter_allowance!r} must be >= 0")
         if self.min_machines < 3:
             raise InputError(f"min_machines={self.min_machines!r} must be at least 3")
 
@@ -91,7 +94,8 @@ def _seconds(ts: pl.Series) -> np.ndarray:
         raise InputError(f"metrics: column 'ts' must be a timestamp or seconds, not {ts.dtype}") from None
 
 
-def metric_cubes(metrics: pl.DataFrame, *, rate_window_seconds: float = 120.0) -> list[MetricCube]:
+def metric_cubes(metrics: pl.DataFrame, *, rate_window_seconds: float = 120.0,
+                 counter_allowance: float = 2.0) -> list[MetricCube]:
     """Long-form metrics as one cube per level (GPU rows, node rows), counters turned into rates."""
     missing = [c for c in ("ts", "node", "metric", "value") if c not in metrics.columns]
     if missing:
@@ -126,7 +130,8 @@ def metric_cubes(metrics: pl.DataFrame, *, rate_window_seconds: float = 120.0) -
         cube[np.fromiter((ui[u] for u in part["unit"].to_list()), np.int64, part.height), part["bin"].to_numpy(),
              np.fromiter((mi[m] for m in part["metric"].to_list()), np.int64, part.height)] = part["value"].to_numpy()
         cube = _ffill(cube)
-        cube = counters_to_rates(cube, names, interval_s=interval, rate_window_s=rate_window_seconds)
+        cube = counters_to_rates(cube, names, interval_s=interval, rate_window_s=rate_window_seconds,
+                                 allowance=counter_allowance)
         cubes.append(MetricCube(cube, tuple(units["unit"].to_list()), tuple(units["node"].to_list()), names, t0,
                                 interval, level))
     return cubes
@@ -143,8 +148,12 @@ def _ffill(cube: np.ndarray) -> np.ndarray:
 
 
 def counters_to_rates(values: np.ndarray, names: tuple[str, ...] | list[str], *, interval_s: float,
-                      rate_window_s: float) -> np.ndarray:
-    """Prometheus-style ``rate(x[window])`` for every ``*_total`` metric; a counter reset counts as 0."""
+                      rate_window_s: float, allowance: float = 0.0) -> np.ndarray:
+    """Prometheus-style ``rate(x[window])`` for every ``*_total`` metric; a counter reset counts as 0.
+
+    ``allowance`` events per window are forgiven (``max(0, increase - allowance) / window``): a couple of
+    corrected ECC errors is normal wear, a counter that keeps growing is not.
+    """
     out = values
     lag = max(1, int(round(rate_window_s / interval_s)))
     for j, name in enumerate(names):
@@ -157,8 +166,9 @@ def counters_to_rates(values: np.ndarray, names: tuple[str, ...] | list[str], *,
         inc = np.nan_to_num(inc)
         cs = np.cumsum(inc, axis=1)
         r = np.empty_like(cs)
-        r[:, :lag] = cs[:, :lag] / (lag * interval_s)
-        r[:, lag:] = (cs[:, lag:] - cs[:, :-lag]) / (lag * interval_s)
+        r[:, :lag] = cs[:, :lag]
+        r[:, lag:] = cs[:, lag:] - cs[:, :-lag]
+        r = np.clip(r - allowance, 0, None) / (lag * interval_s)
         out[:, :, j] = r
     return out
 
@@ -178,7 +188,8 @@ def detect_metric_outliers(metrics: pl.DataFrame, *, config: PerfConfig | None =
     alerts: list[MetricAlert] = []
     notes: list[str] = []
     n_units = 0
-    for cube in metric_cubes(metrics, rate_window_seconds=cfg.rate_window_seconds):
+    for cube in metric_cubes(metrics, rate_window_seconds=cfg.rate_window_seconds,
+                             counter_allowance=cfg.counter_allowance):
         n, t = cube.values.shape[:2]
         if n < cfg.min_machines:
             notes.append(f"{cube.level} metrics: only {n} {cube.level}(s), peer comparison needs {cfg.min_machines}")

@@ -25,7 +25,7 @@ from rankscope.models import PeerDistance, PeerMad
 
 
 def _cube(run):
-    return counters_to_rates(run.values, run.metric_names, interval_s=1.0, rate_window_s=120.0)
+    return counters_to_rates(run.values, run.metric_names, interval_s=1.0, rate_window_s=120.0, allowance=2.0)
 
 
 def _score_run(det, run, counts, delays, kind):

@@ -102,6 +102,9 @@ def test_counters_become_rates():
     r = counters_to_rates(c, ["x_total"], interval_s=1.0, rate_window_s=10.0)
     assert np.allclose(r[:, 20:, 0], 1.0)
     assert counters_to_rates(c, ["x_ratio"], interval_s=1.0, rate_window_s=10.0) is c
+    two = np.zeros((3, 100, 1), dtype=np.float32)
+    two[0, 40:, 0], two[0, 45:, 0] = 1, 2  # two benign corrections are forgiven
+    assert counters_to_rates(two, ["e_total"], interval_s=1.0, rate_window_s=10.0, allowance=2).max() == 0
 
 
 def test_bad_metrics_and_config_are_named():
