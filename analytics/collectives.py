@@ -151,7 +151,7 @@ def _analyze(dumps: Sequence[FRDump], topology: Topology | None,
         if hit is None:
             e = enq[g]
             members = groups[g].ranks
-            hit = (tuple(m for m in members if m in e and e[m] < seq),
+            hit = (tuple(m for m in members if m in by_rank and e.get(m, 0) < seq),  # absent: never used it
                    tuple(m for m in members if m not in by_rank))
             stall_cache[(g, seq)] = hit
         return hit
@@ -187,17 +187,20 @@ def _analyze(dumps: Sequence[FRDump], topology: Topology | None,
 
     # stalls: groups whose members did not all reach a collective
     stalls = []
+    stuck_by_group: dict[GroupKey, list[int]] = defaultdict(list)
+    for gg, sq in stuck:
+        stuck_by_group[gg].append(sq)
     for g, e in enq.items():
         info = groups[g]
         if not e:
             continue
-        lo, hi = min(e.values()), max(e.values())
+        lo = min(e.get(m, 0) for m in info.ranks if m in by_rank)
+        hi = max(e.values())
         seq = lo + 1 if lo < hi else None
         if seq is None:
-            stuck_seqs = [s for (gg, s) in stuck if gg == g]
-            if not stuck_seqs:
+            if g not in stuck_by_group:
                 continue
-            seq = min(stuck_seqs)
+            seq = min(stuck_by_group[g])
         miss, nodump = missing_at(g, seq)
         stalls.append(GroupStall(info.name, info.desc, info.kind, info.index, seq, ops_at.get((g, seq), ""),
                                  info.ranks, miss, nodump, tuple(sorted(stuck.get((g, seq), ()))), info.source))

@@ -198,3 +198,20 @@ def test_agrees_with_torchfrtrace_where_it_names_a_culprit(tmp_path: Path) -> No
         else:
             assert set(a.culprit_ranks) <= missing  # it names the culprit among every group's missing ranks
             assert a.culprit_ranks == syn.truth.culprit_ranks
+
+
+def test_a_member_that_never_used_the_group_is_missing_from_it() -> None:
+    """NCCL records a group in pg_config/pg_status only once the rank used it: absence = never reached."""
+    from dataclasses import replace
+    syn = generate_fr("tp=4,dp=2", fault="missing", steps=1, at="tp", seed=1)
+    culprit = syn.truth.culprit_ranks[0]
+    dumps = []
+    for d in syn.dumps():
+        if d.rank == culprit:
+            tp = next(n for n, k in syn.pg_kinds.items() if k == "tp" and n in d.pg_config)
+            assert not any(e.pg_name == tp for e in d.entries)  # it stopped before its first TP collective
+            d = replace(d, pg_config={n: c for n, c in d.pg_config.items() if n != tp},
+                        pg_status={n: s for n, s in d.pg_status.items() if n != tp})
+        dumps.append(d)
+    a = analyze_collectives(dumps, syn.topology)
+    assert a.culprit_ranks == (culprit,) and a.stopped_kind == "tp"
