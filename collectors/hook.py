@@ -16,6 +16,10 @@ set per process id, so the agent can read them even when the process is deadlock
 
 Forked children (DataLoader workers, checkpoint writers) re-register faulthandler on their own
 ``pid<CHILD>.stack.txt`` so the agent's py-spy fallback works for them too. torch is optional.
+
+Without touching the training script: export ``RANKSCOPE_HOOK=1`` and put the line
+``import rankscope.collectors.hook as h; h.maybe_install_from_env()`` in a ``sitecustomize.py`` (or
+a ``.pth`` file) on the workers' path; it installs only in torchrun workers (``RANK`` is set).
 """
 
 from __future__ import annotations
