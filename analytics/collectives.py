@@ -40,9 +40,13 @@ SLOW_MIN_SCORE = 0.5
 
 
 # -- per-entry helpers --------------------------------------------------------------------------
+_STATEFUL_BACKENDS = ("nccl", "ncclx", "rccl", "rcclx", "xccl", "hccl", "mccl")
+
+
 def _tracks_state(d: FRDump) -> bool:
-    """NCCL moves entries to started/completed; gloo leaves them 'scheduled' and only retires them."""
-    return any(e.state in ("started", "completed") for e in d.entries)
+    """NCCL moves entries to started/completed (retired but not completed = timed out); gloo leaves
+    them 'scheduled' and only retires them when done."""
+    return d.backend in _STATEFUL_BACKENDS or any(e.state in ("started", "completed") for e in d.entries)
 
 
 def _done(e: FREntry, tracks_state: bool) -> bool:

@@ -123,6 +123,13 @@ def rankscope(directory: Path, layout: str | None, timeout_s: float, scratch: Pa
     return res
 
 
+def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest of repeated runs (the machine is shared: the minimum is the least disturbed), with
+    every run's times kept."""
+    best = min(runs, key=lambda r: (r.get("failure") is not None, r["seconds"]))
+    return {**best, "all_seconds": [r["seconds"] for r in runs], "all_work_seconds": [r["work_seconds"] for r in runs]}
+
+
 def correct_rankscope(res: dict[str, Any], fault: str, truth: list[int]) -> bool:
     if "verdict" not in res:
         return False
@@ -146,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--faults-large", default="missing", help="faults at 8192 ranks (torchfrtrace is slow)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per analyzer run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per analyzer below 8192 ranks; the fastest counts")
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
     args = ap.parse_args(argv)
     from rankscope.datasets.synthetic_fr import generate_fr
@@ -167,8 +175,9 @@ def main(argv: list[str] | None = None) -> None:
                 syn.write(d)
                 gen_s = time.perf_counter() - t0
                 truth = sorted(syn.truth.culprit_ranks)
-                ours = rankscope(d, layout, args.timeout, scratch)
-                peer = torchfrtrace(d, args.timeout, scratch)
+                reps = args.repeat if size < 8192 else 1
+                ours = _best([rankscope(d, layout, args.timeout, scratch) for _ in range(reps)])
+                peer = _best([torchfrtrace(d, args.timeout, scratch) for _ in range(reps)])
                 ratio = round(peer["seconds"] / ours["seconds"], 1) if ours["seconds"] else None
                 pw, ow = peer.get("work_seconds"), ours.get("work_seconds")
                 work_ratio = round(pw / ow, 1) if pw and ow else None
@@ -204,7 +213,8 @@ def main(argv: list[str] | None = None) -> None:
         "note": "speedup_wall: whole processes (interpreter + imports: torch ~ rankscope's polars/pyarrow); "
                 "speedup_work: time after imports (load + analysis). A timed-out torchfrtrace has speedup '>x'.",
     }
-    print(json.dumps({"benchmark": "bench_fr", "cpu_count": os.cpu_count(), "load_avg": os.getloadavg(),
+    print(json.dumps({"benchmark": "bench_fr", "cpu_count": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
+                      "repeat": args.repeat,
                       "summary": summary, "runs": runs, "gloo_probe": probe}, indent=2))
 
 
