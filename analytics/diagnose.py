@@ -17,14 +17,14 @@ from .stack_verdict import StackConfig, diagnose_stacks
 from .verdict import Verdict
 
 
-def diagnose(procs: Sequence[ProcStacks], topology: Topology, *, job: str = "", fr_dumps: Sequence[Any] = (),
+def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str = "", fr_dumps: Sequence[Any] = (),
              metrics: Any = None, timings: Any = None, memberships: Mapping[str, Sequence[int]] | None = None,
              notes: Sequence[str] = (), config: StackConfig | None = None) -> Verdict:
     """Diagnose one job from whatever evidence is present (at least one source)."""
     verdicts: list[Verdict] = []
-    stack_v = diagnose_stacks(procs, topology, job=job, config=config) if procs else None
+    stack_v = diagnose_stacks(procs, topology, job=job, config=config) if procs and topology is not None else None
     fr_v = None
-    if fr_dumps:
+    if fr_dumps and topology is not None:
         from .collectives import analyze_collectives, fr_verdict  # noqa: PLC0415
 
         analysis = analyze_collectives(list(fr_dumps), topology, memberships=memberships)
@@ -44,7 +44,7 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology, *, job: str = "", 
     if not verdicts:
         return Verdict("inconclusive", job=job, reasons=("no evidence: no stacks, Flight Recorder dumps, metrics "
                                                          "or timings were found",) + tuple(notes),
-                       world_size=topology.world_size)
+                       world_size=topology.world_size if topology is not None else 0)
     v = _combine(verdicts)
     if notes:
         v = v.with_updates(details={**v.details, "notes": list(notes)})

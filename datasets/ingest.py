@@ -25,13 +25,15 @@ def ingest_inputs(inputs: JobInputs, store: Store, *, job: str | None = None) ->
     if stacks.num_rows:
         store.write("stacks", stacks)
     counts["stacks"] = stacks.num_rows
-    topo_rows = inputs.topology.to_rows(name)
-    store.write("topology", topo_rows)
-    counts["topology"] = len(topo_rows)
+    if inputs.topology is not None:
+        topo_rows = inputs.topology.to_rows(name)
+        store.write("topology", topo_rows)
+        counts["topology"] = len(topo_rows)
     if inputs.fr_dumps:
         from .readers.flight_recorder import fr_to_rows  # noqa: PLC0415
 
-        node_of = {int(r): inputs.topology.node_of(int(r)) for r in inputs.topology.ranks}
+        topo = inputs.topology
+        node_of = {int(r): topo.node_of(int(r)) for r in topo.ranks} if topo is not None else None
         fr_rows = fr_to_rows(list(inputs.fr_dumps), name, node_of=node_of)
         store.write("collectives", fr_rows)
         counts["collectives"] = len(fr_rows)

@@ -25,7 +25,7 @@ class JobInputs:
     """One job's evidence, in memory."""
 
     job: str
-    topology: Topology
+    topology: Topology | None  # None when only node metrics / timings without ranks were found
     procs: tuple[ProcStacks, ...]
     fr_dumps: tuple[Any, ...] = ()
     metrics: Any = None  # polars DataFrame or None
@@ -69,9 +69,15 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str
     fr_notes: list[str] = []
     fr = _read_fr(dd.fr_files, fr_notes)
     ranks_fr = [d.rank for d in fr if getattr(d, "rank", None) is not None]
-    topo, notes = infer_topology(ranks + ranks_fr, nodes if dd.has_manifest else {}, layout=layout,
-                                 gpus_per_node=gpus_per_node, where=str(root))
     metrics, timings = _read_tables(dd)
+    topo: Topology | None
+    if ranks or ranks_fr:
+        topo, notes = infer_topology(ranks + ranks_fr, nodes if dd.has_manifest else {}, layout=layout,
+                                     gpus_per_node=gpus_per_node, where=str(root))
+    elif layout is not None:
+        topo, notes = Topology.from_layout(layout, gpus_per_node=gpus_per_node), []
+    else:  # metrics/timings only: the timing analysis builds its topology from the timing columns
+        topo, notes = None, []
     return JobInputs(job or root.name, topo, tuple(procs), tuple(fr), metrics, timings,
                      tuple(dd.notes) + tuple(fr_notes) + tuple(notes), str(root))
 
@@ -118,18 +124,24 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
     procs = from_table(store.read_arrow("stacks", job=job))
     topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
     notes: list[str] = []
-    if topo_df.height and layout is None:
-        coords = {d: topo_df[d].to_list() for d in DIMS if topo_df[d].null_count() == 0}
-        topo = Topology.from_table(topo_df["rank"].to_list(), topo_df["node"].to_list(), coords=coords or None)
-    else:
-        nodes = {p.rank: p.node for p in procs if p.role == "trainer" and p.rank is not None and p.node}
-        ranks = sorted({p.rank for p in procs if p.rank is not None})
-        topo, notes = infer_topology(ranks, nodes, layout=layout, gpus_per_node=gpus_per_node, where=str(root))
     fr: list[Any] = []
     if store.files("collectives", job=job):
         from .readers.flight_recorder import fr_from_table  # noqa: PLC0415
 
         fr = list(fr_from_table(store.read_arrow("collectives", job=job)))
+    topo: Topology | None
+    if topo_df.height and layout is None:
+        coords = {d: topo_df[d].to_list() for d in DIMS if topo_df[d].null_count() == 0}
+        topo = Topology.from_table(topo_df["rank"].to_list(), topo_df["node"].to_list(), coords=coords or None)
+    else:
+        nodes = {p.rank: p.node for p in procs if p.role == "trainer" and p.rank is not None and p.node}
+        ranks = sorted({p.rank for p in procs if p.rank is not None} | {d.rank for d in fr if d.rank is not None})
+        if ranks:
+            topo, notes = infer_topology(ranks, nodes, layout=layout, gpus_per_node=gpus_per_node, where=str(root))
+        elif layout is not None:
+            topo = Topology.from_layout(layout, gpus_per_node=gpus_per_node)
+        else:
+            topo = None
     metrics = store.read("metrics", job=job) if store.files("metrics", job=job) else None
     timings = store.read("timings", job=job) if store.files("timings", job=job) else None
     return JobInputs(job, topo, tuple(procs), tuple(fr), metrics, timings, tuple(notes), str(root))

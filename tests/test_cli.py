@@ -124,3 +124,24 @@ def test_demo_is_correct():
 def test_console_script_runs_as_a_module():
     out = subprocess.run([sys.executable, "-m", "rankscope", "--help"], capture_output=True, text=True, check=True)
     assert "diagnose" in out.stdout
+
+
+def test_metrics_and_timings_only_directories(tmp_path):
+    from rankscope.datasets.synthetic_metrics import make_metrics, make_timings
+
+    run = make_metrics(n_machines=24, duration_s=900, faults={"gpu-throttle": 1}, onset_range_s=(300, 400), seed=3)
+    (tmp_path / "m").mkdir()
+    run.to_long(job="m").write_parquet(tmp_path / "m" / "metrics.parquet")
+    res = _run("diagnose", tmp_path / "m", "--format", "json")
+    assert res.exit_code == 0, res.output
+    v = json.loads(res.stdout)
+    assert v["verdict"] in ("fail-slow", "degraded")
+    assert v["culprit_nodes"] == [run.faults[0].node]
+
+    timings, _, truth = make_timings("tp=2,pp=2,dp=4", scenario="slow-machine", gpus_per_node=2, seed=1)
+    (tmp_path / "t").mkdir()
+    timings.write_csv(tmp_path / "t" / "timings.csv")
+    res = _run("diagnose", tmp_path / "t", "--layout", "tp=2,pp=2,dp=4", "--gpus-per-node", "2", "--format", "json")
+    assert res.exit_code == 0, res.output
+    v = json.loads(res.stdout)
+    assert set(truth.slow_nodes) <= set(v["culprit_nodes"]), v
