@@ -24,7 +24,7 @@ from ..datasets.topology import Topology
 from ..errors import InputError
 from .collectives_groups import KIND_ORDER, GroupInfo, GroupKey, group_keys, resolve_groups
 from .collectives_result import CollectiveAnalysis, GroupStall, Mismatch
-from .collectives_verdict import fr_verdict
+from .collectives_verdict import fr_verdict, node_lookup
 from .verdict import Evidence, rank_ranges
 
 __all__ = ["CollectiveAnalysis", "GroupStall", "Mismatch", "analyze_collectives", "fr_verdict"]
@@ -323,7 +323,7 @@ def _decide(waits: Mapping[int, tuple[int, ...]], all_sources: Mapping[int, list
             no_dump: tuple[int, ...], topology: Topology | None, n_entries: int) -> CollectiveAnalysis:
     """Turn the per-group facts into one finding with reasons and evidence."""
     node = (lambda r: (topology.node_of(r),) if topology is not None and r < topology.world_size else ())
-    nodes = (lambda rs: topology.nodes_of(list(rs)) if topology is not None and rs else ())
+    nodes = node_lookup(topology)
     common: dict[str, Any] = dict(world_size=world, dumped_ranks=dumped, stalls=tuple(stalls),
                                   mismatches=mismatches, slow_ranks=slow, slow_scores=dict(slow_scores),
                                   no_dump_ranks=no_dump, waits=dict(waits), n_groups=len(groups),

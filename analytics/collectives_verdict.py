@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..datasets.topology import Topology
 from .collectives_result import CollectiveAnalysis
 from .verdict import SuspectGroup, Verdict, merge_nodes, rank_ranges
@@ -22,7 +24,7 @@ def fr_verdict(analysis: CollectiveAnalysis, topology: Topology | None, job: str
     details = {"flight_recorder": {k: v for k, v in a.to_dict().items() if k not in ("evidence", "reasons")}}
     common = dict(job=job, confidence=round(min(max(a.confidence, 0.0), 1.0), 3), reasons=a.reasons,
                   evidence=a.evidence, sources=("flight_recorder",), world_size=a.world_size, details=details)
-    nodes = _nodes_fn(topology)
+    nodes = node_lookup(topology)
     if a.status == "mismatch":
         ranks = a.mismatch_ranks
         return Verdict("mismatch", suspect_ranks=ranks, culprit_ranks=ranks, **common)  # type: ignore[arg-type]
@@ -64,11 +66,15 @@ def fr_verdict(analysis: CollectiveAnalysis, topology: Topology | None, job: str
                    **{**common, "reasons": reasons})  # type: ignore[arg-type]
 
 
-def _nodes_fn(topology: Topology | None):  # type: ignore[no-untyped-def]
+def node_lookup(topology: Topology | None):  # type: ignore[no-untyped-def]
+    """A function ranks -> their nodes (empty without a topology)."""
+
     def nodes(ranks: Sequence[int]) -> tuple[str, ...]:
+        """Nodes of ``ranks`` in node order (as Topology.nodes_of, without np.unique's numpy.ma import)."""
         if topology is None or not ranks:
             return ()
-        return topology.nodes_of([r for r in ranks if r < topology.world_size])
+        idx = topology.node_index[np.asarray([r for r in ranks if r < topology.world_size], dtype=np.int64)]
+        return tuple(topology.node_names[i] for i in sorted(set(idx.tolist())))
     return nodes
 
 
