@@ -207,7 +207,13 @@ def bench_fault(base: Path, kind: str, stall_seconds: float) -> dict[str, Any]:
                     "named_node": found["node"] if found else None, "named_rank": found["rank"] if found else None,
                     "correct": bool(found and found["node"] == node),
                     "fault_to_verdict_seconds": round(t_verdict - t_fault, 2) if found and t_fault else None}
-        out, err = agent.communicate(timeout=200)
+        try:
+            out, err = agent.communicate(timeout=200)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            out, err = agent.communicate()
+            return {"kind": kind, "rank": rank, "expected_node": node, "correct": False,
+                    "error": "agent did not finish within 200 s", "agent_stderr": err[-500:]}
         t_fault = injection_time(run_dir, rank, kind)
         stop(job, group=True)
         t_diag = time.time()

@@ -32,11 +32,16 @@ def register(app: typer.Typer) -> None:
         trigger: bool = typer.Option(False, "--trigger", help="Ask the agent of --run-dir for a capture and exit."),
     ) -> None:
         """Run until SIGTERM/SIGINT; SIGUSR1 or touching RUN_DIR/trigger captures stacks now."""
+        import os
+
+        # a long-lived daemon: return freed Arrow buffers to the OS (the default pools keep them)
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
         from ..collectors.agent import Agent
         from ..collectors.config import resolve
         from ..collectors.trigger import request_capture
 
-        flags = {k: v for k, v in locals().items() if k not in ("config", "trigger", "Agent", "resolve", "request_capture")}
+        flags = {k: v for k, v in locals().items()
+                 if k not in ("config", "trigger", "Agent", "resolve", "request_capture", "os")}
         if trigger and not store:
             flags["store"] = "(not needed to trigger)"
         cfg = resolve(flags, config_file=config)

@@ -28,7 +28,7 @@ from .events import DiskWatcher, Event, KernelLog, NicWatcher, NvmlEvents
 from .gpu_metrics import GpuSampler
 from .host_metrics import HostSampler, Sample, self_usage
 from .stall import Firing, StallDetector
-from .steps import StepTailer, nan_events, to_metric_rows, to_timing_rows
+from .steps import NanWatch, StepTailer, to_metric_rows, to_timing_rows
 from .trigger import Trigger
 from .writer import BatchWriter
 
@@ -109,6 +109,7 @@ class Agent:
         self.kernel_log = KernelLog(config.kernel_log)
         self.steps = StepTailer(config.run_dir)
         self.steps.skip_existing()
+        self.nan_watch = NanWatch()
         self.detector = StallDetector(config.stall_seconds, rounds=config.capture_rounds,
                                       round_interval_seconds=config.round_interval_seconds,
                                       slow_factor=config.slow_factor)
@@ -225,8 +226,19 @@ class Agent:
 
     # -- discovery and liveness ----------------------------------------------------------------
     def _liveness(self, now: float) -> None:
+        """A signal-0 probe per process (no file read); the periodic /proc walk catches PID reuse."""
         for pid, info in list(self.alive.items()):
-            if not discovery.alive(pid, info.start_ticks, self.proc_root):
+            if self.proc_root != "/proc":  # a fake tree (tests): its pids are not real processes
+                gone = not discovery.alive(pid, info.start_ticks, self.proc_root)
+            else:
+                try:
+                    os.kill(pid, 0)
+                    gone = False
+                except PermissionError:
+                    gone = False  # exists, owned by another user
+                except OSError:
+                    gone = True
+            if gone:
                 self._mark_dead(pid, info, now)
 
     def _mark_dead(self, pid: int, info: discovery.ProcInfo, now: float) -> None:
@@ -377,7 +389,7 @@ class Agent:
             return
         self.writer.add("metrics", to_metric_rows(records, job=self.cfg.job, node_of=self._node_of))
         self.writer.add("timings", to_timing_rows(records, job=self.cfg.job, node_of=self._node_of))
-        for ev in nan_events(records, node_of=self._node_of):
+        for ev in self.nan_watch.events(records, node_of=self._node_of):
             self._event(ev)
         for rec in sorted(records, key=lambda r: r.t):
             self.detector.progress(rec.step, rec.t)

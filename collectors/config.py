@@ -32,7 +32,7 @@ class AgentConfig:
     run_dir: str = "/tmp/rankscope-run"
     metric_interval_seconds: float = 1.0
     discovery_interval_seconds: float = 10.0
-    flush_interval_seconds: float = 10.0
+    flush_interval_seconds: float = 30.0  # critical events and captures flush at once
     max_buffer_rows: int = 100_000
     stall_seconds: float = 600.0  # "zero RDMA traffic within 10 minutes" stand-in: no step progress
     slow_factor: float = 0.0  # >0: a step this many times slower than the baseline counts as fail-slow

@@ -135,15 +135,28 @@ def to_timing_rows(records: Iterable[StepRecord], *, job: str, node_of: Any) -> 
     return rows
 
 
+class NanWatch:
+    """Reports a NaN/inf loss or gradient norm once per (rank, quantity) until it is finite again."""
+
+    def __init__(self) -> None:
+        self.active: set[tuple[int | None, str]] = set()
+
+    def events(self, records: Iterable[StepRecord], *, node_of: Any) -> list[Event]:
+        out: list[Event] = []
+        for r in sorted(records, key=lambda rec: rec.t):
+            for key in ("loss", "grad_norm"):
+                v = _float(r.values.get(key))
+                if v is None:
+                    continue
+                if math.isfinite(v):
+                    self.active.discard((r.rank, key))
+                elif (r.rank, key) not in self.active:
+                    self.active.add((r.rank, key))
+                    out.append(Event("nan", f"rank {r.rank}: {key} is {v} at step {r.step}", ts=r.t, rank=r.rank,
+                                     pid=r.pid, node=node_of(r.rank, r.pid), labels={"quantity": key, "step": r.step}))
+        return out
+
+
 def nan_events(records: Iterable[StepRecord], *, node_of: Any) -> list[Event]:
-    """A NaN/inf loss or gradient norm, once per (rank, quantity) per batch of records."""
-    out: list[Event] = []
-    seen = set()
-    for r in records:
-        for key in ("loss", "grad_norm"):
-            v = _float(r.values.get(key))
-            if v is not None and not math.isfinite(v) and (r.rank, key) not in seen:
-                seen.add((r.rank, key))
-                out.append(Event("nan", f"rank {r.rank}: {key} is {v} at step {r.step}", ts=r.t, rank=r.rank,
-                                 pid=r.pid, node=node_of(r.rank, r.pid), labels={"quantity": key, "step": r.step}))
-    return out
+    """The NaN events of one batch of records (a fresh :class:`NanWatch`)."""
+    return NanWatch().events(records, node_of=node_of)

@@ -14,7 +14,7 @@ import pytest
 from rankscope.collectors import stacks
 from rankscope.collectors.config import default_pyspy
 from rankscope.collectors.stall import StallDetector
-from rankscope.collectors.steps import StepTailer, nan_events, to_metric_rows, to_timing_rows
+from rankscope.collectors.steps import NanWatch, StepTailer, nan_events, to_metric_rows, to_timing_rows
 from rankscope.collectors.trigger import Trigger, request_capture
 
 SLEEPER = r"""
@@ -136,3 +136,17 @@ def test_step_tailer_partial_lines_metrics_and_nan(tmp_path: Path) -> None:
     assert to_timing_rows(recs, job="j", node_of=lambda r, p: "n")[0]["duration_s"] == 0.5
     [ev] = nan_events(recs, node_of=lambda r, p: "node-1")
     assert (ev.kind, ev.rank, ev.severity, ev.node) == ("nan", 3, "critical", "node-1")
+
+
+def test_nan_reported_once_until_finite_again() -> None:
+    from rankscope.collectors.steps import StepRecord
+
+    def rec(step: int, loss: object) -> StepRecord:
+        return StepRecord(float(step), step, 0, 1, {"loss": loss})
+
+    watch = NanWatch()
+    node = lambda r, p: "n"  # noqa: E731
+    assert len(watch.events([rec(1, "nan"), rec(2, "nan")], node_of=node)) == 1
+    assert watch.events([rec(3, "inf")], node_of=node) == []
+    assert watch.events([rec(4, 1.0)], node_of=node) == []
+    assert len(watch.events([rec(5, "nan")], node_of=node)) == 1
