@@ -58,9 +58,14 @@ def start_agent(store: Path, run_dir: Path, launcher: int, flags: list[str]) -> 
 
 
 def stop(proc: subprocess.Popen, *, group: bool = False) -> None:
+    """SIGTERM the agent; SIGKILL a job's whole tree (torchrun starts each worker in its own session)."""
     try:
         if group:
-            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in [*discovery.descendants(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         else:
             proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

@@ -207,6 +207,22 @@ def _trainer_ancestor(pid: int, stats: Mapping[int, tuple[str, int, int]], known
     return None
 
 
+def descendants(pid: int, proc_root: str = "/proc") -> list[int]:
+    """Every live process below ``pid`` whatever its session (torchrun starts each worker in its own)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir(proc_root):
+        if name.isdigit():
+            st = read_stat(int(name), proc_root)
+            if st is not None:
+                children.setdefault(st[1], []).append(int(name))
+    out, stack = [], list(children.get(pid, ()))
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        stack.extend(children.get(p, ()))
+    return out
+
+
 def self_and_ancestors(pid: int | None = None, proc_root: str = "/proc") -> set[int]:
     """``pid`` and its ancestors (the agent never captures or classifies its own lineage)."""
     pid = os.getpid() if pid is None else pid

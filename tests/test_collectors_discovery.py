@@ -102,6 +102,7 @@ def test_discovers_real_children() -> None:
         assert by_role["trainer"].pid == proc.pid
         assert (by_role["trainer"].rank, by_role["trainer"].world_size, by_role["trainer"].group_rank) == (3, 4, 1)
         assert by_role["dataloader"].rank == 3 and by_role["dataloader"].trainer_pid == proc.pid
+        assert discovery.descendants(proc.pid) == [by_role["dataloader"].pid]
     finally:
         for p in discovery.discover(only_under=proc.pid):
             if p.pid != proc.pid:

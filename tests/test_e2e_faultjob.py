@@ -18,6 +18,18 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(240)]
 
 
+def kill_tree(job: subprocess.Popen) -> None:
+    """SIGKILL torchrun and every worker below it (each worker runs in its own session)."""
+    from rankscope.collectors.discovery import descendants
+
+    for pid in [*descendants(job.pid), job.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    job.wait()
+
+
 def run_fault(tmp_path: Path, fault: str, rank: int) -> dict:
     pytest.importorskip("torch")
     from rankscope.datasets.faultjob import command
@@ -34,11 +46,7 @@ def run_fault(tmp_path: Path, fault: str, rank: int) -> dict:
             capture_output=True, text=True, timeout=100,
             env={**os.environ, "RANKSCOPE_AGENT_DISCOVERY_INTERVAL_SECONDS": "1", "RANKSCOPE_AGENT_KERNEL_LOG": ""})
     finally:
-        try:
-            os.killpg(job.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        job.wait()
+        kill_tree(job)
         log.close()
     assert agent.returncode == 0, agent.stderr[-3000:]
     assert "captures: #" in agent.stdout, agent.stdout + agent.stderr[-2000:]
