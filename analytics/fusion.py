@@ -65,7 +65,8 @@ def fuse(stack_verdict: Verdict | None, fr_verdict: Verdict | None) -> Verdict:
             if s_cul and f_cul:
                 disagreements.append(f"stacks name culprit(s) {', '.join(sorted(s_cul)[:8])}; the Flight Recorder "
                                      f"names {', '.join(sorted(f_cul)[:8])}: both kept")
-        culprit_nodes = tuple(n for n in culprit_nodes if n in set(suspect_nodes)) or ()
+        in_suspects = set(suspect_nodes)
+        culprit_nodes = tuple(n for n in culprit_nodes if n in in_suspects)
         only_s = sorted(set(s.suspect_nodes) - set(f.suspect_nodes))
         only_f = sorted(set(f.suspect_nodes) - set(s.suspect_nodes))
         if both_faulty and (only_s or only_f) and s.suspect_nodes and f.suspect_nodes:
@@ -90,7 +91,7 @@ def fuse(stack_verdict: Verdict | None, fr_verdict: Verdict | None) -> Verdict:
         suspect_ranks=tuple(sorted(set(s.suspect_ranks) | set(f.suspect_ranks))) if suspect_nodes or
         lead.verdict == "mismatch" else lead.suspect_ranks,
         culprit_ranks=culprit_ranks, reasons=tuple(reasons),
-        suspect_group=(s.suspect_group if lead is s or s.suspect_group else f.suspect_group) if suspect_nodes else None,
+        suspect_group=(lead.suspect_group or other.suspect_group) if suspect_nodes else None,
         clusters=s.clusters, evidence=evidence, sources=sources, world_size=max(s.world_size, f.world_size),
         n_snapshots=s.n_snapshots, details=details,
     )
