@@ -99,6 +99,7 @@ def _analyze(dumps: Sequence[FRDump], topology: Topology | None,
     # per group, per rank: last enqueued / completed seq, collective signatures, p2p ops, pending ops
     enq: dict[GroupKey, dict[int, int]] = defaultdict(dict)
     comp: dict[GroupKey, dict[int, int]] = defaultdict(dict)
+    started: dict[GroupKey, dict[int, int]] = defaultdict(dict)
     sigs: dict[tuple[GroupKey, int], dict[tuple, list[int]]] = defaultdict(lambda: defaultdict(list))
     ops_at: dict[tuple[GroupKey, int], str] = {}
     durations: dict[tuple[GroupKey, int], list[tuple[int, float]]] = defaultdict(list)
@@ -114,6 +115,8 @@ def _analyze(dumps: Sequence[FRDump], topology: Topology | None,
                 enq[k[n]][r] = max(enq[k[n]].get(r, 0), st.last_enqueued)
             if n in k and st.last_completed is not None:
                 comp[k[n]][r] = max(comp[k[n]].get(r, 0), st.last_completed)
+            if n in k and st.last_started is not None:
+                started[k[n]][r] = max(started[k[n]].get(r, 0), st.last_started)
         for n in k:
             enq[k[n]].setdefault(r, 0)
             comp[k[n]].setdefault(r, 0)
@@ -136,6 +139,8 @@ def _analyze(dumps: Sequence[FRDump], topology: Topology | None,
                 enq[g][r] = seq
             if done and seq > comp[g][r]:
                 comp[g][r] = seq
+            if (done or e.state == "started") and seq > started[g].get(r, 0):
+                started[g][r] = seq
             if e.op not in MARKER_OPS:
                 rank_sigs[(g, seq)].append(_sig(e))
                 ops_at.setdefault((g, seq), e.profiling_name)
@@ -206,8 +211,11 @@ def _analyze(dumps: Sequence[FRDump], topology: Topology | None,
                 continue
             seq = min(stuck_by_group[g])
         miss, nodump = missing_at(g, seq)
+        st_g, co_g = started[g], comp[g]
+        progress = {m: (e.get(m, 0), st_g.get(m, 0), co_g.get(m, 0)) for m in info.ranks if m in by_rank}
         stalls.append(GroupStall(info.name, info.desc, info.kind, info.index, seq, ops_at.get((g, seq), ""),
-                                 info.ranks, miss, nodump, tuple(sorted(stuck.get((g, seq), ()))), info.source))
+                                 info.ranks, miss, nodump, tuple(sorted(stuck.get((g, seq), ()))), info.source,
+                                 progress))
     stalls.sort(key=lambda s: (KIND_ORDER.get(s.kind, 5), len(s.members), s.pg))
 
     for (g, s, t, op), sends in p2p_timed.items():  # pair the i-th last send with the i-th last recv

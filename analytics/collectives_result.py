@@ -24,12 +24,18 @@ class GroupStall:
     no_dump_ranks: tuple[int, ...]  # members without a dump (unknown)
     waiting_ranks: tuple[int, ...]  # members stuck in ``seq``
     membership: str  # where the members came from
+    progress: Mapping[int, tuple[int, int, int]] = field(default_factory=dict)
+    """Per dumped member: its last enqueued, started and completed collective seq id in this group."""
 
     def to_dict(self) -> dict[str, Any]:
+        by_state: dict[str, list[int]] = {}
+        for r, (enq, start, done) in sorted(self.progress.items()):
+            by_state.setdefault(f"enqueued {enq} / started {start} / completed {done}", []).append(r)
         return {"pg": self.pg, "desc": self.desc, "kind": self.kind, "index": self.index, "seq": self.seq,
                 "op": self.op, "n_members": len(self.members), "missing_ranks": list(self.missing_ranks),
                 "no_dump_ranks": rank_ranges(self.no_dump_ranks), "waiting_ranks": rank_ranges(self.waiting_ranks),
-                "membership": self.membership}
+                "membership": self.membership,
+                "progress": {k: rank_ranges(v) for k, v in list(by_state.items())[:20]}}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ def test_real_gloo_probe_names_rank_3(probe_dir: Path) -> None:
         assert a.status == "hang" and a.culprit_ranks == (3,) and a.missing_ranks == (3,)
         assert a.stopped_pg == "0" and a.stopped_kind == "world"
         assert a.stalls[0].seq == 6 and a.stalls[0].waiting_ranks == (0, 1, 2)
+        assert a.stalls[0].progress[3] == (5, 5, 5) and a.stalls[0].progress[0][::2] == (6, 5)  # enqueued, completed
         assert a.evidence[0].source == "flight_recorder" and a.evidence[0].ranks == (3,)
     topo = Topology.from_layout(Layout.parse("dp=4"), gpus_per_node=1)
     v = fr_verdict(analyze_collectives(read_fr_dir(probe_dir / "fr"), topo), topo, job="probe")
