@@ -32,7 +32,7 @@ class StragglerConfig:
 
     min_slowdown_ratio: float = 1.25
     min_episode_steps: int = 5
-    min_significance: float = 4.0
+    min_significance: float = 5.0
     intermittent_fraction: float = 0.05
 
     def __post_init__(self) -> None:
