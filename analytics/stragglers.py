@@ -307,7 +307,9 @@ def find_stragglers(
                 for nd in np.unique(topo.node_index[cols]):  # the replica's slowness seen on its *other* nodes
                     mine = cols & (topo.node_index == nd)
                     common[:, mine] = np.nanmedian(lr[:, cols & ~mine], axis=1, keepdims=True)
-        resid = lr - common
+        # only a replica's *slowness* is explained by its data; when its other ranks look fast, that is
+        # because their own reference holds the slow machine (two nodes per stage), not a lighter batch
+        resid = lr - np.maximum(common, 0.0)
         for r, ep in enumerate(episodes(resid, min_log=min_log, k=k, noise=_noise(resid))):
             if ep is not None and ep.significance >= cfg.min_significance:
                 per_rank.setdefault(r, []).append((op, ep))

@@ -86,7 +86,8 @@ def timings_accuracy(runs: int, seed: int) -> dict:
     from rankscope.datasets.synthetic_metrics import TIMING_SCENARIOS, make_timings
 
     rng = np.random.default_rng(seed)
-    layouts = [("tp=2,pp=4,dp=8", 8), ("tp=4,pp=2,dp=16", 8), ("tp=1,pp=1,dp=32", 1), ("tp=2,pp=2,dp=8", 4)]
+    layouts = [("tp=2,pp=4,dp=8", 8), ("tp=4,pp=2,dp=16", 8), ("tp=1,pp=1,dp=32", 1), ("tp=2,pp=2,dp=8", 4),
+               ("tp=2,pp=2,dp=4", 4)]
     out: dict = {}
     t = time.perf_counter()
     for scenario in TIMING_SCENARIOS:

@@ -118,3 +118,24 @@ def test_too_few_machines_is_inconclusive():
     df = pl.DataFrame({"ts": [0.0, 1.0] * 2, "node": ["a", "a", "b", "b"], "metric": ["m"] * 4, "value": [1.0] * 4})
     v = diagnose_perf(df, None, None)
     assert v.verdict == "inconclusive" and "needs 3" in v.reasons[0]
+
+
+def test_detect_command_over_files_and_store(tmp_path):
+    from typer.testing import CliRunner
+
+    from rankscope.cli.main import app
+    from rankscope.datasets.store import Store
+
+    df, _, truth = make_timings("tp=2,pp=2,dp=4", scenario="slow-machine", gpus_per_node=4, seed=1)
+    (tmp_path / "dir").mkdir()
+    df.write_csv(tmp_path / "dir" / "timings.csv")
+    runner = CliRunner()
+    res = runner.invoke(app, ["detect", str(tmp_path / "dir"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["culprit_nodes"] == list(truth.slow_nodes)
+    store = Store(tmp_path / "store", create=True)
+    store.write("timings", df.drop("tp", "pp", "dp").with_columns(pl.lit("j1").alias("job")))
+    res = runner.invoke(app, ["detect", str(tmp_path / "store"), "--layout", "tp=2,pp=2,dp=4", "--gpus-per-node", "4"])
+    assert res.exit_code == 0 and "FAIL-SLOW" in res.stdout
+    res = runner.invoke(app, ["detect", str(tmp_path / "nothing")])
+    assert res.exit_code == 2

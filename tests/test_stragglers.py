@@ -13,8 +13,9 @@ from rankscope.errors import InputError
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_slow_machine_is_blamed_with_onset(seed):
-    df, topo, truth = make_timings("tp=2,pp=4,dp=8", scenario="slow-machine", seed=seed)
+@pytest.mark.parametrize("layout, gpus", [("tp=2,pp=4,dp=8", 8), ("tp=2,pp=2,dp=4", 4)])  # 4 or 2 nodes per stage
+def test_slow_machine_is_blamed_with_onset(seed, layout, gpus):
+    df, topo, truth = make_timings(layout, scenario="slow-machine", gpus_per_node=gpus, seed=seed)
     rep = find_stragglers(df, topo)
     assert rep.slow_nodes == truth.slow_nodes
     assert {s.onset_step for s in rep.slow_ranks} == {truth.onset_step}
