@@ -19,6 +19,7 @@ import numpy as np
 from ..datasets.stackset import ProcStacks
 from ..datasets.topology import KINDS, Topology
 from .clustering import Cluster, cluster
+from .frames import classify, display
 from .verdict import SuspectGroup
 
 CHILD_ROLES = ("dataloader", "checkpoint", "other")
@@ -66,6 +67,7 @@ class SnapshotAnalysis:
     missing_ranks: tuple[int, ...]
     findings: tuple[Finding, ...]  # best finding per outlier rank
     busy_ranks: tuple[int, ...] = ()  # trainers running their own code (not waiting), healthy or not
+    thread_notes: tuple[tuple[int, str], ...] = ()  # (rank, words) for busy non-main threads of outliers
 
     @property
     def dominant_fraction(self) -> float:
@@ -156,9 +158,18 @@ def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapsho
                     add(Finding(p.rank, "child-outlier",
                                 f"its {role} process (pid {p.pid}) differs from its peers: in {c.state_frame}"))
     outliers = tuple(sorted(findings))
+    by_rank = {p.rank: p for p in trainers}
+    notes = []
+    for r in outliers:
+        p = by_rank.get(r)
+        for t in (p.others if p is not None else ()):
+            state, i = classify(t.frames, role="other")
+            if state in ("io", "compute") and i >= 0:
+                notes.append((r, f"thread {t.thread_name or t.thread_id!s} is running ({state}): {display(t.frames[i])}"))
     busy = tuple(sorted(r for c in clusters if c.role == "trainer" and c.state in BUSY_STATES for r in c.ranks))
     return SnapshotAnalysis(snapshot, tuple(clusters), len(trainers), healthy, outliers,
-                            tuple(int(r) for r in missing.tolist()), tuple(findings[r] for r in outliers), busy)
+                            tuple(int(r) for r in missing.tolist()), tuple(findings[r] for r in outliers), busy,
+                            tuple(notes))
 
 
 def cover(outliers: Sequence[int], topology: Topology, *,

@@ -168,6 +168,8 @@ def _evidence(a: SnapshotAnalysis, topology: Topology, culprit_ranks: Sequence[i
     out = []
     for f in ordered[:limit]:
         out.append(Evidence("stacks", f.kind, f.detail, (f.rank,), (topology.node_of(f.rank),), f.score))
+    for r, words in a.thread_notes[:limit]:
+        out.append(Evidence("stacks", "other-thread", words, (r,), (topology.node_of(r),), 0.3))
     if len(ordered) > limit:
         rest = ordered[limit:]
         out.append(Evidence("stacks", "more-outliers", f"{len(rest)} more outlier ranks",

@@ -90,3 +90,16 @@ def test_real_gloo_probe_names_node_3(probe_dir):
         assert v.verdict == "hang"
         assert v.culprit_nodes == ("node-3",) and v.suspect_nodes == ("node-3",)
         assert v.culprit_ranks == (3,)
+
+
+def test_busy_side_threads_of_outliers_are_evidence(tmp_path, probe_dir):
+    for r in range(3):
+        (tmp_path / f"rank{r}.txt").write_text((probe_dir / "pyspy/text" / f"rank{r}.txt").read_text())
+    rank3 = (probe_dir / "pyspy/text/rank3.txt").read_text()
+    rank3 += ('Thread 11950 (active): "ckpt-writer"\n    write (torch/serialization.py:880)\n'
+              '    _save (torch/serialization.py:1200)\n    run (threading.py:982)\n')
+    (tmp_path / "rank3.txt").write_text(rank3)
+    inputs = load_inputs(tmp_path, gpus_per_node=1)
+    v = diagnose_stacks(inputs.procs, inputs.topology)
+    notes = [e for e in v.evidence if e.kind == "other-thread"]
+    assert notes and notes[0].ranks == (3,) and "ckpt-writer" in notes[0].detail and "write" in notes[0].detail
