@@ -1,7 +1,7 @@
 """Synthetic benchmark of the peer-mode metric detectors; prints JSON.
 
 Per fault kind: precision, recall, F1 and onset-to-alert delay; on fault-free runs: false alarms per
-machine-day; timing-straggler accuracy per scenario (slow machine, slow stage, data imbalance,
+machine-day; optionally recall at milder faults (--sweep); timing-straggler accuracy per scenario (slow machine, slow stage, data imbalance,
 job-wide slowdown, healthy); speed of scoring 1,200 machines x 3,600 s x 8 metrics; LSTM-VAE denoiser training time.
 
 A detection counts when the faulty machine is alerted at or after its onset; an alert on a healthy
@@ -51,7 +51,7 @@ def _prf(c):
     return {"precision": round(p, 4), "recall": round(r, 4), "f1": round(f, 4), **c}
 
 
-def evaluate(make_det, *, machines, seconds, runs_per_kind, faults_per_run, healthy_runs, seed):
+def evaluate(make_det, *, machines, seconds, runs_per_kind, faults_per_run, healthy_runs, seed, severity=1.0):
     counts = {k: {"tp": 0, "fp": 0, "fn": 0} for k in (*FAULT_KINDS, "none")}
     delays: dict[str, list[float]] = {k: [] for k in counts}
     onset_range = (min(300.0, seconds * 0.1), seconds * 0.75)
@@ -59,7 +59,7 @@ def evaluate(make_det, *, machines, seconds, runs_per_kind, faults_per_run, heal
     for kind in FAULT_KINDS:
         for _ in range(runs_per_kind):
             run = make_metrics(n_machines=machines, duration_s=seconds, faults={kind: faults_per_run},
-                               onset_range_s=onset_range, seed=s)
+                               onset_range_s=onset_range, severity=severity, seed=s)
             s += 1
             _score_run(make_det(), run, counts, delays, kind)
     false_alarms = 0
@@ -173,6 +173,7 @@ def main() -> None:
     ap.add_argument("--no-vae", action="store_true")
     ap.add_argument("--timing-runs", type=int, default=40, help="seeded runs per timing scenario")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="recall of peer-distance at fault severity 0.5, 0.25, 0.1")
     ap.add_argument("--quick", action="store_true", help="300 machines x 1800 s, 1 run per kind")
     ap.add_argument("--seed", type=int, default=100)
     a = ap.parse_args()
@@ -186,6 +187,11 @@ def main() -> None:
     out["peer_distance"] = evaluate(PeerDistance, **cfg)
     if not a.no_baseline:
         out["peer_mad_baseline"] = evaluate(PeerMad, **cfg)
+    if a.sweep:
+        out["severity_sweep"] = {
+            str(sev): {k: v["recall"] for k, v in evaluate(PeerDistance, **{**cfg, "runs_per_kind": 1, "healthy_runs": 0},
+                                                           severity=sev)["per_kind"].items()}
+            for sev in (0.5, 0.25, 0.1)}
     out["timings"] = timings_accuracy(a.timing_runs, a.seed)
     out["speed"] = speed(a.machines, a.seconds, a.seed + 999)
     if not a.no_vae:

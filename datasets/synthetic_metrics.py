@@ -94,9 +94,13 @@ def make_metrics(
     duration_s: int = 3600,
     faults: dict[str, int] | None = None,
     onset_range_s: tuple[float, float] = (300.0, 2700.0),
+    severity: float = 1.0,
     seed: int = 0,
 ) -> MetricsRun:
-    """A run of ``n_machines`` nodes; ``faults`` maps a fault kind to how many machines get it."""
+    """A run of ``n_machines`` nodes; ``faults`` maps a fault kind to how many machines get it.
+
+    ``severity`` scales every fault's magnitude (1.0 = the magnitudes in the module docstring).
+    """
     faults = dict(faults or {})
     for kind in faults:
         if kind not in FAULT_KINDS:
@@ -141,17 +145,19 @@ def make_metrics(
             on = (np.arange(t) >= onset).astype(np.float32)
             ramp30 = np.clip((np.arange(t) - onset) / 30.0, 0, 1).astype(np.float32)
             if kind == "gpu-throttle":
-                v[i, :, 3] *= 1 - 0.25 * ramp30
-                util[i] = np.where(on > 0, np.minimum(0.98, util[i] + 0.3 * comm[i]), util[i])
+                v[i, :, 3] *= 1 - 0.25 * severity * ramp30
+                util[i] = np.where(on > 0, np.minimum(0.98, util[i] + 0.3 * severity * comm[i]), util[i])
             elif kind == "nic-degrade":
-                v[i, :, 4] *= 1 - 0.5 * np.clip((np.arange(t) - onset) / 600.0, 0, 1)
+                v[i, :, 4] *= 1 - 0.5 * severity * np.clip((np.arange(t) - onset) / 600.0, 0, 1)
             elif kind == "ecc-growth":
-                ecc_rate[i] += on * (0.05 + 2e-4 * np.clip(np.arange(t) - onset, 0, None))
+                ecc_rate[i] += on * severity * (0.05 + 2e-4 * np.clip(np.arange(t) - onset, 0, None))
             elif kind == "pcie-downgrade":
-                v[i, :, 5] = np.where(on > 0, np.minimum(v[i, :, 5], 6e9 * (1 + noise(0.05)[0])), v[i, :, 5])
+                cap = (12e9 - 6e9 * severity) * (1 + noise(0.05)[0])
+                v[i, :, 5] = np.where(on > 0, np.minimum(v[i, :, 5], cap), v[i, :, 5])
             elif kind == "slow-cpu":
-                v[i, :, 6] = np.where(on > 0, 0.93 + noise(0.02)[0], v[i, :, 6])
-                util[i] = np.where(on > 0, util[i] * 0.93, util[i])
+                busy = v[i, :, 6] + (0.93 - v[i, :, 6]) * severity + noise(0.02)[0]
+                v[i, :, 6] = np.where(on > 0, busy, v[i, :, 6])
+                util[i] = np.where(on > 0, util[i] * (1 - 0.07 * severity), util[i])
             truth.append(InjectedFault(i, nodes[i], kind, onset))
 
     v[..., 0] = np.clip(util, 0, 1)
@@ -161,13 +167,13 @@ def make_metrics(
     for f in truth:
         if f.kind == "gpu-throttle":
             ramp = np.clip((np.arange(t) - f.onset_s) / 30.0, 0, 1)
-            power[f.machine] *= 1 - 0.2 * ramp
+            power[f.machine] *= 1 - 0.2 * severity * ramp
     v[..., 1] = power
     # temperature follows power with a thermal time constant of ~60 s
     temp_in = 35 + 0.06 * power + temp_static
     for f in truth:
         if f.machine in throttled:
-            temp_in[f.machine] += 10 * (np.arange(t) >= f.onset_s)
+            temp_in[f.machine] += 10 * severity * (np.arange(t) >= f.onset_s)
     kernel = np.exp(-np.arange(180) / 60.0)
     kernel /= kernel.sum()
     pad = np.repeat(temp_in[:, :1], 179, axis=1)
