@@ -22,6 +22,9 @@ from ..models.peer_distance import PeerDistance
 from .stragglers import StragglerConfig, StragglerReport, find_stragglers
 from .verdict import Evidence, Verdict, merge_nodes
 
+SELF_PREFIX = "rankscope_"
+"""The agent's own health metrics: they describe the monitor, not the machine, and are not compared."""
+
 HEALTH_WORDS = ("ecc", "remap", "retired", "xid", "temperature", "errors", "error")
 """Metrics that say a part is wearing out rather than that training is slower: ``degraded``."""
 
@@ -105,13 +108,15 @@ def metric_cubes(metrics: pl.DataFrame, *, rate_window_seconds: float = 120.0,
         pl.col("value").cast(pl.Float64, strict=False),
         (pl.col("gpu").cast(pl.Int64, strict=False) if "gpu" in metrics.columns else pl.lit(None, pl.Int64)).alias("gpu"),
     ).with_columns(pl.Series("t", _seconds(metrics["ts"])))
-    df = df.filter(pl.col("value").is_finite() & pl.col("node").is_not_null() & pl.col("t").is_not_null())
+    df = df.filter(pl.col("value").is_finite() & pl.col("node").is_not_null() & pl.col("t").is_not_null()
+                   & ~pl.col("metric").str.starts_with(SELF_PREFIX))
     if df.height == 0:
         return []
-    times = np.unique(df["t"].to_numpy())
-    interval = float(np.median(np.diff(times))) if times.size > 1 else 1.0
-    interval = max(interval, 1e-3)
-    t0 = float(times[0])
+    # the sampling interval of each node (nodes sample at different offsets), then the typical one
+    per_node = df.group_by("node").agg(pl.col("t").unique().sort().diff().median().alias("dt"))
+    dts = per_node["dt"].drop_nulls().to_numpy()
+    interval = max(float(np.median(dts)) if dts.size else 1.0, 1e-3)
+    t0 = float(df["t"].min())
     gpu_metrics = set(df.filter(pl.col("gpu").is_not_null())["metric"].unique().to_list())
     cubes = []
     for level in ("gpu", "node"):
@@ -194,12 +199,12 @@ def detect_metric_outliers(metrics: pl.DataFrame, *, config: PerfConfig | None =
         if n < cfg.min_machines:
             notes.append(f"{cube.level} metrics: only {n} {cube.level}(s), peer comparison needs {cfg.min_machines}")
             continue
-        if t * cube.interval_s < cfg.window_seconds:
+        if t * cube.interval_s < max(cfg.window_seconds, cube.interval_s):
             notes.append(f"{cube.level} metrics: {t * cube.interval_s:g} s of data, shorter than one "
                          f"{cfg.window_seconds:g} s window")
             continue
         n_units += n
-        det = PeerDistance(window_s=cfg.window_seconds, continuity_s=cfg.continuity_seconds,
+        det = PeerDistance(window_s=max(cfg.window_seconds, cube.interval_s), continuity_s=cfg.continuity_seconds,
                            sample_interval_s=cube.interval_s, threshold=cfg.threshold)
         found = det.fit(cube.values).detect(cube.values)
         for i in found.alerted:

@@ -139,3 +139,18 @@ def test_detect_command_over_files_and_store(tmp_path):
     assert res.exit_code == 0 and "FAIL-SLOW" in res.stdout
     res = runner.invoke(app, ["detect", str(tmp_path / "nothing")])
     assert res.exit_code == 2
+
+
+def test_jittered_and_coarse_sampling():
+    run = make_metrics(n_machines=12, duration_s=1200, faults={"slow-cpu": 1}, onset_range_s=(200, 250), seed=21)
+    df = run.to_long()
+    offsets = {n: 0.1 * i for i, n in enumerate(run.nodes)}  # each node samples at its own sub-second offset
+    jit = df.with_columns(pl.col("ts") + pl.duration(microseconds=pl.col("node").replace_strict(offsets).mul(1e6).cast(pl.Int64)))
+    cube = metric_cubes(jit)[0]
+    assert cube.interval_s == pytest.approx(1.0) and cube.values.shape[1] <= 1201
+    assert diagnose_perf(jit, None, None).culprit_nodes == (run.faults[0].node,)
+    coarse = df.filter(pl.col("ts").dt.second() % 15 == 0)  # one sample per 15 s: longer than a 10 s window
+    v = diagnose_perf(coarse, None, None)
+    assert v.culprit_nodes == (run.faults[0].node,)
+    own = df.filter(pl.col("metric") == "gpu_power_watts").with_columns(pl.lit("rankscope_agent_cpu_seconds_total").alias("metric"))
+    assert all(c.metrics != ("rankscope_agent_cpu_seconds_total",) for c in metric_cubes(own)) and not metric_cubes(own)
