@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from ...errors import InputError, ParseError
 from .base import Frame
 
-SNIFF_BYTES = 1 << 16
+SNIFF_BYTES = 1 << 12  # an FR dict's first key (version, entries, pg_config...) is in its first bytes
 
 
 class RefusedPickle(pickle.UnpicklingError):
@@ -167,7 +167,11 @@ def is_fr_file(path: str | os.PathLike[str]) -> bool:
 
 def rank_from_name(path: str | os.PathLike[str]) -> int | None:
     """The rank at the end of a dump's file name (``nccl_trace_rank_12``, ``fr_rank3.json``), else None."""
-    stem = os.path.basename(os.fspath(path))
+    return _rank_from_basename(os.path.basename(os.fspath(path)))
+
+
+@lru_cache(maxsize=1 << 16)
+def _rank_from_basename(stem: str) -> int | None:
     low = stem.lower()
     for ext in _EXTENSIONS:
         if low.endswith(ext):
