@@ -48,16 +48,25 @@ def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool =
 
     Healthy: the largest cluster, and any cluster that shares a data-parallel replica with it and
     is either at least ``dominance`` times its size or spread over at least half as many replicas
-    (and at least three)
-    (healthy replicas all do the same thing, so a healthy state recurs across replicas, while a
-    fault confines its outliers to the replica it stopped). ``replica_of`` maps rank -> dp index.
+    (and at least three): healthy replicas all do the same thing, so a healthy state recurs across
+    replicas, while a fault confines its outliers to the replica it stopped. ``replica_of`` maps
+    rank -> dp index.
     """
     if not 0.0 < dominance <= 1.0:
         raise ValueError(f"dominance={dominance} must be in (0, 1]")
     groups: dict[tuple[str, ...] | None, list[int]] = {}
+    empty: tuple = ()
     for i, p in enumerate(procs):
-        key = None if p.status == "failed" else signature(p.main, lines=lines)
-        groups.setdefault(key, []).append(i)
+        if p.status == "failed":
+            key = None
+        else:
+            t = p.main_thread
+            key = signature(t.frames if t is not None else empty, lines=lines)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [i]
+        else:
+            g.append(i)
     ordered = sorted(groups.items(), key=lambda kv: (kv[0] is None, -len(kv[1]), kv[0] or ()))
     sizes = [len(m) for k, m in ordered if k is not None]
     largest = max(sizes) if sizes else 0
@@ -65,8 +74,9 @@ def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool =
     def replicas(members: list[int]) -> set[int]:
         if replica_of is None:
             return set()
-        rs = [procs[i].rank for i in members]
-        return {int(replica_of[r]) for r in rs if r is not None and 0 <= r < len(replica_of)}
+        rs = np.fromiter((r for r in (procs[i].rank for i in members) if r is not None), dtype=np.int64)
+        rs = rs[(rs >= 0) & (rs < len(replica_of))]
+        return set(np.unique(replica_of[rs]).tolist())
 
     top_replicas = replicas(ordered[0][1]) if ordered and ordered[0][0] is not None else set()
     out = []
@@ -87,7 +97,8 @@ def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool =
             mine = replicas(members)
             healthy = bool(mine & top_replicas) and (
                 len(members) >= dominance * largest or len(mine) >= max(3, len(top_replicas) / 2))
-        ranks = tuple(sorted({procs[i].rank for i in members if procs[i].rank is not None}))
+        rk = np.fromiter((r for r in (procs[i].rank for i in members) if r is not None), dtype=np.int64)
+        ranks = tuple(np.unique(rk).tolist())
         representative = tuple(display(f) for f in reversed(rep.main)) if sig is not None else (frame,)
         out.append(Cluster(start_id + n, role, sig or (), tuple(members), ranks, state, frame, healthy,
                            representative))

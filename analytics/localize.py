@@ -136,6 +136,7 @@ def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapsho
         add(Finding(int(r), "missing-dump", "no stack dump for this rank (process crashed, exited, or unreachable)"))
 
     next_id = len(clusters)
+    world = topology.world_size
     for role in CHILD_ROLES:
         kids = children.get(role)
         if not kids:
@@ -149,7 +150,7 @@ def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapsho
             stuck = c.state in ("io", "compute", "failed")
             for i in c.members:
                 p = kids[i]
-                if p.rank is None or not 0 <= p.rank < topology.world_size:
+                if p.rank is None or not 0 <= p.rank < world:
                     continue
                 if stuck:
                     add(Finding(p.rank, "child-stuck",

@@ -46,8 +46,9 @@ class StackConfig:
 def _summaries(clusters: Sequence[Cluster], topology: Topology, snapshot: int,
                limit: int = 50) -> tuple[ClusterSummary, ...]:
     out = []
+    world = topology.world_size
     for c in clusters[:limit]:
-        nodes = topology.nodes_of([r for r in c.ranks if r < topology.world_size]) if c.ranks else ()
+        nodes = topology.nodes_of([r for r in c.ranks if r < world]) if c.ranks else ()
         out.append(ClusterSummary(c.id, c.role, c.size, c.ranks, len(nodes), c.healthy, c.state,
                                   c.representative, snapshot))
     return tuple(out)

@@ -6,14 +6,16 @@ that 1.4 means 40 % slower. A rank is blamed only for an *episode*: a change poi
 rolling median of its ratio stays above ``min_slowdown_ratio`` (1.25, about NVRx's 0.75 score) for ``min_episode_steps`` steps and
 the shift is significant against the peers' noise; one noisy step blames no one.
 
-Slowness that is not one machine's is reported as imbalance, never blamed: a whole pipeline stage
+Only compute ops blame a rank: in a collective (all-reduce, send/recv, barrier, ...) the ranks that
+wait longest are the straggler's victims. Slowness that is not one machine's is reported as
+imbalance, never blamed: a whole pipeline stage
 slower than the other stages, a whole replica slower at every stage (its data), every worker slower
 together (a job-wide change), or slow steps that move between replicas (data imbalance).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,16 @@ from ..datasets.topology import DIMS, Layout, Topology
 from ..errors import InputError
 
 REQUIRED = ("rank", "step", "op", "duration_s")
+COMM_WORDS = ("allreduce", "all-reduce", "all_reduce", "allgather", "all-gather", "all_gather", "reduce-scatter",
+              "reduce_scatter", "reducescatter", "broadcast", "barrier", "send", "recv", "p2p", "comm", "wait",
+              "nccl", "collective", "sync")
+"""Ops that wait for other ranks: a rank slow in them is a victim of a straggler, not the straggler."""
+
+
+def is_comm_op(op: str) -> bool:
+    """True for collective / point-to-point / wait ops (by name)."""
+    low = op.lower()
+    return any(w in low for w in COMM_WORDS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,8 +174,6 @@ def _rolling_median(x: np.ndarray, k: int) -> np.ndarray:
         return x.copy() if k <= 1 else np.full_like(x, np.nan)
     pad = np.concatenate([np.full((k - 1,) + x.shape[1:], np.nan), x])
     win = np.lib.stride_tricks.sliding_window_view(pad, k, axis=0)
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmedian(win, axis=-1)
@@ -186,7 +196,6 @@ def episodes(log_ratio: np.ndarray, *, min_log: float, k: int, noise: float) -> 
     """
     roll = _rolling_median(log_ratio, k)
     out: list[_Episode | None] = []
-    n = log_ratio.shape[0]
     for j in range(log_ratio.shape[1]):
         flag = np.nan_to_num(roll[:, j], nan=-np.inf) > min_log
         if not flag.any():
@@ -211,7 +220,6 @@ def episodes(log_ratio: np.ndarray, *, min_log: float, k: int, noise: float) -> 
             if best is None or ep.significance * ep.ratio > best.significance * best.ratio:
                 best = ep
         out.append(best)
-    del n
     return out
 
 
@@ -250,8 +258,6 @@ def _group_reference(m: np.ndarray, gid: np.ndarray, node: np.ndarray) -> np.nda
     NVRx compares with the best rank; the median of the peers is steadier, and leaving out the rank's
     own node keeps the reference healthy when a slow node holds half of a stage's ranks.
     """
-    import warnings
-
     out = np.full_like(m, np.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -291,12 +297,12 @@ def find_stragglers(
     spread = {int(rep): len(topo.nodes_of(np.flatnonzero(dp == rep))) > 1 for rep in reps}
     per_rank: dict[int, list[tuple[str, _Episode]]] = {}
     per_replica: dict[int, list[tuple[str, _Episode]]] = {}
-    for op, m in mats.items():
+    compute_ops = [op for op in mats if not is_comm_op(op)] or list(mats)  # only comm ops: use them
+    for op in compute_ops:
+        m = mats[op]
         lr = np.log(np.clip(m, 1e-12, None) / np.clip(_group_reference(m, gid, topo.node_index), 1e-12, None))
         common = np.zeros_like(lr)
         rep_lr = np.zeros((lr.shape[0], reps.size))
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             for j, rep in enumerate(reps):
@@ -345,15 +351,13 @@ def find_stragglers(
             tuple(op for op, _ in sorted(eps, key=lambda e: -e[1].ratio)),
             float(max(ep.significance for _, ep in eps))))
 
-    total = np.nansum(np.stack(list(mats.values())), axis=0)  # steps x ranks, all ops
-    total[np.all(np.isnan(np.stack(list(mats.values()))), axis=0)] = np.nan
+    total = _sum_ops([mats[op] for op in mats])  # steps x ranks, all ops (what the job waits for)
+    busy = _sum_ops([mats[op] for op in compute_ops])  # the work itself, without waiting for others
     # 2. a whole stage slower than the other stages (same replica across stages)
     if n_pp > 1:
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            stage = np.stack([np.nanmedian(total[:, pp == s], axis=1) for s in range(n_pp)], axis=1)
+            stage = np.stack([np.nanmedian(busy[:, pp == s], axis=1) for s in range(n_pp)], axis=1)
             ref = np.nanmin(np.nanmedian(stage, axis=0))  # the fastest stage's typical step
             base = stage / np.nanmedian(stage[: max(k, stage.shape[0] // 5)], axis=0)  # each stage vs its own start
         lr = np.log(stage / ref)
@@ -376,21 +380,20 @@ def find_stragglers(
                 f"pipeline stage {worst} is {ratio:.2f}x slower than the fastest stage on every replica throughout: "
                 "the pipeline is unbalanced (layers per stage), not a machine"))
     # 3. every worker slower together
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         job = np.nanmedian(total, axis=1)
         lj = np.log(job / np.nanmedian(job[: max(k, job.size // 5)]))
     (ep,) = episodes(lj[:, None], min_log=min_log, k=k, noise=_noise(lj))
-    if ep is not None and ep.significance >= cfg.min_significance:
+    # with a blamed machine, everyone else waiting for it in collectives is its consequence, not a cause
+    if ep is not None and ep.significance >= cfg.min_significance and not slow_ranks:
         imbalances.append(Imbalance(
             "job-wide", ep.ratio, "every rank", int(steps[ep.start]),
             f"every worker became {ep.ratio:.2f}x slower together from step {int(steps[ep.start])}: a job-wide "
             "change (data, configuration or shared infrastructure), no machine is blamed"))
     # 4. slow steps that move between replicas: data imbalance
     if not slow_ranks:
-        rep_total = np.stack([np.nanmedian(total[:, dp == rep], axis=1) for rep in np.unique(dp)], axis=1)
+        rep_total = np.stack([np.nanmedian(busy[:, dp == rep], axis=1) for rep in np.unique(dp)], axis=1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             rel = rep_total / np.nanmedian(rep_total, axis=1, keepdims=True)
@@ -406,9 +409,13 @@ def find_stragglers(
                            int(steps.size), tuple(mats), peer_kind)
 
 
+def _sum_ops(parts: list[np.ndarray]) -> np.ndarray:
+    stack = np.stack(parts)
+    out = np.nansum(stack, axis=0)
+    out[np.all(np.isnan(stack), axis=0)] = np.nan
+    return out
+
+
 def _stage_has_culprit(stage: int, pp: np.ndarray, slow: set[int]) -> bool:
     return any(pp[r] == stage for r in slow)
 
-
-def ranks_of(report: StragglerReport) -> Sequence[int]:
-    return [s.rank for s in report.slow_ranks]

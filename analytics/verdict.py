@@ -19,7 +19,7 @@ SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "events")
 
 def rank_ranges(ranks: Iterable[int]) -> str:
     """STAT-style compact rank list: ``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``."""
-    rs = sorted(set(int(r) for r in ranks))
+    rs = sorted(set(ranks))
     if not rs:
         return ""
     out, start, prev = [], rs[0], rs[0]
