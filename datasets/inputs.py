@@ -87,16 +87,13 @@ def _read_fr(paths: Sequence[Path], notes: list[str]) -> list[Any]:
     the name family covering most ranks wins, pickles (which carry call stacks) on a tie."""
     if not paths:
         return []
-    from .readers.flight_recorder import _family, read_fr_file  # noqa: PLC0415 (loaded on need)
+    from .readers.flight_recorder import read_fr_files, select_fr_files  # noqa: PLC0415 (loaded on need)
 
-    families: dict[str, list[Path]] = {}
-    for p in paths:
-        families.setdefault(_family(p), []).append(p)
-    best = max(families, key=lambda k: (len(families[k]), not k.endswith(".json"), k))
-    if len(families) > 1:
-        other = sorted(k for k in families if k != best)
-        notes.append(f"Flight Recorder: using the {best!r} files; ignored other dumps of the same ranks ({', '.join(other)})")
-    return [read_fr_file(p) for p in families[best]]
+    chosen = select_fr_files(paths)
+    if len(chosen) < len(paths):
+        notes.append(f"Flight Recorder: read {len(chosen)} of {len(paths)} dump files (one per rank; the other "
+                     "files are the same ranks in another format)")
+    return read_fr_files(chosen)
 
 
 def _read_tables(dd: DumpDir) -> tuple[Any, Any]:
