@@ -11,7 +11,8 @@ heterogeneity (a hotter rack, a slightly faster NIC), sample noise, a job-wide c
 - ``pcie-downgrade``: host-to-device throughput halves (x16 -> x8);
 - ``slow-cpu``: host CPU pinned near 100 %, GPU waits a little for data.
 
-Timings: Megatron-style per-rank forward/backward/optimizer durations for a layout, with a slow
+Timings: Megatron-style per-rank forward/backward/optimizer durations and a data-parallel all-reduce
+that waits for the slowest member of its group, for a layout, with a slow
 machine, a slow pipeline stage, data imbalance across replicas, a job-wide slowdown, or nothing.
 """
 
@@ -237,9 +238,16 @@ def make_timings(
         onset = None
     rows_rank, rows_step, rows_op, rows_dur, rows_start = [], [], [], [], []
     step_len = sum(base.values()) * 1.6
-    for op, b in base.items():
-        f = factor if op != "optimizer" else np.ones_like(factor)
-        dur = b * f * np.exp(rng.normal(0.0, 0.03, size=(n_steps, world)))
+    durations = {op: b * (factor if op != "optimizer" else 1.0) * np.exp(rng.normal(0.0, 0.03, size=(n_steps, world)))
+                 for op, b in base.items()}
+    # the data-parallel all-reduce waits for the slowest member of the group: a slow rank waits least
+    compute = durations["forward"] + durations["backward"]
+    gid = topo.group_ids("dp")
+    slowest = np.zeros_like(compute)
+    for g in np.unique(gid):
+        slowest[:, gid == g] = compute[:, gid == g].max(axis=1, keepdims=True)
+    durations["dp-allreduce"] = 0.08 * np.exp(rng.normal(0.0, 0.03, size=(n_steps, world))) + (slowest - compute)
+    for op, dur in durations.items():
         rows_rank.append(np.tile(topo.ranks, n_steps))
         rows_step.append(np.repeat(steps, world))
         rows_op.append(np.full(n_steps * world, op, dtype=object))

@@ -79,3 +79,15 @@ def test_report_is_serializable():
     d = rep.to_dict()
     assert d["slow_ranks"] and isinstance(rep.explain(), str)
     assert np.isfinite(d["slow_ranks"][0]["ratio"])
+
+
+def test_waiting_in_collectives_is_not_blamed():
+    from rankscope.analytics.stragglers import is_comm_op
+
+    assert is_comm_op("dp-allreduce") and is_comm_op("pp_send") and not is_comm_op("backward")
+    df, topo, truth = make_timings("tp=2,pp=4,dp=8", scenario="slow-machine", seed=6)
+    # the other node of the slow node's data-parallel groups waits ~0.4 s longer in every all-reduce
+    rep = find_stragglers(df, topo)
+    assert rep.slow_nodes == truth.slow_nodes
+    only_comm = find_stragglers(df.filter(pl.col("op") == "dp-allreduce"), topo)
+    assert only_comm.ops == ("dp-allreduce",)  # with nothing else, the comm op is analyzed as it is
