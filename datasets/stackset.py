@@ -39,8 +39,9 @@ class ProcStacks:
 
 def from_dump(dump: ProcessDump, *, snapshot: int, rank: int | None, node: str | None, role: str,
               pid: int | None = None) -> ProcStacks:
+    threads = dump.threads
     main = dump.main_thread
-    others = tuple(t for t in dump.threads if t is not main)
+    others = threads[1:] if threads and threads[0] is main else tuple(t for t in threads if t is not main)
     return ProcStacks(snapshot, rank, node, role, dump.pid if dump.pid is not None else pid, dump.status,
                       dump.error, main, others, dump.source_file, dump.source_format)
 

@@ -86,12 +86,13 @@ def mark_main(threads: Sequence[ThreadDump], pid: int | None) -> tuple[ThreadDum
         pick = next((i for i, t in enumerate(threads) if t.thread_id == pid), None)
     if pick is None:
         pick = next((i for i, t in enumerate(threads) if t.frames and t.frames[-1].function == "<module>"), None)
-    if pick is None and threads:
+    if pick is None:
+        if not threads:
+            return ()
         pick = 0
-    return tuple(
-        ThreadDump(t.frames, t.thread_id, t.thread_name, t.active, True) if i == pick else t
-        for i, t in enumerate(threads)
-    )
+    out = list(threads)
+    out[pick] = out[pick]._replace(is_main=True)
+    return tuple(out)
 
 
 def to_rows(
