@@ -256,8 +256,9 @@ def diagnose_perf(
         evidence.append(Evidence("metrics", "peer-outlier",
                                  f"{a.unit} unlike its {a.level} peers since {_iso(a.onset_s)} (score {a.score:.1f}; "
                                  f"driven by {', '.join(a.drivers)})", nodes=(a.node,), weight=min(1.0, a.score / 50)))
+    metric_reasons: list[str] = []
     for a in list(metric_nodes.values())[:5]:
-        reasons.append(f"{a.unit} has behaved unlike its peers since {_iso(a.onset_s)} (score {a.score:.1f}, "
+        metric_reasons.append(f"{a.unit} has behaved unlike its peers since {_iso(a.onset_s)} (score {a.score:.1f}, "
                        f"threshold {cfg.threshold:g}), driven by {', '.join(a.drivers)}")
 
     slow_nodes: tuple[str, ...] = ()
@@ -274,11 +275,13 @@ def diagnose_perf(
                                      f"rank {s.rank} {s.ratio:.2f}x slower than its peers from step {s.onset_step} "
                                      f"in {', '.join(s.ops)}", ranks=(s.rank,), nodes=(s.node,),
                                      weight=min(1.0, (s.ratio - 1) * 2)))
+    timing_reasons: list[str] = []
+    if report is not None:
         for node in slow_nodes[:5]:
             worst = max((s for s in report.slow_ranks if s.node == node), key=lambda s: s.ratio)
             n_r = sum(1 for s in report.slow_ranks if s.node == node)
-            reasons.append(f"{node}: {n_r} rank(s) up to {worst.ratio:.2f}x slower than their symmetric peers "
-                           f"({report.peer_kind}) from step {step_onset[node]}, in {', '.join(worst.ops)}")
+            timing_reasons.append(f"{node}: {n_r} rank(s) up to {worst.ratio:.2f}x slower than their symmetric peers "
+                                  f"({report.peer_kind}) from step {step_onset[node]}, in {', '.join(worst.ops)}")
         for imb in report.imbalances:
             evidence.append(Evidence("timings", f"{imb.kind}-imbalance", imb.reason, weight=0.5))
 
@@ -293,13 +296,14 @@ def diagnose_perf(
         secs = [s.onset_s for s in report.slow_ranks if s.node in culprits and s.onset_s is not None]  # type: ignore[union-attr]
         details["onset"] = (min(onset[n] for n in culprits if n in onset) if any(n in onset for n in culprits)
                             else f"step {first_step}" + (f" (t={min(secs):g} s)" if secs else ""))
-        if both:
-            reasons.insert(0, f"timings and metrics agree on {', '.join(both)}")
+        reasons = ([f"timings and metrics agree on {', '.join(both)}"] if both else []) + timing_reasons \
+            + metric_reasons + reasons
         return Verdict("fail-slow", job=job, confidence=0.9 if both else 0.75, suspect_nodes=suspects,
                        culprit_nodes=culprits, suspect_ranks=slow_ranks,
                        culprit_ranks=tuple(s.rank for s in report.slow_ranks if s.node in culprits),  # type: ignore[union-attr]
                        reasons=tuple(reasons), evidence=tuple(evidence), sources=sources,
                        world_size=report.n_ranks if report else 0, details=details)
+    reasons = metric_reasons + reasons
     if metric_nodes:
         suspects = tuple(metric_nodes)
         top = metric_nodes[suspects[0]].score
