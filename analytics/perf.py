@@ -243,7 +243,7 @@ def diagnose_perf(
     )
     sources = tuple(s for s, ok in (("metrics", have_metrics), ("timings", have_timings)) if ok)
     evidence: list[Evidence] = []
-    reasons: list[str] = list(findings.notes) if findings else []
+    reasons: list[str] = (list(findings.notes) if findings else []) + (list(report.notes) if report else [])
     drivers: dict[str, list[str]] = {}
     onset: dict[str, Any] = {}
 

@@ -100,6 +100,7 @@ class StragglerReport:
     n_steps: int
     ops: tuple[str, ...]
     peer_kind: str
+    notes: tuple[str, ...] = ()
 
     @property
     def slow_nodes(self) -> tuple[str, ...]:
@@ -112,7 +113,7 @@ class StragglerReport:
     def to_dict(self) -> dict[str, Any]:
         return {"slow_ranks": [s.to_dict() for s in self.slow_ranks],
                 "imbalances": [i.to_dict() for i in self.imbalances], "n_ranks": self.n_ranks,
-                "n_steps": self.n_steps, "ops": list(self.ops), "peer_kind": self.peer_kind}
+                "n_steps": self.n_steps, "ops": list(self.ops), "peer_kind": self.peer_kind, "notes": list(self.notes)}
 
     def explain(self) -> str:
         lines = [f"{self.n_ranks} ranks, {self.n_steps} steps, ops {', '.join(self.ops)}; peers: {self.peer_kind}"]
@@ -144,13 +145,18 @@ def check_timings(timings: pl.DataFrame) -> pl.DataFrame:
     return df
 
 
-def topology_for(timings: pl.DataFrame, topology: Topology | None) -> Topology:
-    """The given topology (checked against the ranks), else one built from the timing columns."""
+def topology_for(timings: pl.DataFrame, topology: Topology | None, notes: list[str] | None = None) -> Topology:
+    """The given topology, else (or when it cannot describe the timings) one built from the timing columns."""
     ranks = np.unique(timings["rank"].to_numpy())
+    has_coords = any(d in timings.columns and timings[d].null_count() == 0 and timings[d].max() > 0 for d in DIMS if d != "dp")
     if topology is not None:
-        if ranks.max() >= topology.world_size:
-            raise InputError(f"timings: rank {int(ranks.max())} is outside the topology ({topology.description})")
-        return topology
+        flat = all(topology.sizes[d] == 1 for d in DIMS if d != "dp")
+        if ranks.max() < topology.world_size and not (flat and has_coords):
+            return topology
+        why = (f"rank {int(ranks.max())} is outside the given topology ({topology.description})"
+               if ranks.max() >= topology.world_size else "the given topology is pure data parallel")
+        if notes is not None:
+            notes.append(f"timings: {why}; using the node and tp/pp/dp columns of the timings instead")
     per_rank = timings.group_by("rank").agg(
         [pl.col(c).first() for c in ("node", *DIMS) if c in timings.columns]
     ).sort("rank")
@@ -279,7 +285,8 @@ def find_stragglers(
     df = check_timings(timings)
     if df.height == 0:
         raise InputError("timings: no rows with a finite duration_s")
-    topo = topology_for(df, topology)
+    notes: list[str] = []
+    topo = topology_for(df, topology, notes)
     world = topo.world_size
     steps, mats, start = _matrices(df, world)
     k, min_log = cfg.min_episode_steps, float(np.log(cfg.min_slowdown_ratio))
@@ -406,7 +413,7 @@ def find_stragglers(
                 f"{frac:.0%} of (step, replica) pairs are over {cfg.min_slowdown_ratio:.2f}x the median replica, and the "
                 f"slow replica changes from step to step ({spread} replicas take turns): data imbalance, no straggler"))
     return StragglerReport(tuple(sorted(slow_ranks, key=lambda s: -s.ratio)), tuple(imbalances), world,
-                           int(steps.size), tuple(mats), peer_kind)
+                           int(steps.size), tuple(mats), peer_kind, tuple(notes))
 
 
 def _sum_ops(parts: list[np.ndarray]) -> np.ndarray:

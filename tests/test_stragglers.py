@@ -58,10 +58,14 @@ def test_topology_from_columns_and_pure_data_parallel():
     assert rep.slow_nodes and all(n.startswith("rank-") for n in rep.slow_nodes)
 
 
-def test_given_topology_must_cover_ranks():
-    df, _, _ = make_timings("tp=2,pp=2,dp=4", scenario="healthy", seed=0)
-    with pytest.raises(InputError, match="outside the topology"):
-        find_stragglers(df, Topology.from_layout(Layout.parse("dp=8"), gpus_per_node=8))
+def test_unfit_topology_falls_back_on_the_timing_columns():
+    df, _, truth = make_timings("tp=2,pp=2,dp=4", scenario="slow-machine", gpus_per_node=4, seed=0)
+    small = find_stragglers(df, Topology.from_layout(Layout.parse("dp=8"), gpus_per_node=8))
+    assert "outside the given topology" in small.notes[0] and small.slow_nodes == truth.slow_nodes
+    flat = find_stragglers(df, Topology.from_layout(Layout.parse("dp=16"), gpus_per_node=4))
+    assert "pure data parallel" in flat.notes[0] and flat.peer_kind.startswith("same pipeline stage")
+    with pytest.raises(InputError, match="ranks must be"):
+        find_stragglers(df.filter(pl.col("rank") != 3), Topology.from_layout(Layout.parse("dp=8"), gpus_per_node=8))
 
 
 def test_bad_input_is_named():
