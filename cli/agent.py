@@ -48,7 +48,12 @@ def register(app: typer.Typer) -> None:
         if trigger:
             out.print(f"trigger written: {request_capture(cfg.run_dir, rounds=cfg.capture_rounds, trigger_file=cfg.trigger_file)}")
             return
-        report = Agent(cfg).run()
-        for msg in report.messages:
+        daemon = Agent(cfg)
+        said = list(daemon.messages)  # e.g. "GPU metrics unavailable": said once, at start
+        for msg in said:
             err.print(f"rankscope agent: {msg}", markup=False)
+        report = daemon.run()
+        for msg in report.messages:
+            if msg not in said:
+                err.print(f"rankscope agent: {msg}", markup=False)
         out.print(report.explain(), markup=False)

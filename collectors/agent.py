@@ -178,6 +178,8 @@ class Agent:
         except OSError as exc:
             self._fail("pidfile", exc)
         self._event(Event("agent", f"agent started (pid {os.getpid()}, job {self.cfg.job})", pid=os.getpid()))
+        for msg in self.messages:  # startup notes (no NVML, unreadable kernel log) are stored once too
+            self._event(Event("agent", msg, pid=os.getpid()))
         try:
             while not self._stop.is_set():
                 t0 = time.monotonic()
