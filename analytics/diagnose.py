@@ -38,6 +38,10 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str
     if metrics is not None or timings is not None:
         from .perf import diagnose_perf  # noqa: PLC0415
 
+        if metrics is not None and topology is not None and "node" in metrics.columns:
+            metrics, dropped = _job_nodes_only(metrics, topology)
+            if dropped:
+                notes = tuple(notes) + (f"metrics of node(s) outside the job ignored: {', '.join(dropped[:10])}",)
         perf_v = diagnose_perf(metrics, timings, topology, job=job)
         if perf_v is not None:
             verdicts.append(perf_v)
@@ -49,6 +53,21 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str
     if notes:
         v = v.with_updates(details={**v.details, "notes": list(notes)})
     return v
+
+
+def _job_nodes_only(metrics: Any, topology: Topology) -> tuple[Any, list[str]]:
+    """Keep the metrics of the job's nodes (a sidecar may also report its host under another name).
+
+    Only when some metric nodes are job nodes: with disjoint names (hostnames vs node-N) nothing
+    can be matched, and every node is kept.
+    """
+    import polars as pl  # noqa: PLC0415
+
+    names = set(metrics.get_column("node").unique().to_list())
+    inside = names & set(topology.node_names)
+    if not inside or inside == names:
+        return metrics, []
+    return metrics.filter(pl.col("node").is_in(sorted(inside))), sorted(str(n) for n in names - inside)
 
 
 _PRIORITY = {"hang": 0, "mismatch": 1, "fail-slow": 2, "degraded": 3, "imbalance": 4, "inconclusive": 5, "healthy": 6}

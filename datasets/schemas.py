@@ -223,6 +223,9 @@ TIMINGS = TableSpec(
             pa.field("duration_s", pa.float64(), nullable=False),
             pa.field("start_s", pa.float64()),
             pa.field("node", pa.string()),
+            pa.field("tp", pa.int32()),
+            pa.field("pp", pa.int32()),
+            pa.field("dp", pa.int32()),
         ]
     ),
     doc="Per-rank, per-step operation timings (Megatron timers, log_step, per-op traces).",

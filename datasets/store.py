@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import re
 import time
 import uuid
@@ -22,7 +23,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -33,12 +33,14 @@ MARKER = "rankscope-store.json"
 FORMAT_VERSION = 1
 _PART_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
-Rows = pa.Table | pl.DataFrame | Sequence[Mapping[str, Any]]
+Rows = Any  # a pyarrow Table, a polars DataFrame, or a sequence of row mappings
+# polars is imported lazily: the node agent writes through this module and must stay small.
 
 
 def conform(rows: Rows, spec: TableSpec) -> pa.Table:
     """``rows`` as an Arrow table with exactly ``spec``'s schema (missing nullable columns are null)."""
-    if isinstance(rows, pl.DataFrame):
+    pl = sys.modules.get("polars")
+    if pl is not None and isinstance(rows, pl.DataFrame):
         rows = rows.to_arrow()
     if not isinstance(rows, pa.Table):
         rows = pa.Table.from_pylist(list(rows)) if rows else spec.schema.empty_table()
@@ -179,8 +181,10 @@ class Store:
             raise StoreError(f"{path}: corrupt or truncated Parquet file ({exc})") from None
         self._checked[path] = sig
 
-    def scan(self, name: str, *, job: str | None = None) -> pl.LazyFrame:
+    def scan(self, name: str, *, job: str | None = None) -> Any:
         """Table ``name`` as a polars LazyFrame (empty, with the schema, when nothing was written)."""
+        import polars as pl  # noqa: PLC0415
+
         spec = table(name)
         paths = self.files(name, job=job)
         if not paths:
@@ -190,8 +194,10 @@ class Store:
             lf = lf.filter(pl.col("job") == job)
         return lf
 
-    def read(self, name: str, *, job: str | None = None) -> pl.DataFrame:
-        """Table ``name`` collected into memory; a corrupt file is reported by name."""
+    def read(self, name: str, *, job: str | None = None) -> Any:
+        """Table ``name`` as a polars DataFrame; a corrupt file is reported by name."""
+        import polars as pl  # noqa: PLC0415
+
         try:
             return self.scan(name, job=job).collect()
         except pl.exceptions.PolarsError as exc:
@@ -218,9 +224,10 @@ class Store:
             return []
         return sorted(p.name.split("=", 1)[1] for p in base.glob("job=*") if any(p.rglob("part-*.parquet")))
 
-    def sql(self, query: str) -> pl.DataFrame:
-        """Run DuckDB SQL over the store; every table with data is a view of the same name."""
-        import duckdb
+    def sql(self, query: str) -> Any:
+        """Run DuckDB SQL over the store (a polars DataFrame); every table with data is a view."""
+        import duckdb  # noqa: PLC0415
+        import polars as pl  # noqa: PLC0415
 
         con = duckdb.connect()
         try:

@@ -145,3 +145,17 @@ def test_metrics_and_timings_only_directories(tmp_path):
     assert res.exit_code == 0, res.output
     v = json.loads(res.stdout)
     assert set(truth.slow_nodes) <= set(v["culprit_nodes"]), v
+
+
+def test_timings_survive_the_store(tmp_path):
+    from rankscope.datasets.synthetic_metrics import make_timings
+
+    timings, _, truth = make_timings("tp=2,pp=2,dp=4", scenario="slow-machine", gpus_per_node=2, seed=2)
+    (tmp_path / "t").mkdir()
+    timings.write_csv(tmp_path / "t" / "timings.csv")
+    st = tmp_path / "store"
+    assert _run("ingest", tmp_path / "t", "--store", st, "--job", "tj").exit_code == 0
+    assert Store(st).read("timings").height == timings.height
+    res = _run("diagnose", st, "--format", "json")
+    assert res.exit_code == 0, res.output
+    assert set(truth.slow_nodes) <= set(json.loads(res.stdout)["culprit_nodes"])
