@@ -91,7 +91,8 @@ def mark_main(threads: Sequence[ThreadDump], pid: int | None) -> tuple[ThreadDum
             return ()
         pick = 0
     out = list(threads)
-    out[pick] = out[pick]._replace(is_main=True)
+    t = out[pick]
+    out[pick] = ThreadDump(t.frames, t.thread_id, t.thread_name, t.active, True)
     return tuple(out)
 
 

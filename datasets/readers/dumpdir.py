@@ -80,7 +80,7 @@ def read_stack_file(path: str | os.PathLike[str], display: str | None = None, *,
         if stripped.startswith("[") or not stripped.startswith("{"):
             return parse_pyspy_json(text, name)
         return [failed_dump(name, "pyspy-json", "JSON object, not a py-spy thread list")]
-    if looks_like_traceback(text) and not stripped.startswith("Process "):
+    if not stripped.startswith("Process ") and looks_like_traceback(text):
         return parse_traceback_text(text, name)
     return parse_pyspy_text(text, name)
 

@@ -85,7 +85,8 @@ def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
             tid = t.get("os_thread_id") or t.get("thread_id")
             by_pid.setdefault(t.get("pid"), []).append(
                 ThreadDump(frames, int(tid) if isinstance(tid, int) else None, t.get("thread_name"),
-                           t.get("active") if isinstance(t.get("active"), bool) else None)
+                           t.get("active") if isinstance(t.get("active"), bool) else None,
+                           t.get("thread_name") == "MainThread")
             )
     except (TypeError, ValueError) as exc:
         return [failed_dump(source_file, FORMAT, f"unexpected py-spy JSON structure ({exc})")]
