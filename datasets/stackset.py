@@ -7,6 +7,7 @@ raw dump directory, the store's ``stacks`` table, or in-memory :class:`ProcessDu
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -47,12 +48,18 @@ def from_dump(dump: ProcessDump, *, snapshot: int, rank: int | None, node: str |
 
 
 def from_dump_dir(dd: DumpDir) -> list[ProcStacks]:
-    """Every process of a scanned dump directory."""
-    out = []
-    for f in dd.files:
-        for proc, role in assign_roles(f):
-            out.append(from_dump(proc, snapshot=f.snapshot, rank=f.rank, node=f.node, role=role, pid=f.pid))
-    return out
+    """Every process of a scanned dump directory (GC paused: see ``scan_dump_dir``)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        out = []
+        for f in dd.files:
+            for proc, role in assign_roles(f):
+                out.append(from_dump(proc, snapshot=f.snapshot, rank=f.rank, node=f.node, role=role, pid=f.pid))
+        return out
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def from_dumps(items: Iterable[tuple[ProcessDump, int, int | None, str | None, str]]) -> list[ProcStacks]:
@@ -66,6 +73,16 @@ def from_table(tbl: pa.Table) -> list[ProcStacks]:
     Frames are decoded once per distinct stack (rows are keyed by a hash of their frames list,
     computed columnar by polars), so a 100,000-rank hang decodes a handful of stacks.
     """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _from_table(tbl)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _from_table(tbl: pa.Table) -> list[ProcStacks]:
     import polars as pl  # noqa: PLC0415
 
     names = ("snapshot", "rank", "node", "role", "pid", "status", "error", "thread_id", "thread_name",
