@@ -130,13 +130,13 @@ def test_detect_command_over_files_and_store(tmp_path):
     (tmp_path / "dir").mkdir()
     df.write_csv(tmp_path / "dir" / "timings.csv")
     runner = CliRunner()
-    res = runner.invoke(app, ["detect", str(tmp_path / "dir"), "--json"])
+    res = runner.invoke(app, ["detect", str(tmp_path / "dir"), "--format", "json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["culprit_nodes"] == list(truth.slow_nodes)
     store = Store(tmp_path / "store", create=True)
     store.write("timings", df.drop("tp", "pp", "dp").with_columns(pl.lit("j1").alias("job")))
     res = runner.invoke(app, ["detect", str(tmp_path / "store"), "--layout", "tp=2,pp=2,dp=4", "--gpus-per-node", "4"])
-    assert res.exit_code == 0 and "FAIL-SLOW" in res.stdout
+    assert res.exit_code == 0 and "verdict: fail-slow" in res.stdout
     res = runner.invoke(app, ["detect", str(tmp_path / "nothing")])
     assert res.exit_code == 2
 
