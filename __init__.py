@@ -11,7 +11,9 @@ Sub-packages, by role (imports point inward: datasets is the floor, cli the roof
 
 from __future__ import annotations
 
-from .errors import InputError, LayoutError, ParseError, RankscopeError, StoreError
+# Absolute, not relative: pytest imports this file as the root package of the checkout, whose folder
+# name need not be a valid module name (a clone in ``rankscope-ci/``); the installed package resolves it.
+from rankscope.errors import InputError, LayoutError, ParseError, RankscopeError, StoreError
 
 __version__ = "0.1.0"
 
