@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .console import fail, handle_errors, out
-from .diagnose import LAYOUT_HELP, ORDER_HELP, Format
+from .options import DEFAULT_ORDER, Format, FormatOpt, GpusPerNodeOpt, JobOpt, LayoutOpt, OrderOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -15,13 +15,13 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def detect(
         path: Path = typer.Argument(..., help="A store, or a directory with metrics*.csv|parquet / timings*.csv|parquet."),
-        layout: str = typer.Option(None, "--layout", help=LAYOUT_HELP),
-        order: str = typer.Option("tp-cp-ep-dp-pp", "--order", help=ORDER_HELP),
-        gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Ranks per node when --layout is given."),
-        job: str = typer.Option(None, "--job", help="Job to analyze when the store holds several."),
+        layout: LayoutOpt = None,
+        order: OrderOpt = DEFAULT_ORDER,
+        gpus_per_node: GpusPerNodeOpt = 8,
+        job: JobOpt = None,
         continuity_seconds: float = typer.Option(240.0, "--continuity-seconds",
                                                  help="How long a machine must stay unlike its peers."),
-        fmt: Format = typer.Option(Format.text, "--format", help="text for people, json for machines."),
+        fmt: FormatOpt = Format.text,
     ) -> None:
         """Find the machine that behaves unlike its peers (metrics) or is slower than them (timings)."""
         from ..analytics.perf import PerfConfig, diagnose_perf

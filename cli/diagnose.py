@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 
 import typer
 
 from .console import handle_errors, out
-
-
-class Format(str, Enum):
-    text = "text"
-    json = "json"
-
-
-LAYOUT_HELP = "Parallel layout, e.g. tp=8,pp=4,dp=32 (optional cp=, ep=). Default: pure data parallel."
-ORDER_HELP = "Rank order of the dimensions, fastest-varying first (Megatron default tp-cp-ep-dp-pp)."
+from .options import DEFAULT_ORDER, Format, FormatOpt, GpusPerNodeOpt, JobOpt, LayoutOpt, OrderOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -24,11 +15,11 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def diagnose(
         path: Path = typer.Argument(..., help="A raw dump directory or a rankscope store."),
-        layout: str = typer.Option(None, "--layout", help=LAYOUT_HELP),
-        order: str = typer.Option("tp-cp-ep-dp-pp", "--order", help=ORDER_HELP),
-        gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Ranks per node when no manifest names nodes."),
-        job: str = typer.Option(None, "--job", help="Job to diagnose when the store holds several."),
-        fmt: Format = typer.Option(Format.text, "--format", help="text for people, json for machines."),
+        layout: LayoutOpt = None,
+        order: OrderOpt = DEFAULT_ORDER,
+        gpus_per_node: GpusPerNodeOpt = 8,
+        job: JobOpt = None,
+        fmt: FormatOpt = Format.text,
         save: bool = typer.Option(False, "--save", help="Append the verdict to the store's verdicts table (store PATH only)."),
     ) -> None:
         """Name the machines to isolate (exit 0, healthy included); bad input exits 2 with one line."""

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 
 import typer
 
 from .console import handle_errors, out
-
-
-class Format(str, Enum):
-    text = "text"
-    json = "json"
+from .options import DEFAULT_ORDER, Format, FormatOpt, GpusPerNodeOpt, JobOpt, LayoutOpt, OrderOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -20,12 +15,12 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def fr(
         path: Path = typer.Argument(..., help="A directory of FR dumps (<prefix><rank>, pickle or JSON), or one file."),
-        layout: str = typer.Option(None, "--layout", help="Parallel layout, e.g. tp=8,pp=4,dp=32."),
-        order: str = typer.Option("tp-cp-ep-dp-pp", "--order", help="Rank order of the dimensions, fastest first."),
-        gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Ranks per node."),
+        layout: LayoutOpt = None,
+        order: OrderOpt = DEFAULT_ORDER,
+        gpus_per_node: GpusPerNodeOpt = 8,
         prefix: str = typer.Option(None, "--prefix", help="Only files whose name starts with this prefix."),
-        job: str = typer.Option("", "--job", help="Job name to put in the verdict."),
-        fmt: Format = typer.Option(Format.text, "--format", help="text for people, json for machines."),
+        job: JobOpt = None,
+        fmt: FormatOpt = Format.text,
     ) -> None:
         """Analyze FR dumps like torchfrtrace (gloo-safe): missing ranks, mismatches, culprit machines."""
         from ..analytics.collectives import analyze_collectives, fr_verdict
@@ -37,7 +32,7 @@ def register(app: typer.Typer) -> None:
         lay = Layout.parse(layout, order) if layout else None
         topo, notes = infer_topology([d.rank for d in dumps], {}, layout=lay, gpus_per_node=gpus_per_node,
                                      where=str(path))
-        verdict = fr_verdict(analyze_collectives(dumps, topo), topo, job=job)
+        verdict = fr_verdict(analyze_collectives(dumps, topo), topo, job=job or "")
         if notes:
             verdict = verdict.with_updates(details={**verdict.details, "notes": notes})
         out.print(verdict.to_json(indent=2) if fmt is Format.json else verdict.explain(), markup=False)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-
 import typer
 
 from .. import __version__
+from . import agent, demo, detect, diagnose, fr, store
 
 app = typer.Typer(
     name="rankscope",
@@ -30,13 +29,6 @@ def main(
     """Find the faulty machine in a large distributed training job."""
 
 
-# Command modules register themselves; each owns its own file (cli/<name>.py with register(app)).
-COMMAND_MODULES = ("diagnose", "demo", "store", "agent", "fr", "detect")
-for _name in COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(f"{__package__}.{_name}")
-    except ModuleNotFoundError as _exc:  # a command module not written yet
-        if _exc.name != f"{__package__}.{_name}":
-            raise
-        continue
+# Each command lives in its own module (cli/<name>.py) with register(app).
+for _mod in (diagnose, demo, store, agent, fr, detect):
     _mod.register(app)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from .console import handle_errors, out
-from .diagnose import LAYOUT_HELP, ORDER_HELP
+from .options import DEFAULT_ORDER, GpusPerNodeOpt, LayoutOpt, OrderOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -17,9 +17,9 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="A raw dump directory (stacks, manifest.csv, FR dumps, metrics, timings)."),
         store: Path = typer.Option(..., "--store", help="Store root (created if absent)."),
         job: str = typer.Option(None, "--job", help="Job name (default: the directory name)."),
-        layout: str = typer.Option(None, "--layout", help=LAYOUT_HELP),
-        order: str = typer.Option("tp-cp-ep-dp-pp", "--order", help=ORDER_HELP),
-        gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Ranks per node when no manifest names nodes."),
+        layout: LayoutOpt = None,
+        order: OrderOpt = DEFAULT_ORDER,
+        gpus_per_node: GpusPerNodeOpt = 8,
     ) -> None:
         """Append a dump directory to the store (atomic, append-only)."""
         from ..datasets.ingest import ingest_path

@@ -1,0 +1,23 @@
+"""Options shared by the commands, declared once so their names and help stay the same everywhere."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+
+
+LayoutOpt = Annotated[Optional[str], typer.Option(
+    "--layout", help="Parallel layout, e.g. tp=8,pp=4,dp=32 (optional cp=, ep=). Default: pure data parallel.")]
+OrderOpt = Annotated[str, typer.Option(
+    "--order", help="Rank order of the dimensions, fastest-varying first (Megatron default tp-cp-ep-dp-pp).")]
+GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="Ranks per node when no manifest names nodes.")]
+JobOpt = Annotated[Optional[str], typer.Option("--job", help="Job name (selects one job of a store).")]
+FormatOpt = Annotated[Format, typer.Option("--format", help="text for people, json for machines.")]
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
