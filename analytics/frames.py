@@ -111,7 +111,6 @@ IO_LEAVES = frozenset({
 })
 IDLE_LEAVES = frozenset({"wait", "select", "poll", "_poll", "get", "sleep", "acquire", "_wait_for_tstate_lock",
                          "join", "accept", "recv_into", "_recv", "_recv_bytes", "epoll", "wait_for"})
-WAITING_STATES = frozenset({"collective", "p2p", "dataloader-wait", "checkpoint-wait", "idle"})
 
 
 def _is_dist(file: str) -> bool:
@@ -144,7 +143,5 @@ def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str
         if f.function.rsplit(".", 1)[-1] in IO_LEAVES and "data" in f.file + (frames[i + 1].file if i + 1 < len(frames) else ""):
             return "io", i
     if leaf in IDLE_LEAVES:
-        if role == "dataloader" and any(f.function == "_worker_loop" for f in frames):
-            return "idle", 0
         return "idle", 0
     return "compute", 0

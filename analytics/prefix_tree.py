@@ -38,18 +38,6 @@ class PrefixTree:
 
     lines: tuple[TreeLine, ...]
 
-    @property
-    def divergence_points(self) -> tuple[TreeLine, ...]:
-        return tuple(line for line in self.lines if line.diverges)
-
-    def render(self, max_lines: int = 60) -> str:
-        out = []
-        for line in self.lines[:max_lines]:
-            out.append(f"{'  ' * line.depth}{line.label}  [{line.n_ranks}: {line.ranks}]")
-        if len(self.lines) > max_lines:
-            out.append(f"... {len(self.lines) - max_lines} more")
-        return "\n".join(out)
-
     def to_dict(self) -> list[dict]:
         return [{"depth": ln.depth, "frame": ln.label, "n_ranks": ln.n_ranks, "ranks": ln.ranks,
                  "clusters": list(ln.clusters), "diverges": ln.diverges} for ln in self.lines]

@@ -151,14 +151,14 @@ def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None
     )
 
 
-def _cover_words(group: SuspectGroup) -> str:
+def _cover_words(group: SuspectGroup, subject: str = "The outliers are") -> str:
     if group.kind == "node" and len(group.nodes) == 1:
-        return f"The outliers are all on {group.nodes[0]}: that machine is the fault domain."
+        return f"{subject} all on {group.nodes[0]}: that machine is the fault domain."
     if group.kind == "node":
         return (f"No parallel group is a small enough fault domain (or the layout has none): isolate the "
-                f"outliers' own {len(group.nodes)} nodes.")
+                f"{len(group.nodes)} nodes themselves.")
     idx = ",".join(map(str, group.indices[:10])) + ("..." if len(group.indices) > 10 else "")
-    return (f"The outliers are covered by {len(group.indices)} {group.kind.upper()} group(s) [{idx}] on "
+    return (f"{subject} covered by {len(group.indices)} {group.kind.upper()} group(s) [{idx}] on "
             f"{len(group.nodes)} node(s): isolate them whole (the parallel group is the fault domain).")
 
 
@@ -206,7 +206,7 @@ def _failslow_verdict(rounds: Sequence[SnapshotAnalysis], topology: Topology, pr
         reasons.append(f"Rank {r} on {topology.node_of(r)} was running its own code (not waiting on anyone) in "
                        f"{d.culprit_counts[r]} of {d.rounds} rounds, far more than chance: the others keep "
                        "waiting for it.")
-    reasons.append(_cover_words(d.group).replace("The outliers are", "The degrader is"))
+    reasons.append(_cover_words(d.group, "The degrader is"))
     suspect_ranks = tuple(sorted({r for a in rounds for r in a.outlier_ranks if r in set(d.ranks)}
                                  | set(d.culprit_ranks)))
     evidence = tuple(Evidence("stacks", "slow-rank", f"not waiting in {d.culprit_counts[r]} of {d.rounds} rounds",

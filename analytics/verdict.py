@@ -115,10 +115,6 @@ class Verdict:
         if not set(self.culprit_nodes) <= set(self.suspect_nodes):
             raise ValueError("culprit_nodes must be a subset of suspect_nodes")
 
-    @property
-    def is_healthy(self) -> bool:
-        return self.verdict == "healthy"
-
     def with_updates(self, **changes: Any) -> Verdict:
         """A copy with some fields changed (the verdict is frozen)."""
         return replace(self, **changes)

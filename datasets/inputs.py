@@ -61,11 +61,16 @@ def infer_topology(ranks: Sequence[int], nodes: Mapping[int, str], *, layout: La
     return Topology.from_table(list(range(world)), names, layout=layout), notes
 
 
+def _ranks_and_nodes(procs: Sequence[ProcStacks]) -> tuple[list[int], dict[int, str]]:
+    """Every rank seen, and the node each trainer rank ran on."""
+    nodes = {p.rank: p.node for p in procs if p.role == "trainer" and p.rank is not None and p.node}
+    return sorted({p.rank for p in procs if p.rank is not None}), nodes
+
+
 def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> JobInputs:
     dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node)
     procs = from_dump_dir(dd)
-    nodes = {p.rank: p.node for p in procs if p.role == "trainer" and p.rank is not None and p.node}
-    ranks = sorted({p.rank for p in procs if p.rank is not None})
+    ranks, nodes = _ranks_and_nodes(procs)
     fr_notes: list[str] = []
     fr = _read_fr(dd.fr_files, fr_notes)
     ranks_fr = [d.rank for d in fr if getattr(d, "rank", None) is not None]
@@ -131,8 +136,8 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
         coords = {d: topo_df[d].to_list() for d in DIMS if topo_df[d].null_count() == 0}
         topo = Topology.from_table(topo_df["rank"].to_list(), topo_df["node"].to_list(), coords=coords or None)
     else:
-        nodes = {p.rank: p.node for p in procs if p.role == "trainer" and p.rank is not None and p.node}
-        ranks = sorted({p.rank for p in procs if p.rank is not None} | {d.rank for d in fr if d.rank is not None})
+        ranks, nodes = _ranks_and_nodes(procs)
+        ranks = sorted(set(ranks) | {d.rank for d in fr if d.rank is not None})
         if ranks:
             topo, notes = infer_topology(ranks, nodes, layout=layout, gpus_per_node=gpus_per_node, where=str(root))
         elif layout is not None:

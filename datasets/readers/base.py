@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -119,8 +119,3 @@ def to_rows(
          "frames": [{"function": f.function, "file": f.file, "line": f.line} for f in t.frames]}
         for t in dump.threads
     ]
-
-
-def iter_rows(dumps: Iterable[tuple[ProcessDump, dict[str, Any]]]) -> Iterable[dict[str, Any]]:
-    for dump, meta in dumps:
-        yield from to_rows(dump, **meta)

@@ -27,6 +27,7 @@ from ...errors import InputError
 from ..schemas import ROLES
 from .base import ProcessDump, failed_dump
 from .faulthandler import looks_like_traceback, parse_traceback_text
+from .flight_recorder import is_fr_file
 from .pyspy_json import parse_pyspy_json
 from .pyspy_text import parse_pyspy_text
 
@@ -84,14 +85,6 @@ def read_stack_file(path: str | os.PathLike[str], display: str | None = None, *,
     if not stripped.startswith("Process ") and looks_like_traceback(text):
         return parse_traceback_text(text, name)
     return parse_pyspy_text(text, name)
-
-
-def _is_pickle(path: str | Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(1) == b"\x80"
-    except OSError:
-        return False
 
 
 def _role_from(name: str, dump: ProcessDump, first: bool) -> str:
@@ -223,7 +216,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
             if raw is not None and raw.lstrip()[:1] == b"{":
                 fr.append((snap, Path(path)))
                 continue
-        elif suffix in ("", ".pkl", ".pickle") and _is_pickle(path):
+        elif suffix in ("", ".pkl", ".pickle") and is_fr_file(path):
             fr.append((snap, Path(path)))
             continue
         if suffix not in _STACK_SUFFIXES:
