@@ -159,3 +159,18 @@ def test_timings_survive_the_store(tmp_path):
     res = _run("diagnose", st, "--format", "json")
     assert res.exit_code == 0, res.output
     assert set(truth.slow_nodes) <= set(json.loads(res.stdout)["culprit_nodes"])
+
+
+def test_stacks_and_flight_recorder_in_one_directory_are_fused(tmp_path, probe_dir):
+    import shutil
+
+    for f in (probe_dir / "pyspy" / "text").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    for f in (probe_dir / "fr").glob("rank_*"):
+        shutil.copy(f, tmp_path / f.name)
+    res = _run("diagnose", tmp_path, "--gpus-per-node", "1", "--format", "json")
+    assert res.exit_code == 0, res.output
+    v = json.loads(res.stdout)
+    assert v["sources"] == ["stacks", "flight_recorder"]
+    assert v["culprit_nodes"] == ["node-3"]
+    assert v["details"]["support"]["node-3"] == ["stacks", "flight_recorder"]
