@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .console import err, handle_errors, out
+from .console import handle_errors, out
 
 PRECEDENCE = "Settings: flags > RANKSCOPE_AGENT_<FIELD> env vars > --config file (TOML/JSON) > defaults."
 
@@ -32,28 +32,18 @@ def register(app: typer.Typer) -> None:
         trigger: bool = typer.Option(False, "--trigger", help="Ask the agent of --run-dir for a capture and exit."),
     ) -> None:
         """Run until SIGTERM/SIGINT; SIGUSR1 or touching RUN_DIR/trigger captures stacks now."""
-        import os
-
-        # a long-lived daemon: return freed Arrow buffers to the OS (the default pools keep them)
-        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
-        from ..collectors.agent import Agent
         from ..collectors.config import resolve
+        from ..collectors.daemon import exec_daemon
         from ..collectors.trigger import request_capture
 
         flags = {k: v for k, v in locals().items()
-                 if k not in ("config", "trigger", "Agent", "resolve", "request_capture", "os")}
+                 if k not in ("config", "trigger", "resolve", "exec_daemon", "request_capture")}
         if trigger and not store:
             flags["store"] = "(not needed to trigger)"
         cfg = resolve(flags, config_file=config)
         if trigger:
             out.print(f"trigger written: {request_capture(cfg.run_dir, rounds=cfg.capture_rounds, trigger_file=cfg.trigger_file)}")
             return
-        daemon = Agent(cfg)
-        said = list(daemon.messages)  # e.g. "GPU metrics unavailable": said once, at start
-        for msg in said:
-            err.print(f"rankscope agent: {msg}", markup=False)
-        report = daemon.run()
-        for msg in report.messages:
-            if msg not in said:
-                err.print(f"rankscope agent: {msg}", markup=False)
-        out.print(report.explain(), markup=False)
+        # the daemon runs for weeks: replace this CLI process (same pid) with one that does not
+        # carry typer, rich and pydantic (rankscope.collectors.daemon)
+        exec_daemon(cfg)

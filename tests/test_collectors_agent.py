@@ -94,6 +94,10 @@ def test_agent_trigger_file_and_sigterm_flush(tmp_path: Path, mini_job) -> None:
         while time.time() < deadline and not list(run_dir.glob("pid*.json")):
             time.sleep(0.2)
         time.sleep(2.0)
+        # the CLI replaced itself (same pid) with the lean daemon: no typer/rich/pydantic in a week-long process
+        cmdline = Path(f"/proc/{agent.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"rankscope.collectors.daemon" in cmdline, cmdline
+        assert b"pydantic_core" not in Path(f"/proc/{agent.pid}/maps").read_bytes()
         subprocess.run(cmd[:4] + ["--run-dir", str(run_dir), "--trigger"], check=True, env=env, capture_output=True)
         while time.time() < deadline and (run_dir / "trigger").exists():
             time.sleep(0.2)
@@ -109,3 +113,10 @@ def test_agent_trigger_file_and_sigterm_flush(tmp_path: Path, mini_job) -> None:
     # the metrics flush interval is 600 s: rows exist only because SIGTERM flushed them
     assert store.read("metrics").height > 0
     assert "agent stopped" in store.read("events")["message"].to_list()
+
+
+def test_daemon_rejects_a_bad_config_in_one_line(tmp_path: Path) -> None:
+    for arg in ('{"store": "x", "bogus": 1}', "{not json", '{"store": "x", "stall_seconds": -1}'):
+        r = subprocess.run([sys.executable, "-m", "rankscope.collectors.daemon", arg],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("rankscope: error:"), r.stderr

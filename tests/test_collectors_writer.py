@@ -67,6 +67,15 @@ def test_unwritable_store_and_bad_rows_are_counted(tmp_path: Path) -> None:
     assert w2.flush() == 0 and w2.dropped == {"metrics": 1}
 
 
+def test_rows_with_unknown_columns_or_tables_are_dropped_alone(tmp_path: Path) -> None:
+    w = BatchWriter(tmp_path / "store")
+    w.add("metrics", [metric(1), {**metric(2), "bogus": 1}, metric(3)])
+    w.add("no_such_table", [{"a": 1}, {"a": 2}])
+    assert w.pending == 2 and w.dropped == {"metrics": 1, "no_such_table": 2}
+    assert w.flush() == 2
+    assert Store(tmp_path / "store").read("metrics")["value"].to_list() == [1.0, 3.0]
+
+
 WRITER = r"""
 import sys
 from rankscope.collectors.writer import BatchWriter

@@ -1,0 +1,86 @@
+"""The long-lived agent process: ``python -m rankscope.collectors.daemon CONFIG_JSON``.
+
+``rankscope agent`` parses and validates its flags, environment and config file with the CLI, then
+replaces itself with this module (``os.execv``: same pid, same stdout/stderr, so supervisors and
+``kill`` see one process). The daemon that runs beside training for weeks therefore carries no CLI
+libraries: typer, rich and pydantic cost about 17 MB of RSS, a sixth of the agent's budget.
+
+``CONFIG_JSON`` is an already-resolved :class:`~rankscope.collectors.config.AgentConfig` as a JSON
+object (what :func:`exec_argv` writes); it is validated again here, so a hand-written one that is
+wrong gets the same one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from ..errors import RankscopeError
+from .config import FIELDS, AgentConfig
+
+PROG = "rankscope agent"
+
+
+def exec_argv(config: AgentConfig) -> list[str]:
+    """The argv that runs ``config`` in a fresh interpreter (this module)."""
+    return [sys.executable, "-m", __name__, json.dumps(asdict(config))]
+
+
+def exec_daemon(config: AgentConfig) -> None:
+    """Replace this process with the lean daemon running ``config``; never returns."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = exec_argv(config)
+    os.execv(argv[0], argv)
+
+
+def _config(text: str) -> AgentConfig:
+    try:
+        data: Any = json.loads(text)
+    except ValueError as exc:
+        raise RankscopeError(f"agent config JSON is not valid ({exc})") from None
+    if not isinstance(data, dict):
+        raise RankscopeError("agent config JSON must be an object of settings")
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise RankscopeError(f"agent config JSON: unknown settings {unknown}; valid: {', '.join(FIELDS)}")
+    if "disk_paths" in data:
+        data["disk_paths"] = tuple(data["disk_paths"])
+    return AgentConfig(**data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the agent until SIGTERM/SIGINT (or its own stop conditions); print its summary line."""
+    argv = sys.argv[1:] if argv is None else argv
+    # a long-lived daemon: return freed Arrow buffers to the OS (the default pools keep them)
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    try:
+        if len(argv) != 1:
+            raise RankscopeError(f"usage: python -m {__name__} CONFIG_JSON (or run `rankscope agent --help`)")
+        config = _config(argv[0])
+        from .agent import Agent  # after the config is known good: the import pulls in pyarrow
+
+        daemon = Agent(config)
+    except (RankscopeError, TypeError) as exc:
+        print(f"rankscope: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"rankscope: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    said = list(daemon.messages)  # e.g. "GPU metrics unavailable": said once, at start
+    for msg in said:
+        print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+    report = daemon.run()
+    for msg in report.messages:
+        if msg not in said:
+            print(f"{PROG}: {msg}", file=sys.stderr)
+    print(report.explain(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
