@@ -2,7 +2,8 @@
 
 Stacks give the hang/fail-slow verdict (:mod:`.stack_verdict`); Flight Recorder dumps give the
 collective view (:mod:`.collectives`) and are fused with the stacks (:mod:`.fusion`); metrics and
-per-rank timings give the fail-slow/degraded/imbalance view (:mod:`.perf`). Pure: in-memory
+per-rank timings give the fail-slow/degraded/imbalance view (:mod:`.perf`); abnormal process exits
+give the crash view (:mod:`.crashes`), which leads when present. Pure: in-memory
 inputs in, a frozen :class:`~rankscope.analytics.verdict.Verdict` out.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..datasets.exits import ProcessExit
 from ..datasets.stackset import ProcStacks
 from ..datasets.topology import Topology
 from .stack_verdict import StackConfig, diagnose_stacks
@@ -19,9 +21,20 @@ from .verdict import Verdict
 
 def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str = "", fr_dumps: Sequence[Any] = (),
              metrics: Any = None, timings: Any = None, memberships: Mapping[str, Sequence[int]] | None = None,
-             notes: Sequence[str] = (), config: StackConfig | None = None) -> Verdict:
-    """Diagnose one job from whatever evidence is present (at least one source)."""
+             notes: Sequence[str] = (), config: StackConfig | None = None,
+             exits: Sequence[ProcessExit] = ()) -> Verdict:
+    """Diagnose one job from whatever evidence is present (at least one source).
+
+    ``exits`` (abnormal process exits) give a ``crash`` verdict that leads: the first failure is
+    the culprit and the hang the stacks show after it is its consequence (:mod:`.crashes`).
+    """
     verdicts: list[Verdict] = []
+    if exits:
+        from .crashes import crash_verdict  # noqa: PLC0415
+
+        crash_v = crash_verdict(exits, topology, job=job)
+        if crash_v is not None:
+            verdicts.append(crash_v)
     stack_v = diagnose_stacks(procs, topology, job=job, config=config) if procs and topology is not None else None
     fr_v = None
     if fr_dumps and topology is not None:
@@ -46,8 +59,8 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str
         if perf_v is not None:
             verdicts.append(perf_v)
     if not verdicts:
-        return Verdict("inconclusive", job=job, reasons=("no evidence: no stacks, Flight Recorder dumps, metrics "
-                                                         "or timings were found",) + tuple(notes),
+        return Verdict("inconclusive", job=job, reasons=("no evidence: no stacks, Flight Recorder dumps, exits, "
+                                                         "metrics or timings were found",) + tuple(notes),
                        world_size=topology.world_size if topology is not None else 0)
     v = _combine(verdicts)
     if notes:
@@ -70,7 +83,7 @@ def _job_nodes_only(metrics: Any, topology: Topology) -> tuple[Any, list[str]]:
     return metrics.filter(pl.col("node").is_in(sorted(inside))), sorted(str(n) for n in names - inside)
 
 
-_PRIORITY = {"hang": 0, "mismatch": 1, "fail-slow": 2, "degraded": 3, "imbalance": 4, "inconclusive": 5, "healthy": 6}
+_PRIORITY = {"crash": -1, "hang": 0, "mismatch": 1, "fail-slow": 2, "degraded": 3, "imbalance": 4, "inconclusive": 5, "healthy": 6}
 
 
 def _combine(verdicts: Sequence[Verdict]) -> Verdict:
@@ -87,5 +100,10 @@ def _combine(verdicts: Sequence[Verdict]) -> Verdict:
         reasons.extend(v.reasons[1:4])
         evidence.extend(v.evidence)
         sources.extend(s for s in v.sources if s not in sources)
+    # a verdict without stacks (crash from exits, perf) still shows the clusters the stacks found
+    clustered = next((v for v in ordered if v.clusters), lead)
     return lead.with_updates(reasons=tuple(reasons), evidence=tuple(evidence), sources=tuple(sources),
+                             clusters=lead.clusters or clustered.clusters,
+                             n_snapshots=max(v.n_snapshots for v in ordered),
+                             world_size=lead.world_size or max(v.world_size for v in ordered),
                              details={**lead.details, "other_verdicts": [v.to_dict() for v in ordered[1:]]})

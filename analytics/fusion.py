@@ -14,7 +14,7 @@ from typing import Any
 
 from .verdict import Evidence, Verdict, merge_nodes, rank_ranges
 
-SEVERITY = {"mismatch": 0, "hang": 1, "fail-slow": 2, "degraded": 3, "imbalance": 4, "healthy": 5,
+SEVERITY = {"crash": -1, "mismatch": 0, "hang": 1, "fail-slow": 2, "degraded": 3, "imbalance": 4, "healthy": 5,
             "inconclusive": 6}
 _SOURCE_NAMES = {"stacks": "stacks", "flight_recorder": "Flight Recorder"}
 

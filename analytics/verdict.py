@@ -11,8 +11,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-VERDICTS = ("hang", "fail-slow", "degraded", "imbalance", "mismatch", "healthy", "inconclusive")
-"""Possible decisions. ``mismatch`` = a code/config fault (collectives disagree), not a machine."""
+VERDICTS = ("crash", "hang", "fail-slow", "degraded", "imbalance", "mismatch", "healthy", "inconclusive")
+"""Possible decisions. ``crash`` = a rank died (the first failure is named, the cascade after it is
+not); ``mismatch`` = a code/config fault (collectives disagree), not a machine."""
 
 SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "events")
 

@@ -79,6 +79,17 @@ class AgentReport:
                 f"rows written {sum(self.rows_written.values())}, dropped {sum(self.rows_dropped.values())}")
 
 
+def _exit_labels(rec: dict[str, Any]) -> dict[str, Any]:
+    """Structured facts of an exit for the ``events`` row (rankscope.datasets.exits reads them back)."""
+    if not rec:
+        return {"time_source": "detected"}  # no record: the time is when the agent noticed (<= 1 tick late)
+    frames = rec.get("frames") or []
+    top = frames[0] if frames and isinstance(frames[0], dict) else {}
+    where = f"{top.get('function')} ({os.path.basename(str(top.get('file')))}:{top.get('line')})" if top else ""
+    return {"exception": rec.get("type"), "message": str(rec.get("message", ""))[:500], "where": where,
+            "time_source": rec.get("time_source", "hook")}
+
+
 @dataclass
 class _Known:
     """A process the agent has seen, kept after it dies (for post-mortem stacks)."""
@@ -251,6 +262,10 @@ class Agent:
             k.dead_since = now
         if info.role == "trainer":
             exit_rec = self._exit_record(pid)
+            if not exit_rec:  # no exception record: did faulthandler write a dump as it died?
+                how = stacks.death_signal(pid, self.run_dir, offset=k.stack_offset if k is not None else 0)
+                if how is not None:
+                    exit_rec = {"type": how[0], "message": how[1], "time": how[2], "time_source": "stack-dump"}
             normal = exit_rec.get("type") == "exit"
             msg = (f"rank {info.rank} (pid {pid}) exited: {exit_rec.get('type')}: {exit_rec.get('message')}"
                    if exit_rec else f"rank {info.rank} (pid {pid}) vanished (signal or os._exit)")
@@ -258,7 +273,7 @@ class Agent:
                               action="none" if normal else "", rank=info.rank, pid=pid,
                               node=self._node_of(info.rank, pid),
                               ts=float(exit_rec.get("time", now)) if exit_rec else now,
-                              labels={"exception": exit_rec.get("type")} if exit_rec else {}))
+                              labels=_exit_labels(exit_rec)))
             if not normal and self._crash_since is None and not self._crash_captured:
                 self._crash_since = now
             self._next_discovery = 0.0

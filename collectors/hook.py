@@ -312,8 +312,8 @@ def _record_exit(tp: Any, value: Any, tb: Any) -> None:
         return
     frames = [{"function": f.name, "file": f.filename, "line": f.lineno}
               for f in reversed(traceback.extract_tb(tb))]
-    rec = {"pid": st.pid, "rank": st.identity.get("rank"), "time": time.time(), "type": tp.__name__,
-           "message": str(value)[:2000], "frames": frames}
+    rec = {"pid": st.pid, "rank": st.identity.get("rank"), "role": st.identity.get("role"), "time": time.time(),
+           "type": tp.__name__, "message": str(value)[:2000], "frames": frames}
     _atomic_write(st.run_dir / f"pid{st.pid}.exit.json", json.dumps(rec))
 
 

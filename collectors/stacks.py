@@ -130,6 +130,30 @@ def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -
     return failed_dump(str(path), "none", "process exited and left no stack", pid), "none"
 
 
+def death_signal(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -> tuple[str, str, float] | None:
+    """How a process that left no exit record died, from the dump faulthandler wrote as it died.
+
+    ``("fatal signal", "Segmentation fault", t)`` for faulthandler's fatal-error dump (SIGSEGV,
+    SIGABRT, SIGBUS, SIGFPE, SIGILL); ``("SIGTERM", ..., t)`` for a plain dump (the hook registers
+    faulthandler on SIGTERM: the launcher or scheduler stopped it); None when nothing was written
+    after ``offset`` (SIGKILL, the OOM killer, ``os._exit``). ``t`` is the dump file's mtime.
+    """
+    path = stack_file(run_dir, pid)
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode(errors="replace")
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return None
+    if not text.strip():
+        return None
+    fatal = [line for line in text.splitlines() if line.startswith("Fatal Python error: ")]
+    if fatal:
+        return "fatal signal", fatal[-1].removeprefix("Fatal Python error: ").strip(), mtime
+    return "SIGTERM", "terminated by a signal (faulthandler dumped its stack as it stopped)", mtime
+
+
 def _capture_one(target: Target, run_dir: str | None, timeout_seconds: float, pyspy: str,
                  signum: int | None) -> Capture:
     t0 = time.perf_counter()

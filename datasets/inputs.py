@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, LayoutError
+from .exits import ProcessExit, exits_from_events, read_exit_records
 from .readers.dumpdir import DumpDir, scan_dump_dir
 from .stackset import ProcStacks, from_dump_dir, from_table
 from .store import Store
@@ -33,6 +34,7 @@ class JobInputs:
     notes: tuple[str, ...] = ()
     source: str = ""
     memberships: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    exits: tuple[ProcessExit, ...] = ()  # abnormal process exits (hook records or the agent's events)
 
 
 def infer_topology(ranks: Sequence[int], nodes: Mapping[int, str], *, layout: Layout | None,
@@ -75,16 +77,20 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str
     fr = _read_fr(dd.fr_files, fr_notes)
     ranks_fr = [d.rank for d in fr if getattr(d, "rank", None) is not None]
     metrics, timings = _read_tables(dd)
+    exit_notes: list[str] = []
+    exits = read_exit_records(dd.exit_files, nodes=nodes, notes=exit_notes)
+    ranks_exit = [e.rank for e in exits]
     topo: Topology | None
-    if ranks or ranks_fr:
-        topo, notes = infer_topology(ranks + ranks_fr, nodes if dd.has_manifest else {}, layout=layout,
+    if ranks or ranks_fr or ranks_exit:
+        topo, notes = infer_topology(ranks + ranks_fr + ranks_exit, nodes if dd.has_manifest else {}, layout=layout,
                                      gpus_per_node=gpus_per_node, where=str(root))
     elif layout is not None:
         topo, notes = Topology.from_layout(layout, gpus_per_node=gpus_per_node), []
     else:  # metrics/timings only: the timing analysis builds its topology from the timing columns
         topo, notes = None, []
     return JobInputs(job or root.name, topo, tuple(procs), tuple(fr), metrics, timings,
-                     tuple(dd.notes) + tuple(fr_notes) + tuple(notes), str(root))
+                     tuple(dd.notes) + tuple(fr_notes) + tuple(exit_notes) + tuple(notes), str(root),
+                     exits=tuple(exits))
 
 
 def _read_fr(paths: Sequence[Path], notes: list[str]) -> list[Any]:
@@ -146,7 +152,8 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
             topo = None
     metrics = store.read("metrics", job=job) if store.files("metrics", job=job) else None
     timings = store.read("timings", job=job) if store.files("timings", job=job) else None
-    return JobInputs(job, topo, tuple(procs), tuple(fr), metrics, timings, tuple(notes), str(root))
+    exits = exits_from_events(store.read("events", job=job)) if store.files("events", job=job) else []
+    return JobInputs(job, topo, tuple(procs), tuple(fr), metrics, timings, tuple(notes), str(root), exits=tuple(exits))
 
 
 def load_inputs(path: str | os.PathLike[str], *, layout: str | Layout | None = None, order: str | None = None,

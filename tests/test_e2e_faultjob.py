@@ -58,23 +58,16 @@ def run_fault(tmp_path: Path, fault: str, rank: int) -> dict:
     return json.loads(diag.stdout)
 
 
-@pytest.mark.parametrize(("fault", "rank", "node"), [
-    ("compute_hang", 5, "node-2"),
-    ("dataloader_stall", 3, "node-1"),
-    ("crash", 6, "node-3"),
+@pytest.mark.parametrize(("fault", "rank", "node", "kind"), [
+    ("compute_hang", 5, "node-2", "hang"),
+    ("dataloader_stall", 3, "node-1", "hang"),
+    # the other ranks fail 0.5-3 s after the crash ("Connection closed by peer", SIGTERM from torchrun);
+    # the stacks alone can then look inconclusive: the exits' order names the first failure
+    ("crash", 6, "node-3", "crash"),
 ])
-def test_agent_and_diagnose_name_the_faulty_node(tmp_path: Path, fault: str, rank: int, node: str) -> None:
-    # The real 8-process job is timing-sensitive on a shared 2-core machine (a crash tears the job
-    # down while the agent captures): one retry, and the first attempt's verdict is kept in the log.
-    try:
-        verdict = run_fault(tmp_path / "try1", fault, rank)
-        first_ok = verdict.get("culprit_nodes") == [node]
-    except AssertionError as exc:  # the agent or diagnose run itself failed
-        verdict, first_ok = {"error": str(exc)[-2000:]}, False
-    if not first_ok:
-        print("first attempt:", json.dumps({k: verdict.get(k) for k in ("verdict", "suspect_nodes", "culprit_nodes",
-                                                                        "reasons", "error")}))
-        verdict = run_fault(tmp_path / "try2", fault, rank)
+def test_agent_and_diagnose_name_the_faulty_node(tmp_path: Path, fault: str, rank: int, node: str, kind: str) -> None:
+    verdict = run_fault(tmp_path, fault, rank)
+    assert verdict["verdict"] == kind, verdict
     assert node in verdict["suspect_nodes"], verdict
     assert verdict["culprit_nodes"] == [node], verdict
     assert rank in verdict["culprit_ranks"], verdict

@@ -5,7 +5,8 @@ Rules (what ``rankscope diagnose PATH`` accepts):
 - ``*.txt``: py-spy text, or faulthandler / traceback text. ``*.json``: ``py-spy dump --json``
   (a JSON list). A JSON *object* or an extension-less ``<prefix><rank>`` pickle is a Flight Recorder
   dump and is handed to the Flight Recorder reader. Files named ``metrics*`` / ``timings*``
-  (CSV/Parquet) are metrics and timings.
+  (CSV/Parquet) are metrics and timings. ``*.exit.json`` files are the in-process hook's exit records
+  (the exception that ended a process, and when): the crash analysis orders them.
 - ``manifest.csv`` (optional): header ``file,rank,node`` plus optional ``role,pid,snapshot``; ``file``
   relative to PATH. With a manifest, stack files it does not list are ignored (and reported).
 - Without a manifest: rank from the file name (``rank17``, ``rank-17``, ``rank_17``), node
@@ -61,6 +62,7 @@ class DumpDir:
     fr_files: tuple[Path, ...] = ()
     metric_files: tuple[Path, ...] = ()
     timing_files: tuple[Path, ...] = ()
+    exit_files: tuple[Path, ...] = ()
     has_manifest: bool = False
     notes: tuple[str, ...] = field(default=())
 
@@ -192,7 +194,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
     manifest_path = root / MANIFEST
     manifest = {r["file"]: r for r in _read_manifest(manifest_path)} if manifest_path.is_file() else None
     files: list[DumpFile] = []
-    fr, metrics, timings, notes = [], [], [], []
+    fr, metrics, timings, exits, notes = [], [], [], [], []
     ignored = []
     for path, rel, snap in _walk(root):
         if rel == MANIFEST:
@@ -205,6 +207,9 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
             continue
         if name.startswith("timings") and suffix in (".csv", ".parquet"):
             timings.append(Path(path))
+            continue
+        if name.endswith(".exit.json"):
+            exits.append(Path(path))
             continue
         raw = None
         if suffix == ".json":  # read once: a JSON object is a Flight Recorder dump, a list is py-spy
@@ -255,7 +260,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
         shown = ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else "")
         why = "not in manifest.csv" if manifest is not None else "no rank in the name or unknown type"
         notes.append(f"ignored {len(ignored)} file(s) ({why}): {shown}")
-    if not files and not fr and not metrics and not timings:
+    if not files and not fr and not metrics and not timings and not exits:
         raise InputError(
             f"{root}: no stack dumps found (expected rank<N>.txt / rank<N>.json files, a manifest.csv, "
             "or Flight Recorder / metrics / timings files)"
@@ -265,8 +270,8 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
         if any(snap != last for snap, _ in fr):
             notes.append(f"Flight Recorder dumps from several snapshots: using snapshot {last}")
         fr = [p for snap, p in fr if snap == last]
-    return DumpDir(root, tuple(files), tuple(fr), tuple(metrics), tuple(timings), manifest is not None,
-                   tuple(notes))
+    return DumpDir(root, tuple(files), tuple(fr), tuple(metrics), tuple(timings), tuple(exits),
+                   manifest is not None, tuple(notes))
 
 
 def assign_roles(df: DumpFile) -> list[tuple[ProcessDump, str]]:

@@ -1,0 +1,181 @@
+"""Crash verdicts: which rank failed first, and which failures only followed it.
+
+When one rank of a collective job dies, its peers fail after it: gloo raises "Connection closed by
+peer" within a second, NCCL's watchdog aborts the communicator after its timeout, torchrun
+SIGTERMs the rest. Reading every rank's traceback, the root cause drowns in the cascade. The rule
+here is the one people apply by hand (and torchrun's "first observed failure"), made explicit:
+
+1. Keep the latest incident: abnormal exits at most ``incident_window_s`` (1 h, longer than any
+   collective timeout) before the last one, the earliest exit per rank.
+2. An exit whose error says a *peer* failed (connection closed or reset by peer, communicator
+   aborted, collective timeout, broken pipe, ...) is a **cascade**; the others are **primary**.
+3. The culprit is the earliest primary exit (plus any other primary within ``tie_s``, as clocks of
+   different hosts differ by milliseconds). With no primary at all, the earliest exit, at lower
+   confidence. A rank that vanished without a record (SIGKILL, the OOM killer) is primary.
+4. The same primary error on many ranks (``widespread_fraction`` of the world, at least 2) is a
+   code, data or configuration fault, not a machine: the verdict names the ranks and evicts nothing.
+
+Pure: :class:`~rankscope.datasets.exits.ProcessExit` records and a topology in, a
+:class:`~rankscope.analytics.verdict.Verdict` (``crash``) out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..datasets.exits import ProcessExit
+from ..datasets.topology import Topology
+from .verdict import Evidence, SuspectGroup, Verdict, merge_nodes, rank_ranges
+
+CASCADE_PATTERNS = (
+    r"connection (?:closed|reset) by peer",
+    r"remote (?:worker|process|peer)",
+    r"broken pipe",
+    r"communicator (?:was )?abort",
+    r"nccl.*abort",
+    r"watchdog caught collective operation timeout",
+    r"(?:collective|operation|recv|send|wait).{0,40}tim(?:ed )?out",
+    r"timed out (?:waiting|after)",
+    r"socket (?:closed|timeout)",
+    r"distnetworkerror",
+    r"sigterm|terminated by signal 15|received signal 15",
+    r"peer .{0,40}(?:exited|died|crashed|failed)",
+)
+_CASCADE = re.compile("|".join(f"(?:{p})" for p in CASCADE_PATTERNS), re.I)
+_NUMBERS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class CrashConfig:
+    incident_window_s: float = 3600.0
+    tie_s: float = 0.1
+    widespread_fraction: float = 0.25
+
+
+def is_cascade(e: ProcessExit) -> bool:
+    """True when ``e``'s error says a peer failed first (it is a consequence, not a cause)."""
+    if e.kind == "vanished":
+        return False
+    return bool(_CASCADE.search(f"{e.kind}: {e.message}"))
+
+
+def _signature(e: ProcessExit) -> str:
+    """The error with its numbers blanked: the same fault on different ranks compares equal."""
+    return f"{e.kind}: {_NUMBERS.sub('N', ' '.join(e.message.split())[:200])}"
+
+
+def latest_incident(exits: Sequence[ProcessExit], window_s: float) -> list[ProcessExit]:
+    """The trainer exits of the latest incident, the earliest per rank, oldest first."""
+    trainers = [e for e in exits if e.role == "trainer"]
+    if not trainers:
+        return []
+    last = max(e.time for e in trainers)
+    first_per_rank: dict[int, ProcessExit] = {}
+    for e in sorted(trainers, key=lambda e: e.time):
+        if e.time >= last - window_s:
+            first_per_rank.setdefault(e.rank, e)
+    return sorted(first_per_rank.values(), key=lambda e: (e.time, e.rank))
+
+
+def crash_verdict(exits: Sequence[ProcessExit], topology: Topology | None, *, job: str = "",
+                  config: CrashConfig | None = None) -> Verdict | None:
+    """The crash verdict of the latest incident in ``exits``, or None when no trainer exited abnormally."""
+    cfg = config or CrashConfig()
+    incident = latest_incident(exits, cfg.incident_window_s)
+    if not incident:
+        return None
+    world = topology.world_size if topology is not None else max(e.rank for e in incident) + 1
+    incident = [e for e in incident if 0 <= e.rank < world]
+    if not incident:
+        return None
+
+    def node_of(e: ProcessExit) -> str:
+        if topology is not None:
+            return topology.node_names[int(topology.node_index[e.rank])]
+        return e.node or f"rank-{e.rank}"
+
+    primary = [e for e in incident if not is_cascade(e)]
+    cascade = [e for e in incident if is_cascade(e)]
+    t0 = incident[0].time
+    evidence: list[Evidence] = []
+    reasons: list[str] = []
+
+    by_sig: dict[str, list[ProcessExit]] = {}
+    for e in primary:
+        by_sig.setdefault(_signature(e), []).append(e)
+    widespread = [g for g in by_sig.values()
+                  if len(g) >= max(2, cfg.widespread_fraction * world) and g[0].kind != "vanished"]
+    if widespread:
+        g = max(widespread, key=len)
+        ranks = tuple(sorted(e.rank for e in g))
+        reasons.append(f"{len(g)} of {world} ranks failed with the same error ({g[0].describe()}): a code, data "
+                       "or configuration fault, not a machine; nothing to evict.")
+        evidence.append(Evidence("events", "widespread-crash", g[0].describe(), ranks,
+                                 merge_nodes([node_of(e) for e in g])))
+        return Verdict("crash", job=job, confidence=0.8, suspect_ranks=tuple(sorted(e.rank for e in incident)),
+                       culprit_ranks=ranks, reasons=tuple(reasons), evidence=tuple(evidence), sources=("events",),
+                       world_size=world, details={"crash": _details(incident, primary, cascade, t0, node_of)})
+
+    pool = primary or incident
+    first = pool[0]
+    culprits = [e for e in pool if e.time - first.time <= cfg.tie_s]
+    nodes = merge_nodes([node_of(e) for e in culprits])
+    ranks = tuple(sorted(e.rank for e in culprits))
+    later = [e for e in incident if e not in culprits]
+    gap = (later[0].time - first.time) if later else None
+    if primary:
+        confidence = 0.95 if (gap is None or gap >= 0.5) and len(culprits) == 1 else 0.8
+        if first.time_source == "detected" and later:
+            confidence = min(confidence, 0.8)  # its time is when the agent noticed, not when it died
+        lead = f"Rank {first.rank} on {node_of(first)} failed first: {first.describe()}."
+    else:
+        confidence = 0.5
+        lead = (f"Every failure reports a lost peer; the earliest is rank {first.rank} on {node_of(first)} "
+                f"({first.describe()}). The root cause left no record here (its process may have been killed).")
+    reasons.append(lead)
+    for e in culprits[1:]:
+        reasons.append(f"Rank {e.rank} on {node_of(e)} failed at the same moment: {e.describe()}.")
+    if cascade and primary:
+        span = f"{min(e.time for e in cascade) - t0:.1f}-{max(e.time for e in cascade) - t0:.1f} s"
+        reasons.append(f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {span} later "
+                       f"with errors that report a lost peer ({_short_kind(cascade[0])}): a cascade, not separate faults.")
+    others = [e for e in primary if e not in culprits]
+    if others:
+        reasons.append(f"{len(others)} later failure(s) not recognised as a cascade: ranks "
+                       f"{rank_ranges(e.rank for e in others)} (first: {others[0].describe()}).")
+    for e in culprits:
+        evidence.append(Evidence("events", "first-failure" if primary else "earliest-failure", e.describe(),
+                                 (e.rank,), (node_of(e),)))
+    if cascade:
+        evidence.append(Evidence("events", "cascade-failure", _short_kind(cascade[0]),
+                                 tuple(e.rank for e in cascade), merge_nodes([node_of(e) for e in cascade]), 0.2))
+    group = None
+    if topology is not None:
+        idx = tuple(sorted({int(topology.node_index[r]) for r in ranks}))
+        group_ranks = tuple(int(r) for r in topology.ranks if int(topology.node_index[r]) in idx)
+        group = SuspectGroup("node", idx, group_ranks, nodes)
+    return Verdict("crash", job=job, confidence=confidence, suspect_nodes=nodes, culprit_nodes=nodes,
+                   suspect_ranks=ranks, culprit_ranks=ranks, reasons=tuple(reasons), suspect_group=group,
+                   evidence=tuple(evidence), sources=("events",), world_size=world,
+                   details={"crash": _details(incident, primary, cascade, t0, node_of)})
+
+
+def _short_kind(e: ProcessExit) -> str:
+    m = _CASCADE.search(f"{e.kind}: {e.message}")
+    return f"{e.kind}: ...{m.group(0)}..." if m else e.kind
+
+
+def _details(incident: Sequence[ProcessExit], primary: Sequence[ProcessExit], cascade: Sequence[ProcessExit],
+             t0: float, node_of: object) -> dict[str, object]:
+    prim = {id(e) for e in primary}
+    return {
+        "first_failure_time": t0,
+        "exits": [{"rank": e.rank, "node": node_of(e), "after_s": round(e.time - t0, 3),  # type: ignore[operator]
+                   "kind": e.kind, "message": " ".join(e.message.split())[:300], "where": e.where,
+                   "cause": "primary" if id(e) in prim else "cascade", "time_source": e.time_source}
+                  for e in incident],
+        "n_primary": len(primary),
+        "n_cascade": len(cascade),
+    }

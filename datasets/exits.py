@@ -1,0 +1,132 @@
+"""Process exits: which rank died, when, and of what, from the hook's records or the agent's events.
+
+Two sources, one shape (:class:`ProcessExit`):
+
+- the in-process hook's ``pid<PID>.exit.json`` files (``rankscope.collectors.hook``): the uncaught
+  exception (type, message, frames innermost first) and the wall time it was raised, or
+  ``"type": "exit"`` for a normal interpreter exit;
+- the ``events`` table the node agent writes: one ``process_exit`` row per trainer that died, with
+  the hook's facts in ``labels`` (``exception``, ``message``, ``where``, ``time_source``), or only
+  the time the agent noticed a process that vanished without a record (a signal, ``os._exit``,
+  the OOM killer).
+
+Only abnormal exits are returned; the crash analysis (``rankscope.analytics.crashes``) orders them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EXIT_SUFFIX = ".exit.json"
+_EVENT_TEXT = re.compile(r"exited: (?P<type>[^:]+): (?P<message>.*)", re.S)
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """One process that ended abnormally."""
+
+    rank: int
+    time: float  # wall-clock seconds since the epoch
+    kind: str  # the exception type name, or "vanished" (no record: killed by a signal, os._exit, ...)
+    message: str = ""
+    where: str = ""  # innermost frame, "function (file:line)", when known
+    node: str = ""
+    pid: int | None = None
+    role: str = "trainer"
+    time_source: str = "hook"  # hook (when raised) | detected (when the agent noticed; up to a tick late)
+    source: str = ""  # the file or table it came from
+
+    def describe(self) -> str:
+        what = "vanished without a record (killed by a signal, os._exit or the OOM killer)" \
+            if self.kind == "vanished" else f"{self.kind}: {_short(self.message)}"
+        return what + (f", in {self.where}" if self.where else "")
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _where(frames: Any) -> str:
+    if not isinstance(frames, list) or not frames or not isinstance(frames[0], dict):
+        return ""
+    f = frames[0]
+    return f"{f.get('function')} ({os.path.basename(str(f.get('file')))}:{f.get('line')})"
+
+
+def read_exit_record(path: str | os.PathLike[str], *, node: str = "") -> ProcessExit | None:
+    """The abnormal exit in one hook ``*.exit.json`` file; None for a normal exit or a record without
+    a rank. Raises ValueError (with the reason) when the file is not an exit record."""
+    p = Path(path)
+    try:
+        rec = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{p}: unreadable exit record ({exc})") from None
+    if not isinstance(rec, dict) or "type" not in rec or "time" not in rec:
+        raise ValueError(f"{p}: not an exit record (expected 'type' and 'time' keys)")
+    if rec["type"] == "exit" or rec.get("rank") is None:
+        return None
+    try:
+        rank, when = int(rec["rank"]), float(rec["time"])
+    except (TypeError, ValueError):
+        raise ValueError(f"{p}: rank {rec.get('rank')!r} / time {rec.get('time')!r} are not numbers") from None
+    return ProcessExit(rank, when, str(rec["type"]), str(rec.get("message", "")), _where(rec.get("frames")),
+                       node, rec.get("pid"), str(rec.get("role") or "trainer"), "hook", str(p))
+
+
+def read_exit_records(paths: Iterable[str | os.PathLike[str]], *, nodes: dict[int, str] | None = None,
+                      notes: list[str] | None = None) -> list[ProcessExit]:
+    """Abnormal exits from many record files; unreadable ones become a note, never an error."""
+    out = []
+    bad = []
+    for path in paths:
+        try:
+            e = read_exit_record(path)
+        except ValueError as exc:
+            bad.append(str(exc))
+            continue
+        if e is not None:
+            out.append(e if e.node or not nodes else _with_node(e, nodes.get(e.rank, "")))
+    if bad and notes is not None:
+        notes.append(f"{len(bad)} exit record(s) skipped: {bad[0]}" + (" ..." if len(bad) > 1 else ""))
+    return out
+
+
+def _with_node(e: ProcessExit, node: str) -> ProcessExit:
+    from dataclasses import replace
+
+    return replace(e, node=node)
+
+
+def exits_from_events(events: Any) -> list[ProcessExit]:
+    """Abnormal trainer exits in an ``events`` table (a polars DataFrame): the agent's ``process_exit`` rows."""
+    import polars as pl  # noqa: PLC0415
+
+    rows = events.filter((pl.col("kind") == "process_exit") & (pl.col("severity") != "info")
+                         & pl.col("rank").is_not_null())
+    out = []
+    for r in rows.iter_rows(named=True):
+        try:
+            labels = json.loads(r["labels"]) if r.get("labels") else {}
+        except ValueError:
+            labels = {}
+        if not isinstance(labels, dict):
+            labels = {}
+        kind, message = labels.get("exception"), labels.get("message")
+        m = _EVENT_TEXT.search(r.get("message") or "")
+        if kind is None and m:  # rows from agents that stored the facts only in the message text
+            kind = m.group("type")
+        if message is None:
+            message = m.group("message") if m else ""
+        ts = r["ts"]
+        out.append(ProcessExit(int(r["rank"]), ts.timestamp() if ts is not None else 0.0, str(kind or "vanished"),
+                               str(message), str(labels.get("where") or ""), r.get("node") or "", r.get("pid"),
+                               "trainer", str(labels.get("time_source") or ("hook" if kind else "detected")),
+                               "events"))
+    return out

@@ -1,0 +1,146 @@
+"""Crash verdicts: the first failure is the culprit, the cascade after it is not."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from rankscope.analytics.crashes import crash_verdict, is_cascade, latest_incident
+from rankscope.analytics.diagnose import diagnose
+from rankscope.collectors.stacks import death_signal
+from rankscope.datasets.exits import ProcessExit, exits_from_events, read_exit_record
+from rankscope.datasets.inputs import load_inputs
+from rankscope.datasets.topology import Layout, Topology
+
+GLOO_PEER = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+             "[127.0.0.1]:13001. This is typically caused by a remote worker crashing.")
+NCCL_TIMEOUT = ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, "
+                "NumelIn=1048576, Timeout(ms)=600000) ran for 600023 milliseconds before timing out.")
+TOPO = Topology.from_layout(Layout.parse("tp=2,pp=2,dp=2"), gpus_per_node=2)
+
+
+def ex(rank: int, t: float, kind: str = "RuntimeError", message: str = "boom", **kw: object) -> ProcessExit:
+    return ProcessExit(rank, 1_000_000.0 + t, kind, message, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("kind", "message", "cascade"), [
+    ("RuntimeError", GLOO_PEER, True),
+    ("DistBackendError", NCCL_TIMEOUT, True),
+    ("SIGTERM", "terminated by a signal (faulthandler dumped its stack as it stopped)", True),
+    ("RuntimeError", "Connection reset by peer", True),
+    ("RuntimeError", "CUDA error: an illegal memory access was encountered", False),
+    ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB", False),
+    ("fatal signal", "Segmentation fault", False),
+    ("vanished", "", False),
+])
+def test_cascade_classification(kind: str, message: str, cascade: bool) -> None:
+    assert is_cascade(ex(0, 0, kind, message)) is cascade
+
+
+def test_first_primary_failure_is_the_culprit_and_the_cascade_is_not() -> None:
+    exits = [ex(6, 0.0, message="injected crash on rank 6 at step 4", where="injected_crash (faultjob.py:109)"),
+             *(ex(r, 0.6 + 0.1 * r, message=GLOO_PEER) for r in (0, 2, 4, 7)),
+             *(ex(r, 1.5, "SIGTERM", "terminated by a signal") for r in (1, 3, 5))]
+    v = crash_verdict(exits, TOPO, job="j")
+    assert v is not None and v.verdict == "crash"
+    assert v.culprit_ranks == (6,) and v.culprit_nodes == ("node-3",) and v.suspect_nodes == ("node-3",)
+    assert v.confidence >= 0.9
+    assert "failed first" in v.reasons[0] and "injected_crash (faultjob.py:109)" in v.reasons[0]
+    assert "7 other rank(s)" in v.reasons[1] and "cascade" in v.reasons[1]
+    causes = {e["rank"]: e["cause"] for e in v.details["crash"]["exits"]}
+    assert causes[6] == "primary" and {causes[r] for r in (0, 1, 2, 3, 4, 5, 7)} == {"cascade"}
+
+
+def test_a_killed_rank_beats_earlier_peer_errors() -> None:
+    # the OOM killer's SIGKILL leaves no record: the agent notices it a tick late, after the gloo errors
+    exits = [ex(r, 0.2, message=GLOO_PEER) for r in (0, 1, 2)] + [ex(5, 0.5, "vanished", time_source="detected")]
+    v = crash_verdict(exits, TOPO)
+    assert v is not None and v.culprit_ranks == (5,) and v.culprit_nodes == ("node-2",)
+    assert v.confidence <= 0.8  # its time is only when it was noticed
+
+
+def test_only_cascade_errors_name_the_earliest_at_low_confidence() -> None:
+    v = crash_verdict([ex(3, 0.3, message=GLOO_PEER), ex(1, 0.1, message=GLOO_PEER)], TOPO)
+    assert v is not None and v.culprit_ranks == (1,) and v.confidence == 0.5
+    assert "left no record" in v.reasons[0]
+
+
+def test_the_same_error_on_many_ranks_is_a_code_fault_not_a_machine() -> None:
+    exits = [ex(r, 0.01 * r, "ValueError", f"bad shape [4, {r}] in layer 12") for r in range(6)]
+    v = crash_verdict(exits, TOPO)
+    assert v is not None and v.verdict == "crash"
+    assert v.suspect_nodes == () and v.culprit_nodes == () and v.culprit_ranks == tuple(range(6))
+    assert "not a machine" in v.reasons[0]
+
+
+def test_only_the_latest_incident_counts() -> None:
+    old = ex(2, -7200.0, message="yesterday's crash")
+    new = [ex(4, 0.0, message="today's crash"), ex(4, 5.0, message="again"), ex(0, 1.0, message=GLOO_PEER)]
+    inc = latest_incident([old, *new], 3600.0)
+    assert [(e.rank, e.message) for e in inc] == [(4, "today's crash"), (0, GLOO_PEER)]
+    v = crash_verdict([old, *new], TOPO)
+    assert v is not None and v.culprit_ranks == (4,)
+
+
+def test_no_abnormal_trainer_exit_no_crash_verdict() -> None:
+    assert crash_verdict([], TOPO) is None
+    assert crash_verdict([ex(1, 0.0, role="dataloader")], TOPO) is None
+
+
+def test_crash_verdict_leads_and_keeps_the_stack_clusters(tmp_path: Path) -> None:
+    exits = [ex(6, 0.0, message="injected"), ex(0, 0.7, message=GLOO_PEER)]
+    v = diagnose((), TOPO, job="j", exits=exits)
+    assert v.verdict == "crash" and v.culprit_nodes == ("node-3",) and v.sources == ("events",)
+
+
+def test_exits_from_agent_events_structured_and_text_only() -> None:
+    ts = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    events = pl.DataFrame({
+        "job": ["j"] * 4, "ts": [ts] * 4, "node": ["node-3", "node-0", "node-1", "node-1"],
+        "kind": ["process_exit", "process_exit", "process_exit", "stall"],
+        "severity": ["critical", "critical", "info", "warning"], "gpu": [None] * 4, "rank": [6, 0, 2, None],
+        "message": ["rank 6 (pid 9) exited: RuntimeError: injected crash", "rank 0 (pid 3) exited: "
+                    "RuntimeError: " + GLOO_PEER, "rank 2 (pid 4) exited: exit: normal", "no progress"],
+        "labels": [json.dumps({"exception": "RuntimeError", "message": "injected crash", "where": "f (a.py:1)",
+                               "time_source": "hook"}), json.dumps({"exception": "RuntimeError"}), None, None],
+        "pid": [9, 3, 4, None], "action": ["stop-time-check"] * 3 + ["capture"],
+    }, schema_overrides={"gpu": pl.Int32, "rank": pl.Int32, "pid": pl.Int64})
+    exits = exits_from_events(events)
+    assert [(e.rank, e.kind, e.node) for e in exits] == [(6, "RuntimeError", "node-3"), (0, "RuntimeError", "node-0")]
+    assert exits[0].where == "f (a.py:1)" and exits[1].message == GLOO_PEER and is_cascade(exits[1])
+
+
+def test_exit_records_in_a_dump_directory_give_a_crash_verdict(tmp_path: Path) -> None:
+    def record(pid: int, rank: int, t: float, tp: str, msg: str) -> None:
+        (tmp_path / f"pid{pid}.exit.json").write_text(json.dumps(
+            {"pid": pid, "rank": rank, "role": "trainer", "time": t, "type": tp, "message": msg,
+             "frames": [{"function": "step", "file": "/x/train.py", "line": 7}]}))
+
+    record(100, 5, 10.0, "RuntimeError", "CUDA error: an illegal memory access was encountered")
+    record(101, 4, 10.8, "RuntimeError", GLOO_PEER)
+    record(102, 1, 12.0, "exit", "normal interpreter exit")
+    (tmp_path / "pid103.exit.json").write_text("{not json")
+    inp = load_inputs(tmp_path, layout="tp=2,pp=2,dp=2", gpus_per_node=2)
+    assert sorted(e.rank for e in inp.exits) == [4, 5]
+    assert any("exit record(s) skipped" in n and "pid103.exit.json" in n for n in inp.notes)
+    v = diagnose(inp.procs, inp.topology, job=inp.job, exits=inp.exits)
+    assert v.verdict == "crash" and v.culprit_ranks == (5,) and v.culprit_nodes == ("node-2",)
+    assert "step (train.py:7)" in v.reasons[0]
+    assert read_exit_record(tmp_path / "pid102.exit.json") is None
+
+
+def test_death_signal_reads_faulthandler_output_written_at_death(tmp_path: Path) -> None:
+    f = tmp_path / "pid7.stack.txt"
+    assert death_signal(7, tmp_path) is None
+    f.write_text('Thread 0x01 (most recent call first):\n  File "a.py", line 1 in f\n')
+    assert death_signal(7, tmp_path)[0] == "SIGTERM"  # type: ignore[index]
+    assert death_signal(7, tmp_path, offset=f.stat().st_size) is None  # already consumed by a capture
+    with f.open("a") as fh:
+        fh.write('Fatal Python error: Segmentation fault\n\nCurrent thread 0x01 (most recent call first):\n'
+                 '  File "a.py", line 2 in g\n')
+    kind, message, _ = death_signal(7, tmp_path)  # type: ignore[misc]
+    assert (kind, message) == ("fatal signal", "Segmentation fault")
