@@ -60,10 +60,17 @@ def frame_key(f: FrameLike, *, lines: bool = False) -> str:
 
 
 _SIG_CACHE: dict[tuple[int, bool], tuple[object, tuple[str, ...]]] = {}
+_LAUNCH_FILES = frozenset({"<frozen runpy>", "runpy.py"})
+
+
+def _launcher_frame(f: FrameLike) -> bool:
+    """``python -m`` start-up frames (runpy): the same on every rank, and the first thing a dump cut
+    short loses (faulthandler writes innermost first), so they are left out of signatures."""
+    return f.file.rsplit("/", 1)[-1] in _LAUNCH_FILES
 
 
 def signature(frames: Sequence[FrameLike], *, lines: bool = False) -> tuple[str, ...]:
-    """Outermost-first tuple of frame keys of an innermost-first frame list.
+    """Outermost-first tuple of frame keys of an innermost-first frame list (runpy frames left out).
 
     Memoized per frames object: readers share one tuple among identical stacks, so 100,000
     ranks in the same state cost one computation. The cache keeps the tuple alive (its id stays
@@ -73,7 +80,7 @@ def signature(frames: Sequence[FrameLike], *, lines: bool = False) -> tuple[str,
     hit = _SIG_CACHE.get(key)
     if hit is not None and hit[0] is frames:
         return hit[1]
-    sig = tuple(frame_key(f, lines=lines) for f in reversed(frames))
+    sig = tuple(frame_key(f, lines=lines) for f in reversed(frames) if not _launcher_frame(f))
     if isinstance(frames, tuple):
         if len(_SIG_CACHE) >= 100_000:
             _SIG_CACHE.clear()

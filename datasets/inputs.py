@@ -74,14 +74,21 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str
     procs = from_dump_dir(dd)
     ranks, nodes = _ranks_and_nodes(procs)
     fr_notes: list[str] = []
-    fr = _read_fr(dd.fr_files, fr_notes)
+    fr = _read_fr(dd.fr_files, fr_notes) + _read_hook_fr(dd.hook_fr_files, fr_notes)
     ranks_fr = [d.rank for d in fr if getattr(d, "rank", None) is not None]
-    metrics, timings = _read_tables(dd)
+    metrics, timings = _read_tables(dd, nodes)
     exit_notes: list[str] = []
     exits = read_exit_records(dd.exit_files, nodes=nodes, notes=exit_notes)
     ranks_exit = [e.rank for e in exits]
     topo: Topology | None
-    if ranks or ranks_fr or ranks_exit:
+    world = max([*ranks, *ranks_fr, *ranks_exit], default=-1) + 1
+    if layout is None and dd.coords and sorted(dd.coords) == list(range(world)):
+        # the hook recorded every rank's parallel coordinates: the real layout, no flag needed
+        topo, notes = Topology.from_table(list(range(world)), [nodes.get(r, f"node-{r // gpus_per_node}")
+                                                               for r in range(world)],
+                                          coords={d: [dd.coords[r].get(d, 0) for r in range(world)]
+                                                  for d in DIMS}), []
+    elif ranks or ranks_fr or ranks_exit:
         topo, notes = infer_topology(ranks + ranks_fr + ranks_exit, nodes if dd.has_manifest else {}, layout=layout,
                                      gpus_per_node=gpus_per_node, where=str(root))
     elif layout is not None:
@@ -107,13 +114,38 @@ def _read_fr(paths: Sequence[Path], notes: list[str]) -> list[Any]:
     return read_fr_files(chosen)
 
 
-def _read_tables(dd: DumpDir) -> tuple[Any, Any]:
-    if not dd.metric_files and not dd.timing_files:
+def _read_hook_fr(files: Sequence[tuple[Path, int]], notes: list[str]) -> list[Any]:
+    """The hook's Flight Recorder dumps (the rank is known from the identity); a bad one is a note."""
+    if not files:
+        return []
+    from .readers.flight_recorder import read_fr_file  # noqa: PLC0415
+
+    out, bad = [], []
+    for path, rank in files:
+        try:
+            out.append(read_fr_file(path, rank=rank))
+        except Exception as exc:  # noqa: BLE001 - one rank's unreadable dump must not hide the others
+            bad.append(f"{path.name}: {exc}")
+    if bad:
+        notes.append(f"{len(bad)} Flight Recorder dump(s) of the run directory skipped: {bad[0]}"[:300])
+    return out
+
+
+def _read_tables(dd: DumpDir, nodes: Mapping[int, str]) -> tuple[Any, Any]:
+    if not dd.metric_files and not dd.timing_files and not dd.step_files:
         return None, None
     from .readers import tables  # noqa: PLC0415
 
     metrics = tables.read_metrics(list(dd.metric_files)) if dd.metric_files else None
     timings = tables.read_timings(list(dd.timing_files)) if dd.timing_files else None
+    if dd.step_files:  # the hook's log_step records: per-rank step times
+        import polars as pl  # noqa: PLC0415
+
+        from .readers.rundir import read_steps  # noqa: PLC0415
+
+        steps = read_steps(list(dd.step_files), nodes)
+        if steps is not None:
+            timings = steps if timings is None else pl.concat([timings, steps], how="diagonal_relaxed")
     return metrics, timings
 
 

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,18 +20,31 @@ pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(240)]
 
 
 def kill_tree(job: subprocess.Popen) -> None:
-    """SIGKILL torchrun and every worker below it (each worker runs in its own session)."""
+    """Stop torchrun and every worker below it (each in its own session) as a scheduler would:
+    SIGTERM (the hook's faulthandler writes each rank's last stack), then SIGKILL what is left."""
     from rankscope.collectors.discovery import descendants
 
-    for pid in [*descendants(job.pid), job.pid]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    tree = [*descendants(job.pid), job.pid]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in tree:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if sig == signal.SIGTERM:
+            time.sleep(1.0)
     job.wait()
 
 
-def run_fault(tmp_path: Path, fault: str, rank: int) -> dict:
+def diagnose_json(path: Path, *flags: str) -> dict:
+    diag = subprocess.run([sys.executable, "-m", "rankscope", "diagnose", str(path), *flags, "--format", "json"],
+                          capture_output=True, text=True, timeout=60)
+    assert diag.returncode == 0, diag.stderr[-3000:]
+    return json.loads(diag.stdout)
+
+
+def run_fault(tmp_path: Path, fault: str, rank: int) -> tuple[dict, dict]:
+    """The verdicts from the agent's store and from the hook's run directory alone."""
     pytest.importorskip("torch")
     from rankscope.datasets.faultjob import command
 
@@ -51,11 +65,8 @@ def run_fault(tmp_path: Path, fault: str, rank: int) -> dict:
         log.close()
     assert agent.returncode == 0, agent.stderr[-3000:]
     assert "captures: #" in agent.stdout, agent.stdout + agent.stderr[-2000:]
-    diag = subprocess.run(
-        [sys.executable, "-m", "rankscope", "diagnose", str(store), "--layout", "tp=2,pp=2,dp=2",
-         "--gpus-per-node", "2", "--format", "json"], capture_output=True, text=True, timeout=60)
-    assert diag.returncode == 0, diag.stderr[-3000:]
-    return json.loads(diag.stdout)
+    # the run directory needs no flags: the hook recorded each rank's node and parallel coordinates
+    return diagnose_json(store, "--layout", "tp=2,pp=2,dp=2", "--gpus-per-node", "2"), diagnose_json(run_dir)
 
 
 @pytest.mark.parametrize(("fault", "rank", "node", "kind"), [
@@ -66,8 +77,9 @@ def run_fault(tmp_path: Path, fault: str, rank: int) -> dict:
     ("crash", 6, "node-3", "crash"),
 ])
 def test_agent_and_diagnose_name_the_faulty_node(tmp_path: Path, fault: str, rank: int, node: str, kind: str) -> None:
-    verdict = run_fault(tmp_path, fault, rank)
-    assert verdict["verdict"] == kind, verdict
-    assert node in verdict["suspect_nodes"], verdict
-    assert verdict["culprit_nodes"] == [node], verdict
-    assert rank in verdict["culprit_ranks"], verdict
+    from_store, from_run_dir = run_fault(tmp_path, fault, rank)
+    for verdict in (from_store, from_run_dir):
+        assert verdict["verdict"] == kind, verdict
+        assert node in verdict["suspect_nodes"], verdict
+        assert verdict["culprit_nodes"] == [node], verdict
+        assert rank in verdict["culprit_ranks"], verdict

@@ -12,6 +12,8 @@ Rules (what ``rankscope diagnose PATH`` accepts):
 - Without a manifest: rank from the file name (``rank17``, ``rank-17``, ``rank_17``), node
   ``node-<rank // gpus_per_node>``, role from the name (``dataloader``, ``checkpoint``) or the stack.
 - Several snapshots: a ``snapshot`` column, or sub-directories ``snapshot-0/``, ``snapshot-1/``, ...
+- The in-process hook's run directory (``pid<PID>.json`` identities beside ``pid<PID>.stack.txt``,
+  ``.exit.json``, ``.steps.jsonl``, ``.fr.json``): read as described in :mod:`.rundir`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,12 @@ from .faulthandler import looks_like_traceback, parse_traceback_text
 from .flight_recorder import is_fr_file
 from .pyspy_json import parse_pyspy_json
 from .pyspy_text import parse_pyspy_text
+from .rundir import HOOK_FILE, HookProcess, coords_of, resolve
 
 MANIFEST = "manifest.csv"
+# the run directory's other files: the launcher's rank -> node map the hook reads (RANKSCOPE_MANIFEST),
+# the agent's pid file and its trigger file
+HOOK_AUX = frozenset({"manifest.json", "agent.pid", "trigger"})
 _RANK = re.compile(r"rank[-_]?(\d+)", re.I)
 _SNAPSHOT_DIR = re.compile(r"^snap(?:shot)?[-_]?(\d+)$", re.I)
 _STACK_SUFFIXES = (".txt", ".json")
@@ -63,8 +69,11 @@ class DumpDir:
     metric_files: tuple[Path, ...] = ()
     timing_files: tuple[Path, ...] = ()
     exit_files: tuple[Path, ...] = ()
-    has_manifest: bool = False
+    has_manifest: bool = False  # nodes are named (manifest.csv, or the hook's identities)
     notes: tuple[str, ...] = field(default=())
+    step_files: tuple[tuple[str, str], ...] = ()  # the hook's pid<PID>.steps.jsonl: (path, relative path)
+    coords: dict[int, dict[str, int]] = field(default_factory=dict)  # rank -> parallel coordinates (hook)
+    hook_fr_files: tuple[tuple[Path, int], ...] = ()  # the hook's pid<PID>.fr.json with the rank of PID
 
 
 def read_stack_file(path: str | os.PathLike[str], display: str | None = None, *,
@@ -196,10 +205,17 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
     files: list[DumpFile] = []
     fr, metrics, timings, exits, notes = [], [], [], [], []
     ignored = []
+    hooked: dict[tuple[str, int], HookProcess] = {}
     for path, rel, snap in _walk(root):
-        if rel == MANIFEST:
+        if rel == MANIFEST or rel.rsplit("/", 1)[-1] in HOOK_AUX:  # identities carry what these say
             continue
         fname = rel.rsplit("/", 1)[-1]
+        hm = HOOK_FILE.match(fname) if manifest is None else None
+        if hm is not None:
+            hp = hooked.setdefault((rel[: len(rel) - len(fname)], int(hm.group(1))), HookProcess(int(hm.group(1))))
+            hp.files[hm.group(2)] = path
+            hp.rel[hm.group(2)] = rel
+            continue
         name = fname.lower()
         stem, suffix = os.path.splitext(fname)
         if name.startswith("metrics") and suffix in (".csv", ".parquet"):
@@ -221,7 +237,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
             if raw is not None and raw.lstrip()[:1] == b"{":
                 fr.append((snap, Path(path)))
                 continue
-        elif suffix in ("", ".pkl", ".pickle") and is_fr_file(path):
+        elif suffix in ("", ".pkl", ".pickle") and os.path.isfile(path) and is_fr_file(path):
             fr.append((snap, Path(path)))
             continue
         if suffix not in _STACK_SUFFIXES:
@@ -256,11 +272,18 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
             files.append(DumpFile(f, int(meta.get("snapshot") or 0), int(meta["rank"]), meta["node"],
                                   meta.get("role") or None, int(meta["pid"]) if meta.get("pid") else None,
                                   (failed_dump(f, "unknown", "listed in manifest.csv but the file is absent"),)))
+    steps: list[tuple[str, str]] = []
+    coords: dict[int, dict[str, int]] = {}
+    hook_named = False
+    hook_fr: list[tuple[Path, int]] = []
+    if hooked:
+        hook_named, coords = _add_hook_processes(hooked, files, hook_fr, exits, steps, notes, ignored,
+                                                 gpus_per_node=gpus_per_node)
     if ignored:
         shown = ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else "")
         why = "not in manifest.csv" if manifest is not None else "no rank in the name or unknown type"
         notes.append(f"ignored {len(ignored)} file(s) ({why}): {shown}")
-    if not files and not fr and not metrics and not timings and not exits:
+    if not files and not fr and not hook_fr and not metrics and not timings and not exits and not steps:
         raise InputError(
             f"{root}: no stack dumps found (expected rank<N>.txt / rank<N>.json files, a manifest.csv, "
             "or Flight Recorder / metrics / timings files)"
@@ -271,7 +294,45 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
             notes.append(f"Flight Recorder dumps from several snapshots: using snapshot {last}")
         fr = [p for snap, p in fr if snap == last]
     return DumpDir(root, tuple(files), tuple(fr), tuple(metrics), tuple(timings), tuple(exits),
-                   manifest is not None, tuple(notes))
+                   manifest is not None or hook_named, tuple(notes), tuple(steps), coords, tuple(hook_fr))
+
+
+def _add_hook_processes(hooked: dict[tuple[str, int], HookProcess], files: list[DumpFile],
+                        fr: list[tuple[Path, int]],
+                        exits: list[Path], steps: list[tuple[str, str]], notes: list[str], ignored: list[str], *,
+                        gpus_per_node: int) -> tuple[bool, dict[int, dict[str, int]]]:
+    """The hook's per-process files (a run directory) as dump files, exits, FR dumps and step files."""
+    by_dir: dict[str, dict[int, HookProcess]] = {}
+    for (d, pid), hp in hooked.items():
+        by_dir.setdefault(d, {})[pid] = hp
+    named, coords = False, {}
+    for d, procs in sorted(by_dir.items()):
+        snap = 0
+        for part in d.strip("/").split("/"):
+            m = _SNAPSHOT_DIR.match(part)
+            if m:
+                snap = int(m.group(1))
+        resolved = resolve(procs, gpus_per_node=gpus_per_node, notes=notes)
+        by_pid = {p.pid: p for p in resolved}
+        keep = set(by_pid)
+        for p in resolved:
+            named = True
+            files.append(DumpFile(p.stack_rel, snap, p.rank, p.node, p.role, p.pid, (p.dump,)))
+        for pid, hp in procs.items():
+            if pid not in keep:
+                if "json" not in hp.files and "exit.json" in hp.files:
+                    exits.append(Path(hp.files["exit.json"]))  # an exit record names its own rank
+                continue
+            if "exit.json" in hp.files:
+                exits.append(Path(hp.files["exit.json"]))
+            if "fr.json" in hp.files and by_pid[pid].role == "trainer":
+                fr.append((Path(hp.files["fr.json"]), by_pid[pid].rank))
+            if "steps.jsonl" in hp.files:
+                steps.append((hp.files["steps.jsonl"], hp.rel["steps.jsonl"]))
+        coords = coords or coords_of(resolved)
+        if not resolved:
+            ignored.extend(rel for hp in procs.values() for k, rel in hp.rel.items() if k not in ("ctl", "exit.json"))
+    return named, coords
 
 
 def assign_roles(df: DumpFile) -> list[tuple[ProcessDump, str]]:

@@ -39,6 +39,25 @@ def _frame(line: str) -> Frame | None:
     return Frame(m.group(3), m.group(1), _int(m.group(2))) if m else None
 
 
+def _guess_main(threads: list[ThreadDump], current: list[int]) -> int:
+    """Which thread is the main one; faulthandler does not say (frames are innermost first).
+
+    The one running module-level code; else the only thread not started by ``threading`` (whose
+    outermost frame is ``threading._bootstrap``); else the thread that took the signal; else the
+    last listed (faulthandler lists the newest threads first, and the main thread is the oldest).
+    """
+    for i, t in enumerate(threads):
+        if any(f.function == "<module>" for f in t.frames):
+            return i
+    not_spawned = [i for i, t in enumerate(threads)
+                   if t.frames and not (t.frames[-1].function == "_bootstrap" and t.frames[-1].file.endswith("threading.py"))]
+    if len(not_spawned) == 1:
+        return not_spawned[0]
+    if current and (not not_spawned or current[0] in not_spawned):
+        return current[0]
+    return not_spawned[-1] if not_spawned else len(threads) - 1
+
+
 def parse_traceback_text(text: str, source_file: str = "") -> list[ProcessDump]:
     """One process with every thread found in faulthandler or traceback text."""
     if not text.strip():
@@ -93,8 +112,8 @@ def parse_traceback_text(text: str, source_file: str = "") -> list[ProcessDump]:
     if not threads:
         first = text.strip().splitlines()[0][:200]
         return [failed_dump(source_file, FORMAT, f"no Python stack found (first line: {first!r})")]
-    if current and not any(t.frames[-1].function == "<module>" for t in threads):
-        i = current[0]  # the thread that took the signal is the best guess for the main thread
+    if not any(t.is_main for t in threads):
+        i = _guess_main(threads, current)
         t = threads[i]
         threads[i] = ThreadDump(t.frames, t.thread_id, t.thread_name, t.active, True)
     status, error = ("partial", "file ends mid-line (truncated dump)") if not text.endswith("\n") else ("ok", None)

@@ -1,0 +1,193 @@
+"""The in-process hook's run directory, read post mortem (no agent needed).
+
+``rankscope.collectors.hook`` leaves, per process, ``pid<PID>.json`` (identity: rank, node, role,
+parallel-group coordinates), ``pid<PID>.stack.txt`` (faulthandler dumps: on request, on SIGTERM,
+on fatal errors), ``pid<PID>.exit.json`` (the uncaught exception), ``pid<PID>.steps.jsonl``
+(``log_step``) and ``pid<PID>.fr.json`` (Flight Recorder). When a hung job is torn down, SIGTERM
+makes every rank write its last stack, so the run directory alone is a dump directory:
+
+- each process's stack is the exception that ended it, else the **last** faulthandler dump in its
+  stack file, else a failed dump saying that it wrote none;
+- ranks, nodes and roles come from the identities (the newest process per rank and role when a
+  directory was reused across restarts), and the topology from their coordinates;
+- step records become per-rank ``timings`` (op ``step``) for the fail-slow analysis.
+
+The functions here classify and parse; :mod:`.dumpdir` calls them while it walks a directory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .base import Frame, ProcessDump, ThreadDump, failed_dump
+from .faulthandler import parse_traceback_text
+
+HOOK_FILE = re.compile(r"^pid(\d+)\.(json|stack\.txt|exit\.json|steps\.jsonl|fr\.json|ctl)$")
+_ROLES = {"trainer": "trainer", "dataloader": "dataloader", "checkpoint": "checkpoint"}
+
+
+@dataclass
+class HookProcess:
+    """The files one hooked process left."""
+
+    pid: int
+    files: dict[str, str] = field(default_factory=dict)  # kind (json, stack.txt, ...) -> absolute path
+    rel: dict[str, str] = field(default_factory=dict)  # kind -> path relative to the dump root
+
+
+@dataclass(frozen=True)
+class RunDirProcess:
+    """One process of a run directory, resolved."""
+
+    pid: int
+    rank: int
+    node: str
+    role: str
+    started: float
+    stack_rel: str
+    dump: ProcessDump
+    identity: Mapping[str, Any]
+
+
+def _load_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def identity(path: str) -> dict[str, Any] | None:
+    """The hook identity in ``path``, or None when the file is not one (any JSON object with a rank or role)."""
+    try:
+        data = _load_json(path)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if isinstance(data, dict) and "pid" in data and ("rank" in data or "role" in data):
+        return data
+    return None
+
+
+def process_dump(proc: HookProcess) -> ProcessDump:
+    """The stack a hooked process left: its uncaught exception, else its last faulthandler dump."""
+    exit_path = proc.files.get("exit.json")
+    if exit_path:
+        try:
+            rec = _load_json(exit_path)
+        except (OSError, UnicodeDecodeError, ValueError):
+            rec = None
+        if isinstance(rec, dict) and rec.get("type") not in (None, "exit") and rec.get("frames"):
+            frames = tuple(Frame(str(f.get("function")), str(f.get("file")), f.get("line"))
+                           for f in rec["frames"] if isinstance(f, dict))
+            thread = ThreadDump(frames, thread_id=proc.pid, thread_name="MainThread", active=False, is_main=True)
+            return ProcessDump((thread,), pid=proc.pid, status="ok",
+                               error=f"exited: {rec.get('type')}: {str(rec.get('message', ''))[:300]}",
+                               source_format="exception", source_file=proc.rel["exit.json"])
+    stack_path, rel = proc.files.get("stack.txt"), proc.rel.get("stack.txt", f"pid{proc.pid}.stack.txt")
+    text = ""
+    if stack_path:
+        try:
+            with open(stack_path, "rb") as fh:
+                text = fh.read().decode(errors="replace")
+        except OSError as exc:
+            return failed_dump(rel, "faulthandler", f"unreadable ({exc.strerror})", proc.pid)
+    if not text.strip():
+        return failed_dump(rel, "faulthandler", "the hook wrote no stack for this process (send it "
+                           "RANKSCOPE_STACK_SIGNAL, SIGUSR2 by default, or run the agent)", proc.pid)
+    dumps = [d for d in parse_traceback_text(text, source_file=rel) if d.status != "failed"]
+    if not dumps:
+        return failed_dump(rel, "faulthandler", "no parsable faulthandler dump in the file", proc.pid)
+    return replace(dumps[-1], pid=proc.pid, source_file=rel)  # the newest dump: at SIGTERM or the last request
+
+
+def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
+            notes: list[str]) -> list[RunDirProcess]:
+    """The processes of a run directory with their rank, node, role and stack (newest per rank and role)."""
+    newest: dict[tuple[int, str, int], RunDirProcess] = {}
+    no_identity, no_rank, silent_children = [], 0, 0
+    for pid, proc in sorted(procs.items()):
+        ident = identity(proc.files["json"]) if "json" in proc.files else None
+        if ident is None:
+            if "stack.txt" in proc.files:  # (an exit record alone still counts: it names its rank)
+                no_identity.append(proc.rel["stack.txt"])
+            continue
+        if ident.get("rank") is None:
+            no_rank += 1
+            continue
+        try:
+            rank = int(ident["rank"])
+        except (TypeError, ValueError):
+            no_rank += 1
+            continue
+        role = _ROLES.get(str(ident.get("role")), "other")
+        node = str(ident.get("node") or f"node-{rank // gpus_per_node}")
+        started = float(ident.get("started") or 0.0)
+        dump = process_dump(proc)
+        if role != "trainer" and dump.status == "failed":
+            silent_children += 1  # a worker that wrote no stack is no evidence either way
+            continue
+        rp = RunDirProcess(pid, rank, node, role, started, proc.rel.get("stack.txt", f"pid{pid}.stack.txt"),
+                           dump, ident)
+        key = (rank, role, pid if role != "trainer" else -1)  # one trainer per rank; children stay apart
+        cur = newest.get(key)
+        if cur is None or rp.started > cur.started:
+            newest[key] = rp
+    identities = sum(1 for p in procs.values() if "json" in p.files)
+    kept = len(newest)
+    if no_identity:
+        notes.append(f"run directory: {len(no_identity)} hook file set(s) without an identity ignored: "
+                     + ", ".join(no_identity[:3]) + (" ..." if len(no_identity) > 3 else ""))
+    if no_rank:
+        notes.append(f"run directory: {no_rank} process(es) without a rank ignored (not torchrun workers)")
+    stale = identities - kept - no_rank - silent_children
+    if stale > 0:
+        notes.append(f"run directory: {stale} older process(es) of the same ranks ignored (the directory "
+                     "was reused across restarts; the newest process per rank is used)")
+    return sorted(newest.values(), key=lambda p: (p.rank, p.role != "trainer", p.pid))
+
+
+def coords_of(procs: list[RunDirProcess]) -> dict[int, dict[str, int]]:
+    """Parallel-group coordinates per trainer rank, from the identities (empty when any is missing)."""
+    out = {}
+    for p in procs:
+        if p.role == "trainer":
+            c = p.identity.get("coords")
+            if not isinstance(c, dict) or not c:
+                return {}
+            out[p.rank] = {str(k): int(v) for k, v in c.items()}
+    return out
+
+
+def read_steps(paths: list[tuple[str, str]], nodes: Mapping[int, str]) -> Any:
+    """Per-rank ``timings`` (op ``step``) from ``(path, rel)`` steps files: one row per ``log_step``
+    that carried ``step_time_seconds``; malformed lines are skipped."""
+    import polars as pl  # noqa: PLC0415
+
+    cols: dict[str, list[Any]] = {"rank": [], "step": [], "op": [], "duration_s": [], "start_s": [], "node": []}
+    for path, _rel in paths:
+        try:
+            with open(path, "rb") as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                d = json.loads(line)
+                rank, step, t = int(d["rank"]), int(d["step"]), float(d["t"])
+                dur = float(d["step_time_seconds"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if dur != dur or dur < 0:
+                continue
+            cols["rank"].append(rank)
+            cols["step"].append(step)
+            cols["op"].append("step")
+            cols["duration_s"].append(dur)
+            cols["start_s"].append(t - dur)
+            cols["node"].append(nodes.get(rank))
+    if not cols["rank"]:
+        return None
+    return pl.DataFrame(cols, schema={"rank": pl.Int64, "step": pl.Int64, "op": pl.Utf8, "duration_s": pl.Float64,
+                                      "start_s": pl.Float64, "node": pl.Utf8})

@@ -1,0 +1,69 @@
+"""The hook's run directory read post mortem, as a dump directory (no agent, no --layout)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rankscope.analytics.diagnose import diagnose
+from rankscope.datasets.inputs import load_inputs
+from rankscope.datasets.readers.faulthandler import parse_traceback_text
+
+WAIT = """Thread 0x00007f00000000c1 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f00000000c2 (most recent call first):
+  File "/opt/rankscope/collectors/hook.py", line 377 in _control_loop
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Thread 0x00007f00000000c3 (most recent call first):
+  File "/venv/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/venv/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/job/train.py", line 201 in main
+  File "/job/train.py", line 332 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+  File "<frozen runpy>", line 198 in _run_module_as_main
+"""
+BUSY = WAIT.replace('distributed_c10d.py", line 3252 in all_reduce\n  File "/venv/torch/distributed/c10d_logger.py", '
+                    'line 83 in wrapper', 'functional.py", line 2201 in linear')
+
+
+def hooked(run: Path, pid: int, rank: int, node: str, *, started: float = 100.0, stack: str | None = None,
+           role: str = "trainer", coords: dict | None = None, steps: list[float] = ()) -> None:
+    ident = {"pid": pid, "rank": rank, "node": node, "role": role, "world_size": 4, "started": started,
+             "coords": coords if coords is not None else {"tp": rank % 2, "dp": rank // 2, "pp": 0}}
+    (run / f"pid{pid}.json").write_text(json.dumps(ident))
+    (run / f"pid{pid}.stack.txt").write_text(stack or "")
+    if steps:
+        (run / f"pid{pid}.steps.jsonl").write_text("".join(
+            json.dumps({"t": 1000.0 + i, "step": i, "rank": rank, "step_time_seconds": d}) + "\n"
+            for i, d in enumerate(steps)) + "{truncated")
+
+
+def test_run_directory_is_a_dump_directory(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in range(4):
+        hooked(run, 100 + rank, rank, f"host-{rank // 2}", stack=BUSY if rank == 2 else WAIT, steps=[0.1, 0.1, 0.1])
+    hooked(run, 50, 0, "host-0", started=10.0, stack=BUSY)  # an earlier incarnation of rank 0: ignored
+    hooked(run, 200, 1, "host-0", role="child")  # a DataLoader worker that wrote nothing: no evidence
+    os.mkfifo(run / "pid100.ctl")  # the hook's control FIFO must not be opened
+    (run / "manifest.json").write_text(json.dumps({"layout": "tp=2,dp=2", "nodes": {}}))
+    inp = load_inputs(run, gpus_per_node=2)
+    assert inp.topology is not None and inp.topology.sizes["tp"] == 2 and inp.topology.sizes["dp"] == 2
+    assert inp.topology.node_names == ("host-0", "host-1")
+    trainers = sorted((p.rank, p.pid) for p in inp.procs if p.role == "trainer")
+    assert trainers == [(0, 100), (1, 101), (2, 102), (3, 103)]
+    assert any("older process(es)" in n for n in inp.notes)
+    assert inp.timings is not None and inp.timings.height == 12
+    v = diagnose(inp.procs, inp.topology, job=inp.job, timings=inp.timings)
+    assert v.verdict == "hang" and v.culprit_ranks == (2,) and v.culprit_nodes == ("host-1",), v.reasons
+
+
+def test_faulthandler_main_thread_is_the_one_not_started_by_threading() -> None:
+    (dump,) = parse_traceback_text(WAIT.replace(' in <module>', ' in run_script'))
+    assert dump.main_thread is not None and dump.main_thread.frames[0].function == "all_reduce"
