@@ -21,9 +21,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..datasets.readers.base import Frame, ProcessDump, ThreadDump, failed_dump, to_rows
+from ..datasets.readers.base import ProcessDump, failed_dump, to_rows
 from ..datasets.readers.faulthandler import parse_traceback_text
 from ..datasets.readers.pyspy_json import parse_pyspy_json
+from ..datasets.readers.rundir import exception_dump, last_faulthandler_dump
 
 
 @dataclass(frozen=True)
@@ -106,16 +107,13 @@ def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -
     exit_path = Path(run_dir) / f"pid{pid}.exit.json"
     try:
         rec = json.loads(exit_path.read_text())
-        if rec.get("type") == "exit":
-            return failed_dump(str(exit_path), "exception", "process exited normally", pid), "none"
-        frames = tuple(Frame(f["function"], f["file"], f.get("line")) for f in rec.get("frames", []))
-        thread = ThreadDump(frames, thread_id=pid, thread_name="MainThread", active=False, is_main=True)
-        dump = ProcessDump((thread,), pid=pid, status="ok",
-                           error=f"exited: {rec.get('type')}: {str(rec.get('message', ''))[:300]}",
-                           source_format="exception", source_file=str(exit_path))
+    except (OSError, ValueError):
+        rec = None
+    if isinstance(rec, dict) and rec.get("type") == "exit":
+        return failed_dump(str(exit_path), "exception", "process exited normally", pid), "none"
+    dump = exception_dump(rec, pid, str(exit_path))
+    if dump is not None:
         return dump, "exception"
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     path = stack_file(run_dir, pid)
     try:
         with open(path, "rb") as fh:
@@ -123,10 +121,9 @@ def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -
             text = fh.read().decode(errors="replace")
     except OSError:
         text = ""
-    if text.strip():
-        dumps = parse_traceback_text(text, source_file=str(path))
-        if dumps and dumps[0].status != "failed":
-            return replace(dumps[0], pid=pid, error="exited; last faulthandler dump (SIGTERM or fatal signal)"), "post-mortem"
+    last = last_faulthandler_dump(text, pid, str(path))
+    if last is not None:
+        return replace(last, error="exited; last faulthandler dump (SIGTERM or fatal signal)"), "post-mortem"
     return failed_dump(str(path), "none", "process exited and left no stack", pid), "none"
 
 

@@ -21,7 +21,6 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from .base import Frame, ProcessDump, ThreadDump, failed_dump
@@ -70,21 +69,38 @@ def identity(path: str) -> dict[str, Any] | None:
     return None
 
 
+def exception_dump(rec: Any, pid: int, source: str) -> ProcessDump | None:
+    """The stack in a hook exit record (the uncaught exception's frames), or None when it has none."""
+    if not isinstance(rec, dict) or rec.get("type") in (None, "exit") or not isinstance(rec.get("frames"), list):
+        return None
+    frames = tuple(Frame(str(f.get("function")), str(f.get("file")), f.get("line"))
+                   for f in rec["frames"] if isinstance(f, dict))
+    if not frames:
+        return None
+    thread = ThreadDump(frames, thread_id=pid, thread_name="MainThread", active=False, is_main=True)
+    return ProcessDump((thread,), pid=pid, status="ok",
+                       error=f"exited: {rec.get('type')}: {str(rec.get('message', ''))[:300]}",
+                       source_format="exception", source_file=source)
+
+
+def last_faulthandler_dump(text: str, pid: int, source: str) -> ProcessDump | None:
+    """The newest parsable faulthandler dump in ``text`` (at SIGTERM, a fatal error or the last request)."""
+    if not text.strip():
+        return None
+    dumps = [d for d in parse_traceback_text(text, source_file=source) if d.status != "failed"]
+    return replace(dumps[-1], pid=pid, source_file=source) if dumps else None
+
+
 def process_dump(proc: HookProcess) -> ProcessDump:
     """The stack a hooked process left: its uncaught exception, else its last faulthandler dump."""
     exit_path = proc.files.get("exit.json")
     if exit_path:
         try:
-            rec = _load_json(exit_path)
+            dump = exception_dump(_load_json(exit_path), proc.pid, proc.rel["exit.json"])
         except (OSError, UnicodeDecodeError, ValueError):
-            rec = None
-        if isinstance(rec, dict) and rec.get("type") not in (None, "exit") and rec.get("frames"):
-            frames = tuple(Frame(str(f.get("function")), str(f.get("file")), f.get("line"))
-                           for f in rec["frames"] if isinstance(f, dict))
-            thread = ThreadDump(frames, thread_id=proc.pid, thread_name="MainThread", active=False, is_main=True)
-            return ProcessDump((thread,), pid=proc.pid, status="ok",
-                               error=f"exited: {rec.get('type')}: {str(rec.get('message', ''))[:300]}",
-                               source_format="exception", source_file=proc.rel["exit.json"])
+            dump = None
+        if dump is not None:
+            return dump
     stack_path, rel = proc.files.get("stack.txt"), proc.rel.get("stack.txt", f"pid{proc.pid}.stack.txt")
     text = ""
     if stack_path:
@@ -96,10 +112,8 @@ def process_dump(proc: HookProcess) -> ProcessDump:
     if not text.strip():
         return failed_dump(rel, "faulthandler", "the hook wrote no stack for this process (send it "
                            "RANKSCOPE_STACK_SIGNAL, SIGUSR2 by default, or run the agent)", proc.pid)
-    dumps = [d for d in parse_traceback_text(text, source_file=rel) if d.status != "failed"]
-    if not dumps:
-        return failed_dump(rel, "faulthandler", "no parsable faulthandler dump in the file", proc.pid)
-    return replace(dumps[-1], pid=proc.pid, source_file=rel)  # the newest dump: at SIGTERM or the last request
+    return last_faulthandler_dump(text, proc.pid, rel) or \
+        failed_dump(rel, "faulthandler", "no parsable faulthandler dump in the file", proc.pid)
 
 
 def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
