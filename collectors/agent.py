@@ -79,6 +79,17 @@ class AgentReport:
                 f"rows written {sum(self.rows_written.values())}, dropped {sum(self.rows_dropped.values())}")
 
 
+def _release_freed_memory() -> None:
+    """Give the heap a capture freed back to the OS (glibc keeps it otherwise): a capture parses every
+    rank's Flight Recorder ring buffer, a transient of several MB the daemon should not keep for weeks."""
+    try:
+        import ctypes  # noqa: PLC0415
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to do
+        pass
+
+
 def _exit_labels(rec: dict[str, Any]) -> dict[str, Any]:
     """Structured facts of an exit for the ``events`` row (rankscope.datasets.exits reads them back)."""
     if not rec:
@@ -476,6 +487,7 @@ class Agent:
                           f"{summary.n_processes} processes, {summary.n_failed} failed; {firing.detail}",
                           labels={"snapshot": snapshot, "methods": methods, "seconds": round(summary.seconds, 3)}))
         self.writer.flush(["processes", "topology", "stacks", "collectives", "events"])
+        _release_freed_memory()
         return summary
 
     def _flight_recorder(self, now: float) -> int:
@@ -492,16 +504,18 @@ class Agent:
                 if pid not in done and path.exists() and path.stat().st_mtime >= now - 1:
                     done[pid] = path
             time.sleep(0.05)
-        dumps = []
-        for pid, path in done.items():
+        node_of = {p.rank: self._node_of(p.rank, p.pid) for p in trainers if p.rank is not None}
+        n = 0
+        for pid, path in done.items():  # one dump at a time: a full ring buffer parses to tens of MB
             try:
-                dumps.append(read_fr_file(path, rank=asked[pid].rank))
+                rows = fr_to_rows([read_fr_file(path, rank=asked[pid].rank)], self.cfg.job, node_of)
             except Exception as exc:  # noqa: BLE001 - a bad dump costs that rank only
                 self._fail("flight_recorder.parse", exc)
-        if dumps:
-            node_of = {p.rank: self._node_of(p.rank, p.pid) for p in trainers if p.rank is not None}
-            self.writer.add("collectives", fr_to_rows(dumps, self.cfg.job, node_of))
-        return len(dumps)
+                continue
+            self.writer.add("collectives", rows)
+            del rows
+            n += 1
+        return n
 
     def _health_metrics(self) -> None:
         cpu, rss = self_usage()
