@@ -232,6 +232,10 @@ def culprits(analysis: SnapshotAnalysis, topology: Topology | None = None) -> tu
     coll = [c for c in outlier_clusters if c.state == "collective"]
     if coll:
         pick = min(coll, key=lambda c: (c.size, c.id))
+        if topology is not None:
+            upstream = _p2p_blockers(pick, outlier_clusters, topology)
+            if upstream:
+                return upstream, False
         return tuple(pick.ranks), False
     senders = [(c, _send_direction(c)) for c in outlier_clusters]
     senders = [(c, d) for c, d in senders if d]
@@ -243,6 +247,32 @@ def culprits(analysis: SnapshotAnalysis, topology: Topology | None = None) -> tu
         return tuple(sorted(ranks)), False
     pick = min(outlier_clusters, key=lambda c: (c.size, c.id))
     return tuple(pick.ranks), False
+
+
+def _p2p_blockers(pick: Cluster, outliers: Sequence[Cluster], topology: Topology) -> tuple[int, ...]:
+    """When the collective waiters wait for a group peer stuck in a pipeline transfer, that transfer
+    is further upstream: the peers, plus their pipeline partners that are stuck in p2p too (two
+    stages each waiting to receive from the other: a send that never arrived, on either side).
+
+    Example (TP=2, PP=2): rank 1 skips a send to rank 5; rank 5 waits in recv; rank 4, its tensor-
+    parallel peer, waits for it in an all_reduce. The all_reduce is not where the wait started.
+    """
+    in_p2p = {r for c in outliers if c.state == "p2p" for r in c.ranks}
+    if not in_p2p:
+        return ()
+    members = set(pick.ranks)
+    kinds = [k for k in topology.kinds() if k in ("tp", "cp", "ep")]  # collectives inside a stage
+    blockers: set[int] = set()
+    for kind in kinds:
+        gid = topology.group_ids(kind)
+        for r in pick.ranks:
+            peers = topology.ranks[gid == gid[r]]
+            blockers.update(int(m) for m in peers if int(m) in in_p2p and int(m) not in members)
+    if not blockers or "pp" not in topology.kinds():
+        return tuple(sorted(blockers))
+    gid = topology.group_ids("pp")
+    partners = {int(m) for b in blockers for m in topology.ranks[gid == gid[b]] if int(m) in in_p2p}
+    return tuple(sorted(blockers | partners))
 
 
 def _send_direction(c: Cluster) -> int:

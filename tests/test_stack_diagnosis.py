@@ -103,3 +103,31 @@ def test_busy_side_threads_of_outliers_are_evidence(tmp_path, probe_dir):
     v = diagnose_stacks(inputs.procs, inputs.topology)
     notes = [e for e in v.evidence if e.kind == "other-thread"]
     assert notes and notes[0].ranks == (3,) and "ckpt-writer" in notes[0].detail and "write" in notes[0].detail
+
+
+def _fh(*frames: str) -> str:
+    """faulthandler text of one main thread; ``frames`` innermost first, as ``function@file:line``."""
+    lines = ["Current thread 0x00007f0000000001 (most recent call first):"]
+    for f in frames:
+        fn, where = f.split("@")
+        file, line = where.split(":")
+        lines.append(f'  File "{file}", line {line} in {fn}')
+    return "\n".join(lines) + "\n"
+
+
+def test_a_collective_waiting_on_a_stuck_pipeline_transfer_blames_the_transfer(tmp_path):
+    # TP=2, PP=2, DP=2 (rank = tp + 2*dp + 4*pp): rank 1 (stage 0) skipped its send to rank 5 (stage 1).
+    # Rank 5 waits to receive from 1, rank 1 waits for 5's gradient, rank 4 waits for rank 5 in a TP
+    # all_reduce, rank 0 for rank 4's gradient; the other replica waits in the DP all_reduce.
+    dp_wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "main@/job/train.py:201", "<module>@/job/train.py:332")
+    recv_grad = _fh("recv@/t/distributed_c10d.py:2799", "main@/job/train.py:183", "<module>@/job/train.py:332")
+    recv_act = _fh("recv@/t/distributed_c10d.py:2799", "main@/job/train.py:187", "<module>@/job/train.py:332")
+    tp_wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "forward@/job/train.py:249",
+                  "main@/job/train.py:190", "<module>@/job/train.py:332")
+    stacks = {0: recv_grad, 1: recv_grad, 2: dp_wait, 3: dp_wait, 4: tp_wait, 5: recv_act, 6: dp_wait, 7: dp_wait}
+    for r, text in stacks.items():
+        (tmp_path / f"rank{r}.txt").write_text(text)
+    inp = load_inputs(tmp_path, layout="tp=2,pp=2,dp=2", gpus_per_node=2)
+    v = diagnose_stacks(inp.procs, inp.topology, job="t")
+    assert v.verdict == "hang" and v.culprit_ranks == (1, 5), v.reasons
+    assert v.culprit_nodes == ("node-0", "node-2") and set(v.suspect_nodes) == {"node-0", "node-2"}
