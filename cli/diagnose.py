@@ -14,7 +14,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @handle_errors
     def diagnose(
-        path: Path = typer.Argument(..., help="A raw dump directory or a rankscope store."),
+        path: Path = typer.Argument(..., help="A dump directory (stack, Flight Recorder, exit, metrics and timings "
+                                    "files, or the hook's run directory) or a rankscope store."),
         layout: LayoutOpt = None,
         order: OrderOpt = DEFAULT_ORDER,
         gpus_per_node: GpusPerNodeOpt = 8,
