@@ -208,8 +208,22 @@ class HostSampler:
 
 
 def self_usage(proc_root: str = "/proc") -> tuple[float, int]:
-    """(CPU seconds, peak RSS bytes) of this process, for the agent's own health metrics."""
+    """(CPU seconds, peak RSS bytes) of this process, for the agent's own health metrics.
+
+    The peak is ``VmHWM`` of this process's own memory map: ``getrusage``'s ``ru_maxrss`` survives
+    fork and exec, so a daemon started from a large parent (a test harness, a supervisor written in
+    Python, the ``rankscope agent`` CLI itself) would report the parent's size as its own.
+    """
     import resource
 
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024
+    peak = ru.ru_maxrss * 1024
+    try:
+        with open(f"{proc_root}/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    return ru.ru_utime + ru.ru_stime, peak

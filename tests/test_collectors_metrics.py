@@ -145,3 +145,12 @@ def test_gpu_metrics_from_a_fake_nvml() -> None:
     s.sample()
     assert s.lost == {0}
     assert all(x.gpu == 1 for x in s.sample())  # a lost GPU is not queried again
+
+
+def test_self_usage_peak_is_this_memory_map_not_an_inherited_ru_maxrss() -> None:
+    from rankscope.collectors.host_metrics import self_usage
+
+    cpu, peak = self_usage()
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    hwm = int(status["VmHWM"].split()[0]) * 1024
+    assert cpu > 0 and abs(peak - hwm) <= 4 * 2**20  # the same counter (read a moment apart)
