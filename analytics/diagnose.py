@@ -22,11 +22,13 @@ from .verdict import Verdict
 def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str = "", fr_dumps: Sequence[Any] = (),
              metrics: Any = None, timings: Any = None, memberships: Mapping[str, Sequence[int]] | None = None,
              notes: Sequence[str] = (), config: StackConfig | None = None,
-             exits: Sequence[ProcessExit] = ()) -> Verdict:
+             exits: Sequence[ProcessExit] = (), snapshot_times: Mapping[int, float] | None = None) -> Verdict:
     """Diagnose one job from whatever evidence is present (at least one source).
 
     ``exits`` (abnormal process exits) give a ``crash`` verdict that leads: the first failure is
     the culprit and the hang the stacks show after it is its consequence (:mod:`.crashes`).
+    ``snapshot_times`` (snapshot id -> wall time) let step timings overrule a stack "hang": steps
+    that kept completing between the snapshots mean the job is slow, not stuck.
     """
     verdicts: list[Verdict] = []
     if exits:
@@ -48,6 +50,8 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str
         verdicts.append(fuse(stack_v, fr_v))
     elif stack_v is not None or fr_v is not None:
         verdicts.append(stack_v or fr_v)  # type: ignore[arg-type]
+    if stack_v is not None and verdicts and verdicts[-1].verdict == "hang" and timings is not None and snapshot_times:
+        verdicts[-1] = _slow_not_hung(verdicts[-1], timings, snapshot_times)
     if metrics is not None or timings is not None:
         from .perf import diagnose_perf  # noqa: PLC0415
 
@@ -66,6 +70,32 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str
     if notes:
         v = v.with_updates(details={**v.details, "notes": list(notes)})
     return v
+
+
+def _slow_not_hung(v: Verdict, timings: Any, snapshot_times: Mapping[int, float]) -> Verdict:
+    """A "hang" over several snapshots while steps kept completing between them is fail-slow.
+
+    Stacks sampled seconds apart can look frozen when every sample catches the same slow rank in
+    the same place (a rank that sleeps or spins 2 s per step) while the job still advances; the
+    step records settle it.
+    """
+    import polars as pl  # noqa: PLC0415
+
+    times = sorted(t for t in snapshot_times.values() if t is not None)
+    if len(times) < 2 or not {"start_s", "duration_s", "step"} <= set(timings.columns):
+        return v
+    t0, t1 = times[0], times[-1]
+    done = timings.filter(pl.col("start_s").is_not_null()).with_columns(
+        (pl.col("start_s") + pl.col("duration_s")).alias("end_s")).filter(
+        (pl.col("end_s") > t0) & (pl.col("end_s") <= t1))
+    if done.height == 0:
+        return v
+    steps = done.get_column("step").n_unique()
+    reason = (f"The stacks look the same in every snapshot, but {steps} step(s) completed between the first and "
+              f"the last snapshot ({t1 - t0:.0f} s apart): the job is slow, not hung; the outliers are where it "
+              "waits on the slow rank(s).")
+    return v.with_updates(verdict="fail-slow", reasons=(reason, *v.reasons),
+                          details={**v.details, "steps_during_snapshots": steps})
 
 
 def _job_nodes_only(metrics: Any, topology: Topology) -> tuple[Any, list[str]]:

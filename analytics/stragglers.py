@@ -378,9 +378,12 @@ def find_stragglers(
                         "stage", ep.ratio, f"pipeline stage {s}", int(steps[ep.start]),
                         f"pipeline stage {s} (all {int(stage_sizes[s])} ranks) became {ep.ratio:.2f}x slower from step "
                         f"{int(steps[ep.start])} while the other stages did not: a stage imbalance, not a machine"))
-        persistent = np.nanmedian(lr, axis=0)
-        worst = int(np.nanargmax(persistent))
-        if not any(i.kind == "stage" for i in imbalances) and persistent[worst] > min_log and not _stage_has_culprit(worst, pp, slow_set):
+        with warnings.catch_warnings():  # stages without any timing are all-NaN columns
+            warnings.simplefilter("ignore", RuntimeWarning)
+            persistent = np.nanmedian(lr, axis=0)
+        worst = int(np.nanargmax(persistent)) if not np.all(np.isnan(persistent)) else 0
+        if not any(i.kind == "stage" for i in imbalances) and persistent[worst] > min_log \
+                and not _stage_has_culprit(worst, pp, slow_set):
             ratio = float(np.exp(persistent[worst]))
             imbalances.append(Imbalance(
                 "stage", ratio, f"pipeline stage {worst}", None,
@@ -400,9 +403,9 @@ def find_stragglers(
             "change (data, configuration or shared infrastructure), no machine is blamed"))
     # 4. slow steps that move between replicas: data imbalance
     if not slow_ranks:
-        rep_total = np.stack([np.nanmedian(busy[:, dp == rep], axis=1) for rep in np.unique(dp)], axis=1)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # replicas without timings at a step are all-NaN
             warnings.simplefilter("ignore", RuntimeWarning)
+            rep_total = np.stack([np.nanmedian(busy[:, dp == rep], axis=1) for rep in np.unique(dp)], axis=1)
             rel = rep_total / np.nanmedian(rep_total, axis=1, keepdims=True)
         slow_cells = rel > cfg.min_slowdown_ratio
         frac = float(np.mean(slow_cells))

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
         verdict = run(inputs.procs, inputs.topology, job=inputs.job, fr_dumps=inputs.fr_dumps,
                       metrics=inputs.metrics, timings=inputs.timings, memberships=inputs.memberships,
-                      notes=inputs.notes, exits=inputs.exits)
+                      notes=inputs.notes, exits=inputs.exits, snapshot_times=inputs.snapshot_times)
         if save:
             from ..datasets.verdicts import save_verdict
 

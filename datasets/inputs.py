@@ -35,6 +35,7 @@ class JobInputs:
     source: str = ""
     memberships: Mapping[str, Sequence[int]] = field(default_factory=dict)
     exits: tuple[ProcessExit, ...] = ()  # abnormal process exits (hook records or the agent's events)
+    snapshot_times: Mapping[int, float] = field(default_factory=dict)  # snapshot -> wall time (the agent's)
 
 
 def infer_topology(ranks: Sequence[int], nodes: Mapping[int, str], *, layout: Layout | None,
@@ -161,7 +162,9 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
         job = jobs[0]
     elif job not in jobs:
         raise InputError(f"{root}: no job {job!r} in the store (jobs: {', '.join(jobs) or 'none'})")
-    procs = from_table(store.read_arrow("stacks", job=job))
+    stacks_tbl = store.read_arrow("stacks", job=job)
+    procs = from_table(stacks_tbl)
+    snapshot_times = _snapshot_times(stacks_tbl)
     topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
     notes: list[str] = []
     fr: list[Any] = []
@@ -185,7 +188,21 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
     metrics = store.read("metrics", job=job) if store.files("metrics", job=job) else None
     timings = store.read("timings", job=job) if store.files("timings", job=job) else None
     exits = exits_from_events(store.read("events", job=job)) if store.files("events", job=job) else []
-    return JobInputs(job, topo, tuple(procs), tuple(fr), metrics, timings, tuple(notes), str(root), exits=tuple(exits))
+    return JobInputs(job, topo, tuple(procs), tuple(fr), metrics, timings, tuple(notes), str(root), exits=tuple(exits),
+                     snapshot_times=snapshot_times)
+
+
+def _snapshot_times(tbl: Any) -> dict[int, float]:
+    """The wall time of each snapshot (its earliest capture) where the ``time`` column is filled."""
+    if tbl.num_rows == 0 or "time" not in tbl.column_names or tbl.column("time").null_count == tbl.num_rows:
+        return {}
+    out: dict[int, float] = {}
+    for snap, t in zip(tbl.column("snapshot").to_pylist(), tbl.column("time").to_pylist()):
+        if snap is not None and t is not None:
+            ts = t.timestamp()
+            if snap not in out or ts < out[snap]:
+                out[snap] = ts
+    return out
 
 
 def load_inputs(path: str | os.PathLike[str], *, layout: str | Layout | None = None, order: str | None = None,

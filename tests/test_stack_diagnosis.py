@@ -131,3 +131,26 @@ def test_a_collective_waiting_on_a_stuck_pipeline_transfer_blames_the_transfer(t
     v = diagnose_stacks(inp.procs, inp.topology, job="t")
     assert v.verdict == "hang" and v.culprit_ranks == (1, 5), v.reasons
     assert v.culprit_nodes == ("node-0", "node-2") and set(v.suspect_nodes) == {"node-0", "node-2"}
+
+
+def test_frozen_stacks_while_steps_complete_are_fail_slow_not_a_hang(tmp_path):
+    import polars as pl
+
+    from rankscope.analytics.diagnose import diagnose
+
+    wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "main@/job/train.py:201", "<module>@/job/train.py:332")
+    slow = _fh("sleep@/job/train.py:105", "main@/job/train.py:172", "<module>@/job/train.py:332")
+    for snap in (0, 1):
+        (tmp_path / f"snapshot-{snap}").mkdir()
+        for r in range(8):
+            (tmp_path / f"snapshot-{snap}" / f"rank{r}.txt").write_text(slow if r == 2 else wait)
+    inp = load_inputs(tmp_path, layout="tp=2,pp=2,dp=2", gpus_per_node=2)
+    times = {0: 1000.0, 1: 1010.0}
+    hung = pl.DataFrame({"rank": [2] * 3, "step": [1, 2, 3], "op": ["step"] * 3, "duration_s": [2.0] * 3,
+                         "start_s": [990.0, 992.0, 994.0]})
+    v = diagnose(inp.procs, inp.topology, job="t", timings=hung, snapshot_times=times)
+    assert v.verdict == "hang"  # the last step ended before the first snapshot
+    moving = hung.vstack(pl.DataFrame({"rank": [2, 2], "step": [4, 5], "op": ["step"] * 2, "duration_s": [4.0] * 2,
+                                       "start_s": [1000.0, 1004.0]}))
+    v = diagnose(inp.procs, inp.topology, job="t", timings=moving, snapshot_times=times)
+    assert v.verdict == "fail-slow" and v.culprit_ranks == (2,) and "slow, not hung" in v.reasons[0]
