@@ -33,8 +33,8 @@ BUSY = WAIT.replace('distributed_c10d.py", line 3252 in all_reduce\n  File "/ven
 
 
 def hooked(run: Path, pid: int, rank: int, node: str, *, started: float = 100.0, stack: str | None = None,
-           role: str = "trainer", coords: dict | None = None, steps: list[float] = ()) -> None:
-    ident = {"pid": pid, "rank": rank, "node": node, "role": role, "world_size": 4, "started": started,
+           role: str = "trainer", coords: dict | None = None, steps: list[float] = (), ppid: int = 1) -> None:
+    ident = {"pid": pid, "ppid": ppid, "rank": rank, "node": node, "role": role, "world_size": 4, "started": started,
              "coords": coords if coords is not None else {"tp": rank % 2, "dp": rank // 2, "pp": 0}}
     (run / f"pid{pid}.json").write_text(json.dumps(ident))
     (run / f"pid{pid}.stack.txt").write_text(stack or "")
@@ -50,7 +50,10 @@ def test_run_directory_is_a_dump_directory(tmp_path: Path) -> None:
     for rank in range(4):
         hooked(run, 100 + rank, rank, f"host-{rank // 2}", stack=BUSY if rank == 2 else WAIT, steps=[0.1, 0.1, 0.1])
     hooked(run, 50, 0, "host-0", started=10.0, stack=BUSY)  # an earlier incarnation of rank 0: ignored
-    hooked(run, 200, 1, "host-0", role="child")  # a DataLoader worker that wrote nothing: no evidence
+    hooked(run, 200, 1, "host-0", role="child", ppid=101)  # a DataLoader worker that wrote nothing: no evidence
+    hooked(run, 51, 0, "host-0", role="dataloader", ppid=50, stack=BUSY)  # the old rank 0's worker: ignored
+    (run / "pid77.json").write_text("{truncated")  # an identity cut short: its stack cannot be placed
+    (run / "pid77.stack.txt").write_text(WAIT)
     os.mkfifo(run / "pid100.ctl")  # the hook's control FIFO must not be opened
     (run / "manifest.json").write_text(json.dumps({"layout": "tp=2,dp=2", "nodes": {}}))
     inp = load_inputs(run, gpus_per_node=2)
@@ -58,7 +61,9 @@ def test_run_directory_is_a_dump_directory(tmp_path: Path) -> None:
     assert inp.topology.node_names == ("host-0", "host-1")
     trainers = sorted((p.rank, p.pid) for p in inp.procs if p.role == "trainer")
     assert trainers == [(0, 100), (1, 101), (2, 102), (3, 103)]
-    assert any("older process(es)" in n for n in inp.notes)
+    assert not [p for p in inp.procs if p.role != "trainer"]
+    assert any("2 older process(es)" in n for n in inp.notes), inp.notes
+    assert any("without an identity" in n and "pid77.stack.txt" in n for n in inp.notes), inp.notes
     assert inp.timings is not None and inp.timings.height == 12
     v = diagnose(inp.procs, inp.topology, job=inp.job, timings=inp.timings)
     assert v.verdict == "hang" and v.culprit_ranks == (2,) and v.culprit_nodes == ("host-1",), v.reasons

@@ -120,13 +120,14 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
             notes: list[str]) -> list[RunDirProcess]:
     """The processes of a run directory with their rank, node, role and stack (newest per rank and role)."""
     newest: dict[tuple[int, str, int], RunDirProcess] = {}
-    no_identity, no_rank, silent_children = [], 0, 0
+    no_identity, no_rank, silent_children, identities = [], 0, 0, 0
     for pid, proc in sorted(procs.items()):
         ident = identity(proc.files["json"]) if "json" in proc.files else None
         if ident is None:
             if "stack.txt" in proc.files:  # (an exit record alone still counts: it names its rank)
                 no_identity.append(proc.rel["stack.txt"])
             continue
+        identities += 1
         if ident.get("rank") is None:
             no_rank += 1
             continue
@@ -148,7 +149,11 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
         cur = newest.get(key)
         if cur is None or rp.started > cur.started:
             newest[key] = rp
-    identities = sum(1 for p in procs.values() if "json" in p.files)
+    trainer_pids = {p.pid for p in newest.values() if p.role == "trainer"}
+    for key, p in list(newest.items()):  # children of an older incarnation of a rank go with it
+        parent = p.identity.get("ppid")
+        if p.role != "trainer" and parent is not None and parent not in trainer_pids:
+            del newest[key]
     kept = len(newest)
     if no_identity:
         notes.append(f"run directory: {len(no_identity)} hook file set(s) without an identity ignored: "
@@ -170,7 +175,10 @@ def coords_of(procs: list[RunDirProcess]) -> dict[int, dict[str, int]]:
             c = p.identity.get("coords")
             if not isinstance(c, dict) or not c:
                 return {}
-            out[p.rank] = {str(k): int(v) for k, v in c.items()}
+            try:
+                out[p.rank] = {str(k): int(v) for k, v in c.items()}
+            except (TypeError, ValueError):
+                return {}
     return out
 
 
