@@ -54,10 +54,16 @@ class CrashConfig:
     widespread_fraction: float = 0.25
 
 
+_STOPS = frozenset({"KeyboardInterrupt"})  # someone stopped the job on purpose: not a machine's fault
+
+
 def is_cascade(e: ProcessExit) -> bool:
-    """True when ``e``'s error says a peer failed first (it is a consequence, not a cause)."""
+    """True when ``e``'s error says a peer failed first (a consequence, not a cause), or the job was
+    stopped on purpose (Ctrl-C)."""
     if e.kind == "vanished":
         return False
+    if e.kind.rsplit(".", 1)[-1] in _STOPS:
+        return True
     return bool(_CASCADE.search(f"{e.kind}: {e.message}"))
 
 
@@ -66,9 +72,17 @@ def _signature(e: ProcessExit) -> str:
     return f"{e.kind}: {_NUMBERS.sub('N', ' '.join(e.message.split())[:200])}"
 
 
-def latest_incident(exits: Sequence[ProcessExit], window_s: float) -> list[ProcessExit]:
-    """The trainer exits of the latest incident, the earliest per rank, oldest first."""
+def latest_incident(exits: Sequence[ProcessExit], window_s: float, *,
+                    anchor: float | None = None) -> list[ProcessExit]:
+    """The trainer exits of the latest incident, the earliest per rank, oldest first.
+
+    ``anchor`` (the time of the evidence being diagnosed, e.g. the latest stack capture) keeps
+    only exits from ``window_s`` before it to ``window_s`` after it: a crash from an earlier run
+    of the job must not explain today's hang.
+    """
     trainers = [e for e in exits if e.role == "trainer"]
+    if anchor is not None:
+        trainers = [e for e in trainers if anchor - window_s <= e.time <= anchor + window_s]
     if not trainers:
         return []
     last = max(e.time for e in trainers)
@@ -80,10 +94,12 @@ def latest_incident(exits: Sequence[ProcessExit], window_s: float) -> list[Proce
 
 
 def crash_verdict(exits: Sequence[ProcessExit], topology: Topology | None, *, job: str = "",
-                  config: CrashConfig | None = None) -> Verdict | None:
-    """The crash verdict of the latest incident in ``exits``, or None when no trainer exited abnormally."""
+                  config: CrashConfig | None = None, anchor: float | None = None) -> Verdict | None:
+    """The crash verdict of the latest incident in ``exits`` (near ``anchor`` when given), or None
+    when no trainer exited abnormally. ``details["crash"]["n_primary"] == 0`` means every failure
+    reported a lost peer or a deliberate stop: context for another verdict, not a cause."""
     cfg = config or CrashConfig()
-    incident = latest_incident(exits, cfg.incident_window_s)
+    incident = latest_incident(exits, cfg.incident_window_s, anchor=anchor)
     if not incident:
         return None
     world = topology.world_size if topology is not None else max(e.rank for e in incident) + 1
@@ -138,8 +154,9 @@ def crash_verdict(exits: Sequence[ProcessExit], topology: Topology | None, *, jo
     for e in culprits[1:]:
         reasons.append(f"Rank {e.rank} on {node_of(e)} failed at the same moment: {e.describe()}.")
     if cascade and primary:
-        span = f"{min(e.time for e in cascade) - t0:.1f}-{max(e.time for e in cascade) - t0:.1f} s"
-        reasons.append(f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {span} later "
+        lo, hi = min(e.time for e in cascade) - first.time, max(e.time for e in cascade) - first.time
+        when = f"{lo:.1f}-{hi:.1f} s later" if lo >= 0 else f"between {-lo:.1f} s before and {hi:.1f} s after it"
+        reasons.append(f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {when} "
                        f"with errors that report a lost peer ({_short_kind(cascade[0])}): a cascade, not separate faults.")
     others = [e for e in primary if e not in culprits]
     if others:

@@ -31,11 +31,17 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str
     that kept completing between the snapshots mean the job is slow, not stuck.
     """
     verdicts: list[Verdict] = []
+    context: list[str] = []
     if exits:
         from .crashes import crash_verdict  # noqa: PLC0415
 
-        crash_v = crash_verdict(exits, topology, job=job)
-        if crash_v is not None:
+        anchor = max(snapshot_times.values()) if snapshot_times else None
+        crash_v = crash_verdict(exits, topology, job=job, anchor=anchor)
+        if crash_v is not None and crash_v.details["crash"]["n_primary"] == 0 and (procs or fr_dumps):
+            # every exit reports a lost peer or a deliberate stop (a hung job torn down with SIGTERM,
+            # watchdog timeouts): the stacks say more than the exits, which become context
+            context.append("[events] " + " ".join(crash_v.reasons))
+        elif crash_v is not None:
             verdicts.append(crash_v)
     stack_v = diagnose_stacks(procs, topology, job=job, config=config) if procs and topology is not None else None
     fr_v = None
@@ -67,6 +73,8 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str
                                                          "metrics or timings were found",) + tuple(notes),
                        world_size=topology.world_size if topology is not None else 0)
     v = _combine(verdicts)
+    if context:
+        v = v.with_updates(reasons=tuple(v.reasons) + tuple(context))
     if notes:
         v = v.with_updates(details={**v.details, "notes": list(notes)})
     return v

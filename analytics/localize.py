@@ -257,22 +257,27 @@ def _p2p_blockers(pick: Cluster, outliers: Sequence[Cluster], topology: Topology
     Example (TP=2, PP=2): rank 1 skips a send to rank 5; rank 5 waits in recv; rank 4, its tensor-
     parallel peer, waits for it in an all_reduce. The all_reduce is not where the wait started.
     """
-    in_p2p = {r for c in outliers if c.state == "p2p" for r in c.ranks}
-    if not in_p2p:
+    in_p2p = np.zeros(topology.world_size, dtype=bool)
+    for c in outliers:
+        if c.state == "p2p":
+            in_p2p[list(c.ranks)] = True
+    if not in_p2p.any():
         return ()
-    members = set(pick.ranks)
-    kinds = [k for k in topology.kinds() if k in ("tp", "cp", "ep")]  # collectives inside a stage
-    blockers: set[int] = set()
-    for kind in kinds:
+    pick_ranks = np.asarray(pick.ranks, dtype=np.int64)
+    members = np.zeros(topology.world_size, dtype=bool)
+    members[pick_ranks] = True
+    blocking = np.zeros(topology.world_size, dtype=bool)
+    for kind in (k for k in topology.kinds() if k in ("tp", "cp", "ep")):  # collectives inside a stage
         gid = topology.group_ids(kind)
-        for r in pick.ranks:
-            peers = topology.ranks[gid == gid[r]]
-            blockers.update(int(m) for m in peers if int(m) in in_p2p and int(m) not in members)
-    if not blockers or "pp" not in topology.kinds():
-        return tuple(sorted(blockers))
-    gid = topology.group_ids("pp")
-    partners = {int(m) for b in blockers for m in topology.ranks[gid == gid[b]] if int(m) in in_p2p}
-    return tuple(sorted(blockers | partners))
+        blocking |= np.isin(gid, np.unique(gid[pick_ranks])) & in_p2p & ~members
+    if not blocking.any() or "pp" not in topology.kinds():
+        return tuple(int(r) for r in np.flatnonzero(blocking))
+    # their pipeline partners one stage away that are stuck in p2p too: the other end of the transfer
+    gid, stage, n = topology.group_ids("pp"), topology.coords["pp"], topology.sizes["pp"]
+    b = np.flatnonzero(blocking)
+    ends = np.concatenate([gid[b] * (n + 2) + stage[b], gid[b] * (n + 2) + stage[b] + 2])  # stage -1 / +1, shifted
+    partner = in_p2p & np.isin(gid * (n + 2) + stage + 1, ends)
+    return tuple(int(r) for r in np.flatnonzero(blocking | partner))
 
 
 def _send_direction(c: Cluster) -> int:

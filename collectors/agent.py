@@ -147,6 +147,7 @@ class Agent:
         self._next_discovery = 0.0
         self._next_flush = 0.0
         self._crash_since: float | None = None
+        self._last_alive_check = 0.0
         self._crash_captured = False
         self._topology_written = False
         self._last_snapshot = 0
@@ -264,6 +265,7 @@ class Agent:
                     gone = True
             if gone:
                 self._mark_dead(pid, info, now)
+        self._last_alive_check = now  # the survivors were alive at this moment
 
     def _mark_dead(self, pid: int, info: discovery.ProcInfo, now: float) -> None:
         """``pid`` is gone: record the exit (and its exception, if the hook saw one); a trainer's arms the crash capture."""
@@ -274,7 +276,8 @@ class Agent:
         if info.role == "trainer":
             exit_rec = self._exit_record(pid)
             if not exit_rec:  # no exception record: did faulthandler write a dump as it died?
-                how = stacks.death_signal(pid, self.run_dir, offset=k.stack_offset if k is not None else 0)
+                how = stacks.death_signal(pid, self.run_dir, offset=k.stack_offset if k is not None else 0,
+                                          since=self._last_alive_check - 1.0)  # 1 s: mtime granularity
                 if how is not None:
                     exit_rec = {"type": how[0], "message": how[1], "time": how[2], "time_source": "stack-dump"}
             normal = exit_rec.get("type") == "exit"

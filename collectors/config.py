@@ -90,7 +90,7 @@ def default_pyspy() -> str:
 FIELDS = {f.name: f for f in fields(AgentConfig)}
 
 
-def _coerce(name: str, value: Any, source: str) -> Any:
+def coerce_setting(name: str, value: Any, source: str) -> Any:
     """``value`` (often a string from the environment) as the type of field ``name``."""
     default = FIELDS[name].default
     kind = type(default) if default is not MISSING else str
@@ -137,7 +137,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise InputError(f"{p}: unknown settings {unknown}; valid: {', '.join(FIELDS)}")
-    return {k: _coerce(k, v, str(p)) for k, v in data.items()}
+    return {k: coerce_setting(k, v, str(p)) for k, v in data.items()}
 
 
 def from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def from_env(env: Mapping[str, str]) -> dict[str, Any]:
     for name in FIELDS:
         key = ENV_PREFIX + name.upper()
         if key in env:
-            out[name] = _coerce(name, env[key], key)
+            out[name] = coerce_setting(name, env[key], key)
     return out
 
 
@@ -161,7 +161,7 @@ def resolve(flags: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | 
     path = config_file or env.get(ENV_CONFIG)
     merged: dict[str, Any] = read_config_file(path) if path else {}
     merged.update(from_env(env))
-    merged.update({k: _coerce(k, v, f"--{k.replace('_', '-')}") for k, v in flags.items()})
+    merged.update({k: coerce_setting(k, v, f"--{k.replace('_', '-')}") for k, v in flags.items()})
     if "store" not in merged:
         raise InputError(f"agent config: no store given (pass STORE, set {ENV_PREFIX}STORE or 'store' in the config file)")
     return AgentConfig(**merged)

@@ -5,6 +5,11 @@ replaces itself with this module (``os.execv``: same pid, same stdout/stderr, so
 ``kill`` see one process). The daemon that runs beside training for weeks therefore carries no CLI
 libraries: typer, rich and pydantic cost about 17 MB of RSS, a sixth of the agent's budget.
 
+The exec'd command line is ``python -c "<bootstrap>" CONFIG_JSON``, where the bootstrap drops the
+working directory from ``sys.path`` first (``python -m`` would put it there, and a training job's
+directory full of ``*.py`` files must not shadow modules in a week-long daemon); match it with
+``pgrep -f rankscope.collectors.daemon``.
+
 ``CONFIG_JSON`` is an already-resolved :class:`~rankscope.collectors.config.AgentConfig` as a JSON
 object (what :func:`exec_argv` writes); it is validated again here, so a hand-written one that is
 wrong gets the same one-line error.
@@ -19,14 +24,17 @@ from dataclasses import asdict
 from typing import Any
 
 from ..errors import RankscopeError
-from .config import FIELDS, AgentConfig
+from .config import FIELDS, AgentConfig, coerce_setting
 
 PROG = "rankscope agent"
 
 
+BOOTSTRAP = f"import sys; del sys.path[0]; from {__name__} import main; sys.exit(main())"
+
+
 def exec_argv(config: AgentConfig) -> list[str]:
-    """The argv that runs ``config`` in a fresh interpreter (this module)."""
-    return [sys.executable, "-m", __name__, json.dumps(asdict(config))]
+    """The argv that runs ``config`` in a fresh interpreter (this module, working directory off the path)."""
+    return [sys.executable, "-c", BOOTSTRAP, json.dumps(asdict(config))]
 
 
 def exec_daemon(config: AgentConfig) -> None:
@@ -47,9 +55,7 @@ def _config(text: str) -> AgentConfig:
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise RankscopeError(f"agent config JSON: unknown settings {unknown}; valid: {', '.join(FIELDS)}")
-    if "disk_paths" in data:
-        data["disk_paths"] = tuple(data["disk_paths"])
-    return AgentConfig(**data)
+    return AgentConfig(**{k: coerce_setting(k, v, "agent config JSON") for k, v in data.items()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         from .agent import Agent  # after the config is known good: the import pulls in pyarrow
 
         daemon = Agent(config)
-    except (RankscopeError, TypeError) as exc:
+    except RankscopeError as exc:
         print(f"rankscope: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -127,13 +127,16 @@ def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -
     return failed_dump(str(path), "none", "process exited and left no stack", pid), "none"
 
 
-def death_signal(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -> tuple[str, str, float] | None:
+def death_signal(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0,
+                 since: float = 0.0) -> tuple[str, str, float] | None:
     """How a process that left no exit record died, from the dump faulthandler wrote as it died.
 
     ``("fatal signal", "Segmentation fault", t)`` for faulthandler's fatal-error dump (SIGSEGV,
     SIGABRT, SIGBUS, SIGFPE, SIGILL); ``("SIGTERM", ..., t)`` for a plain dump (the hook registers
     faulthandler on SIGTERM: the launcher or scheduler stopped it); None when nothing was written
-    after ``offset`` (SIGKILL, the OOM killer, ``os._exit``). ``t`` is the dump file's mtime.
+    after ``offset`` (SIGKILL, the OOM killer, ``os._exit``). ``t`` is the dump file's mtime; a file
+    last written before ``since`` (when the process was last seen alive) holds an older dump (a
+    stack request), not one written at death, and also gives None.
     """
     path = stack_file(run_dir, pid)
     try:
@@ -143,7 +146,7 @@ def death_signal(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) 
         mtime = os.stat(path).st_mtime
     except OSError:
         return None
-    if not text.strip():
+    if not text.strip() or mtime < since:
         return None
     fatal = [line for line in text.splitlines() if line.startswith("Fatal Python error: ")]
     if fatal:

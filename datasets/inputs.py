@@ -81,14 +81,11 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str
     exit_notes: list[str] = []
     exits = read_exit_records(dd.exit_files, nodes=nodes, notes=exit_notes)
     ranks_exit = [e.rank for e in exits]
-    topo: Topology | None
     world = max([*ranks, *ranks_fr, *ranks_exit], default=-1) + 1
-    if layout is None and dd.coords and sorted(dd.coords) == list(range(world)):
-        # the hook recorded every rank's parallel coordinates: the real layout, no flag needed
-        topo, notes = Topology.from_table(list(range(world)), [nodes.get(r, f"node-{r // gpus_per_node}")
-                                                               for r in range(world)],
-                                          coords={d: [dd.coords[r].get(d, 0) for r in range(world)]
-                                                  for d in DIMS}), []
+    topo = _topology_from_coords(dd, nodes, world, gpus_per_node, fr_notes) if layout is None else None
+    notes: list[str] = []
+    if topo is not None:
+        pass  # the hook's recorded layout
     elif ranks or ranks_fr or ranks_exit:
         topo, notes = infer_topology(ranks + ranks_fr + ranks_exit, nodes if dd.has_manifest else {}, layout=layout,
                                      gpus_per_node=gpus_per_node, where=str(root))
@@ -99,6 +96,20 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str
     return JobInputs(job or root.name, topo, tuple(procs), tuple(fr), metrics, timings,
                      tuple(dd.notes) + tuple(fr_notes) + tuple(exit_notes) + tuple(notes), str(root),
                      exits=tuple(exits))
+
+
+def _topology_from_coords(dd: DumpDir, nodes: Mapping[int, str], world: int, gpus_per_node: int,
+                          notes: list[str]) -> Topology | None:
+    """The topology the hook recorded (every rank's parallel coordinates), or None (with a note when
+    the coordinates do not describe a valid layout)."""
+    if not dd.coords or sorted(dd.coords) != list(range(world)):
+        return None
+    try:
+        return Topology.from_table(list(range(world)), [nodes.get(r, f"node-{r // gpus_per_node}") for r in range(world)],
+                                   coords={d: [dd.coords[r].get(d, 0) for r in range(world)] for d in DIMS})
+    except LayoutError as exc:
+        notes.append(f"the hook's recorded parallel coordinates were not used ({exc}); pass --layout")
+        return None
 
 
 def _read_fr(paths: Sequence[Path], notes: list[str]) -> list[Any]:
@@ -165,8 +176,15 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
     stacks_tbl = store.read_arrow("stacks", job=job)
     procs = from_table(stacks_tbl)
     snapshot_times = _snapshot_times(stacks_tbl)
-    topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
     notes: list[str] = []
+    latest = latest_series(snapshot_times)
+    if len(latest) < len(snapshot_times):  # the agent's store keeps every capture: diagnose the latest
+        older = len(snapshot_times) - len(latest)
+        procs = [p for p in procs if p.snapshot in latest or p.snapshot not in snapshot_times]
+        snapshot_times = {s: t for s, t in snapshot_times.items() if s in latest}
+        notes.append(f"{older} snapshot(s) of earlier captures ignored: the latest capture (from "
+                     f"{_utc(min(snapshot_times.values()))}) is diagnosed")
+    topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
     fr: list[Any] = []
     if store.files("collectives", job=job):
         from .readers.flight_recorder import fr_from_table  # noqa: PLC0415
@@ -180,7 +198,8 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
         ranks, nodes = _ranks_and_nodes(procs)
         ranks = sorted(set(ranks) | {d.rank for d in fr if d.rank is not None})
         if ranks:
-            topo, notes = infer_topology(ranks, nodes, layout=layout, gpus_per_node=gpus_per_node, where=str(root))
+            topo, inferred = infer_topology(ranks, nodes, layout=layout, gpus_per_node=gpus_per_node, where=str(root))
+            notes += inferred
         elif layout is not None:
             topo = Topology.from_layout(layout, gpus_per_node=gpus_per_node)
         else:
@@ -190,6 +209,29 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
     exits = exits_from_events(store.read("events", job=job)) if store.files("events", job=job) else []
     return JobInputs(job, topo, tuple(procs), tuple(fr), metrics, timings, tuple(notes), str(root), exits=tuple(exits),
                      snapshot_times=snapshot_times)
+
+
+SERIES_GAP_S = 120.0  # captures further apart than this are separate incidents (rounds are 10 s apart)
+
+
+def latest_series(snapshot_times: Mapping[int, float], gap_s: float = SERIES_GAP_S) -> set[int]:
+    """The snapshots of the latest capture series: back from the newest while consecutive snapshots
+    are at most ``gap_s`` apart (a fail-slow series is 5 rounds 10 s apart)."""
+    order = sorted(snapshot_times, key=lambda s: snapshot_times[s])
+    if not order:
+        return set()
+    keep = [order[-1]]
+    for s in reversed(order[:-1]):
+        if snapshot_times[keep[-1]] - snapshot_times[s] > gap_s:
+            break
+        keep.append(s)
+    return set(keep)
+
+
+def _utc(t: float) -> str:
+    import datetime as dt  # noqa: PLC0415
+
+    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _snapshot_times(tbl: Any) -> dict[int, float]:

@@ -144,3 +144,35 @@ def test_death_signal_reads_faulthandler_output_written_at_death(tmp_path: Path)
                  '  File "a.py", line 2 in g\n')
     kind, message, _ = death_signal(7, tmp_path)  # type: ignore[misc]
     assert (kind, message) == ("fatal signal", "Segmentation fault")
+
+
+def test_exits_that_only_report_lost_peers_do_not_outrank_the_stacks(tmp_path: Path) -> None:
+    # a hung job torn down with SIGTERM while the agent runs: every exit is a consequence
+    from rankscope.datasets.stackset import from_dumps
+    from rankscope.datasets.synthetic import generate_job
+
+    job = generate_job("tp=2,pp=2,dp=2", fault="compute-hang", gpus_per_node=2, seed=0)
+    procs = from_dumps((d.dump, d.snapshot, d.rank, d.node, d.role) for d in job.dumps)
+    sigterms = [ex(r, 0.01 * r, "SIGTERM", "terminated by a signal") for r in range(8)]
+    v = diagnose(procs, job.topology, job="j", exits=sigterms)
+    assert v.verdict == "hang" and any(r.startswith("[events]") for r in v.reasons)
+    assert crash_verdict(sigterms, TOPO).verdict == "crash"  # alone, the exits still say what they can
+
+
+def test_ctrl_c_everywhere_is_a_deliberate_stop_not_a_code_fault() -> None:
+    v = crash_verdict([ex(r, 0.01 * r, "KeyboardInterrupt", "") for r in range(8)], TOPO)
+    assert v is not None and v.details["crash"]["n_primary"] == 0 and v.confidence == 0.5
+
+
+def test_exits_far_from_the_diagnosed_capture_are_ignored() -> None:
+    old = [ex(2, -7200.0, message="last week's crash")]
+    assert crash_verdict(old, TOPO, anchor=1_000_000.0) is None
+    assert crash_verdict(old, TOPO).culprit_ranks == (2,)
+
+
+def test_death_signal_ignores_dumps_written_before_the_process_was_last_seen_alive(tmp_path: Path) -> None:
+    f = tmp_path / "pid8.stack.txt"
+    f.write_text('Thread 0x01 (most recent call first):\n  File "a.py", line 1 in f\n')
+    mtime = f.stat().st_mtime
+    assert death_signal(8, tmp_path, since=mtime + 5) is None  # a stack request answered earlier, then SIGKILL
+    assert death_signal(8, tmp_path, since=mtime - 5)[0] == "SIGTERM"  # type: ignore[index]

@@ -72,3 +72,31 @@ def test_run_directory_is_a_dump_directory(tmp_path: Path) -> None:
 def test_faulthandler_main_thread_is_the_one_not_started_by_threading() -> None:
     (dump,) = parse_traceback_text(WAIT.replace(' in <module>', ' in run_script'))
     assert dump.main_thread is not None and dump.main_thread.frames[0].function == "all_reduce"
+
+
+def test_bad_identity_values_and_stale_exit_records(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in range(4):
+        hooked(run, 100 + rank, rank, f"host-{rank // 2}", stack=WAIT, started=1000.0,
+               coords={"TENSOR_MODEL_PARALLEL_GROUP": rank})  # not our dimension names
+    ident = json.loads((run / "pid102.json").read_text())
+    (run / "pid102.json").write_text(json.dumps({**ident, "started": "yesterday"}))
+    (run / "pid999.exit.json").write_text(json.dumps(  # an earlier run's crash, identity long gone
+        {"pid": 999, "rank": 3, "time": 500.0, "type": "RuntimeError", "message": "old", "frames": []}))
+    inp = load_inputs(run, layout="tp=2,dp=2", gpus_per_node=2)
+    assert inp.exits == () and any("exit record(s) from before this run" in n for n in inp.notes), inp.notes
+    inp = load_inputs(run, gpus_per_node=2)  # no --layout: the unusable coordinates are a note, not an error
+    assert inp.topology is not None and inp.topology.world_size == 4
+    assert any("coordinates were not used" in n for n in inp.notes), inp.notes
+
+
+def test_faulthandler_importing_thread_is_not_the_main_one() -> None:
+    text = ('Thread 0x02 (most recent call first):\n  File "/x/lib.py", line 3 in <module>\n'
+            '  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed\n'
+            '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
+            '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+            'Current thread 0x01 (most recent call first):\n  File "/job/train.py", line 9 in step\n'
+            '  File "/job/train.py", line 20 in <module>\n  File "<frozen runpy>", line 88 in _run_code\n')
+    (dump,) = parse_traceback_text(text)
+    assert dump.main_thread is not None and dump.main_thread.frames[0].function == "step"

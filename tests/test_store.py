@@ -91,3 +91,10 @@ def test_stacks_round_trip_through_the_store(tmp_path):
     a = diagnose_stacks(procs, job.topology)
     b = diagnose_stacks(back, job.topology)
     assert (a.verdict, a.suspect_nodes, a.culprit_nodes) == (b.verdict, b.suspect_nodes, b.culprit_nodes)
+
+
+def test_latest_capture_series() -> None:
+    from rankscope.datasets.inputs import latest_series
+
+    times = {1: 0.0, 2: 10.0, 3: 5000.0, 4: 5010.0, 5: 5020.0}
+    assert latest_series(times) == {3, 4, 5} and latest_series({}) == set()

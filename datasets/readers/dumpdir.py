@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import json
 import os
 import re
 from collections.abc import Iterable
@@ -315,13 +316,18 @@ def _add_hook_processes(hooked: dict[tuple[str, int], HookProcess], files: list[
         resolved = resolve(procs, gpus_per_node=gpus_per_node, notes=notes)
         by_pid = {p.pid: p for p in resolved}
         keep = set(by_pid)
+        run_start = min((p.started for p in resolved if p.role == "trainer" and p.started), default=None)
+        stale_exits = 0
         for p in resolved:
             named = True
             files.append(DumpFile(p.stack_rel, snap, p.rank, p.node, p.role, p.pid, (p.dump,)))
         for pid, hp in procs.items():
             if pid not in keep:
-                if "json" not in hp.files and "exit.json" in hp.files:
-                    exits.append(Path(hp.files["exit.json"]))  # an exit record names its own rank
+                if "json" not in hp.files and "exit.json" in hp.files:  # an exit record names its own rank
+                    if run_start is not None and _record_time(hp.files["exit.json"]) < run_start:
+                        stale_exits += 1  # from a run before the processes found here started
+                    else:
+                        exits.append(Path(hp.files["exit.json"]))
                 continue
             if "exit.json" in hp.files:
                 exits.append(Path(hp.files["exit.json"]))
@@ -329,10 +335,21 @@ def _add_hook_processes(hooked: dict[tuple[str, int], HookProcess], files: list[
                 fr.append((Path(hp.files["fr.json"]), by_pid[pid].rank))
             if "steps.jsonl" in hp.files:
                 steps.append((hp.files["steps.jsonl"], hp.rel["steps.jsonl"]))
+        if stale_exits:
+            notes.append(f"run directory: {stale_exits} exit record(s) from before this run started ignored")
         coords = coords or coords_of(resolved)
         if not resolved:
             ignored.extend(rel for hp in procs.values() for k, rel in hp.rel.items() if k not in ("ctl", "exit.json"))
     return named, coords
+
+
+def _record_time(path: str) -> float:
+    """The ``time`` of a hook exit record; +inf when unreadable (kept, and reported by the exit reader)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return float(json.load(fh)["time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 def assign_roles(df: DumpFile) -> list[tuple[ProcessDump, str]]:

@@ -42,15 +42,22 @@ def _frame(line: str) -> Frame | None:
 def _guess_main(threads: list[ThreadDump], current: list[int]) -> int:
     """Which thread is the main one; faulthandler does not say (frames are innermost first).
 
-    The one running module-level code; else the only thread not started by ``threading`` (whose
+    The one whose outermost frame is module-level code; else the only thread not started by ``threading`` (whose
     outermost frame is ``threading._bootstrap``); else the thread that took the signal; else the
     last listed (faulthandler lists the newest threads first, and the main thread is the oldest).
     """
-    for i, t in enumerate(threads):
-        if any(f.function == "<module>" for f in t.frames):
+    def outermost(t: ThreadDump) -> Frame | None:  # skipping python -m's runpy frames
+        for f in reversed(t.frames):
+            if f.file.rsplit("/", 1)[-1] not in ("<frozen runpy>", "runpy.py"):
+                return f
+        return None
+
+    tops = [outermost(t) for t in threads]
+    for i, top in enumerate(tops):  # a script's module level (an import in a thread is not outermost)
+        if top is not None and top.function == "<module>":
             return i
-    not_spawned = [i for i, t in enumerate(threads)
-                   if t.frames and not (t.frames[-1].function == "_bootstrap" and t.frames[-1].file.endswith("threading.py"))]
+    not_spawned = [i for i, top in enumerate(tops)
+                   if top is not None and not (top.function == "_bootstrap" and top.file.endswith("threading.py"))]
     if len(not_spawned) == 1:
         return not_spawned[0]
     if current and (not not_spawned or current[0] in not_spawned):

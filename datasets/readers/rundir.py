@@ -18,6 +18,7 @@ The functions here classify and parse; :mod:`.dumpdir` calls them while it walks
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -138,7 +139,10 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
             continue
         role = _ROLES.get(str(ident.get("role")), "other")
         node = str(ident.get("node") or f"node-{rank // gpus_per_node}")
-        started = float(ident.get("started") or 0.0)
+        try:
+            started = float(ident.get("started") or 0.0)
+        except (TypeError, ValueError):
+            started = 0.0  # unknown start: loses to any process of the rank that has one
         dump = process_dump(proc)
         if role != "trainer" and dump.status == "failed":
             silent_children += 1  # a worker that wrote no stack is no evidence either way
@@ -201,7 +205,7 @@ def read_steps(paths: list[tuple[str, str]], nodes: Mapping[int, str]) -> Any:
                 dur = float(d["step_time_seconds"])
             except (ValueError, KeyError, TypeError):
                 continue
-            if dur != dur or dur < 0:
+            if not (math.isfinite(dur) and math.isfinite(t)) or dur < 0:  # the hook writes inf/NaN as text
                 continue
             cols["rank"].append(rank)
             cols["step"].append(step)
