@@ -42,6 +42,29 @@ def _state_frame(p: ProcStacks, state: str, idx: int) -> str:
     return display(p.main[idx])
 
 
+def _complete_truncated(procs: Sequence[ProcStacks], keys: list[tuple[str, ...] | None]) -> None:
+    """Give a truncated dump (``partial``: the file ends mid-line) the signature of the complete
+    stack it is the inner part of. Dumps are written innermost frame first, so a dump cut short
+    (a second SIGTERM during faulthandler's write, a full disk) lost its *outermost* frames: its
+    signature is a suffix of the full one. The most common complete stack with that suffix wins;
+    with none, the dump keeps its own signature."""
+    partial = [i for i, p in enumerate(procs) if p.status == "partial" and keys[i]]
+    if not partial:
+        return
+    counts: dict[tuple[str, ...], int] = {}
+    for p, k in zip(procs, keys):
+        if k is not None and p.status == "ok":
+            counts[k] = counts.get(k, 0) + 1
+    by_count = sorted(counts, key=lambda k: -counts[k])
+    resolved: dict[tuple[str, ...], tuple[str, ...]] = {}
+    for i in partial:
+        k = keys[i]
+        assert k is not None
+        if k not in resolved:
+            resolved[k] = next((c for c in by_count if len(c) > len(k) and c[len(c) - len(k):] == k), k)
+        keys[i] = resolved[k]
+
+
 def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool = False,
             dominance: float = 0.5, start_id: int = 0, replica_of: np.ndarray | None = None) -> list[Cluster]:
     """Cluster ``procs`` (one role, one snapshot) by signature, largest first, flagging healthy ones.
@@ -56,12 +79,15 @@ def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool =
         raise ValueError(f"dominance={dominance} must be in (0, 1]")
     groups: dict[tuple[str, ...] | None, list[int]] = {}
     empty: tuple = ()
-    for i, p in enumerate(procs):
+    keys: list[tuple[str, ...] | None] = []
+    for p in procs:
         if p.status == "failed":
-            key = None
+            keys.append(None)
         else:
             t = p.main_thread
-            key = signature(t.frames if t is not None else empty, lines=lines)
+            keys.append(signature(t.frames if t is not None else empty, lines=lines))
+    _complete_truncated(procs, keys)
+    for i, key in enumerate(keys):
         g = groups.get(key)
         if g is None:
             groups[key] = [i]
@@ -81,7 +107,7 @@ def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool =
     top_replicas = replicas(ordered[0][1]) if ordered and ordered[0][0] is not None else set()
     out = []
     for n, (sig, members) in enumerate(ordered):
-        rep = procs[members[0]]
+        rep = next((procs[i] for i in members if procs[i].status == "ok"), procs[members[0]])
         if sig is None:
             state, frame, idx = "failed", rep.error or "stack capture failed", -1
         else:

@@ -154,3 +154,16 @@ def test_frozen_stacks_while_steps_complete_are_fail_slow_not_a_hang(tmp_path):
                                        "start_s": [1000.0, 1004.0]}))
     v = diagnose(inp.procs, inp.topology, job="t", timings=moving, snapshot_times=times)
     assert v.verdict == "fail-slow" and v.culprit_ranks == (2,) and "slow, not hung" in v.reasons[0]
+
+
+def test_a_dump_cut_short_joins_the_stack_it_is_the_inner_part_of(tmp_path):
+    # faulthandler writes innermost first: a second SIGTERM during the write loses the outer frames
+    wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "main@/job/train.py:201", "<module>@/job/train.py:332")
+    busy = _fh("matmul@/job/train.py:95", "main@/job/train.py:171", "<module>@/job/train.py:332")
+    for r in range(8):
+        (tmp_path / f"rank{r}.txt").write_text(busy if r == 5 else wait)
+    (tmp_path / "rank6.txt").write_text(wait[: wait.index("line 332")])  # ends mid-line
+    inp = load_inputs(tmp_path, layout="tp=2,pp=2,dp=2", gpus_per_node=2)
+    assert next(p for p in inp.procs if p.rank == 6).status == "partial"
+    v = diagnose_stacks(inp.procs, inp.topology, job="t")
+    assert v.culprit_ranks == (5,) and 6 not in v.suspect_ranks, v.reasons
