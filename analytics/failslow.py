@@ -45,7 +45,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]]) -> Progress:
     compared = changed = 0
     for s in snaps:
         cur = {p.rank: signature(p.main, lines=True) for p in by_snapshot[s]
-               if p.role == "trainer" and p.rank is not None and p.status != "failed"}
+               if p.role == "trainer" and p.rank is not None and p.status not in ("failed", "cut")}
         if prev is not None:
             for r, sig in cur.items():
                 if r in prev:

@@ -68,6 +68,7 @@ class SnapshotAnalysis:
     findings: tuple[Finding, ...]  # best finding per outlier rank
     busy_ranks: tuple[int, ...] = ()  # trainers running their own code (not waiting), healthy or not
     thread_notes: tuple[tuple[int, str], ...] = ()  # (rank, words) for busy non-main threads of outliers
+    cut: tuple[int, ...] = ()  # ranks whose dump was cut off as they died: present, no evidence
 
     @property
     def dominant_fraction(self) -> float:
@@ -97,11 +98,15 @@ def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapsho
     trainers: list[ProcStacks] = []
     seen: set[int] = set()
     children: dict[str, list[ProcStacks]] = defaultdict(list)
+    cut: list[int] = []
     for p in procs:
         if p.role == "trainer":
             if p.rank is None or p.rank in seen:
                 continue
             seen.add(p.rank)
+            if p.status == "cut":  # present, but its dump died with it: neither healthy nor outlier
+                cut.append(p.rank)
+                continue
             trainers.append(p)
         else:
             children[p.role if p.role in CHILD_ROLES else "other"].append(p)
@@ -170,7 +175,7 @@ def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapsho
     busy = tuple(sorted(r for c in clusters if c.role == "trainer" and c.state in BUSY_STATES for r in c.ranks))
     return SnapshotAnalysis(snapshot, tuple(clusters), len(trainers), healthy, outliers,
                             tuple(int(r) for r in missing.tolist()), tuple(findings[r] for r in outliers), busy,
-                            tuple(notes))
+                            tuple(notes), tuple(sorted(cut)))
 
 
 def cover(outliers: Sequence[int], topology: Topology, *,

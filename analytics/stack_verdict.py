@@ -171,6 +171,9 @@ def _evidence(a: SnapshotAnalysis, topology: Topology, culprit_ranks: Sequence[i
         out.append(Evidence("stacks", f.kind, f.detail, (f.rank,), (topology.node_of(f.rank),), f.score))
     for r, words in a.thread_notes[:limit]:
         out.append(Evidence("stacks", "other-thread", words, (r,), (topology.node_of(r),), 0.3))
+    if a.cut:
+        out.append(Evidence("stacks", "dump-cut-off", "stack dump cut off before its first frame as the process "
+                            "was stopped: no evidence either way", a.cut, (), 0.0))
     if len(ordered) > limit:
         rest = ordered[limit:]
         out.append(Evidence("stacks", "more-outliers", f"{len(rest)} more outlier ranks",

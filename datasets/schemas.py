@@ -64,7 +64,7 @@ STACKS = TableSpec(
             pa.field("frames", pa.list_(FRAME)),
             pa.field("source_format", pa.string()),
             pa.field("source_file", pa.string()),
-            pa.field("status", pa.string()),  # ok | partial | failed
+            pa.field("status", pa.string()),  # ok | partial | failed | cut (see readers.base.ProcessDump)
             pa.field("error", pa.string()),
         ]
     ),

@@ -103,7 +103,7 @@ def _from_table(tbl: pa.Table) -> list[ProcStacks]:
         if frames is None:
             raw = frames_col[i].as_py() or ()
             frames = decoded[fkey] = tuple(Frame(f["function"], f["file"], f["line"]) for f in raw)
-        if cols["status"][i] == "failed" and not frames:
+        if cols["status"][i] in ("failed", "cut") and not frames:
             continue
         t = ThreadDump(frames, cols["thread_id"][i], cols["thread_name"][i], cols["active"][i],
                        bool(cols["is_main_thread"][i]))

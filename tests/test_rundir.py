@@ -100,3 +100,16 @@ def test_faulthandler_importing_thread_is_not_the_main_one() -> None:
             '  File "/job/train.py", line 20 in <module>\n  File "<frozen runpy>", line 88 in _run_code\n')
     (dump,) = parse_traceback_text(text)
     assert dump.main_thread is not None and dump.main_thread.frames[0].function == "step"
+
+
+def test_a_dump_cut_off_before_its_first_frame_is_no_evidence(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in range(4):
+        hooked(run, 100 + rank, rank, f"host-{rank // 2}", stack=BUSY if rank == 2 else WAIT)
+    (run / "pid101.stack.txt").write_text("Thread 0x")  # a second SIGTERM killed it mid-write
+    inp = load_inputs(run, gpus_per_node=2)
+    assert next(p for p in inp.procs if p.rank == 1).status == "cut"
+    v = diagnose(inp.procs, inp.topology, job=inp.job)
+    assert v.culprit_ranks == (2,) and 1 not in v.suspect_ranks and 1 not in v.culprit_ranks
+    assert any(e.kind == "dump-cut-off" and e.ranks == (1,) for e in v.evidence)

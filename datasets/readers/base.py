@@ -28,7 +28,9 @@ class ThreadDump(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ProcessDump:
-    """One process's dump. ``status`` is ``ok``, ``partial`` (truncated file) or ``failed`` (no stack)."""
+    """One process's dump. ``status`` is ``ok``, ``partial`` (truncated file), ``failed`` (no stack:
+    the capture failed, itself evidence) or ``cut`` (the process wrote its dump as it was killed
+    and died before any frame was out: no evidence either way)."""
 
     threads: tuple[ThreadDump, ...]
     pid: int | None = None
@@ -66,6 +68,11 @@ class Interner:
             self._stacks.clear()
         self._stacks[key] = frames
         return frames
+
+
+def cut_dump(source: str, pid: int | None, why: str) -> ProcessDump:
+    """A dump cut off before its first frame as the process died (status ``cut``: no evidence)."""
+    return ProcessDump((), pid=pid, status="cut", error=why, source_format="faulthandler", source_file=source)
 
 
 def failed_dump(source_file: str, source_format: str, error: str, pid: int | None = None) -> ProcessDump:

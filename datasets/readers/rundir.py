@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .base import Frame, ProcessDump, ThreadDump, failed_dump
+from .base import Frame, ProcessDump, ThreadDump, cut_dump, failed_dump
 from .faulthandler import parse_traceback_text
 
 HOOK_FILE = re.compile(r"^pid(\d+)\.(json|stack\.txt|exit\.json|steps\.jsonl|fr\.json|ctl)$")
@@ -114,7 +114,8 @@ def process_dump(proc: HookProcess) -> ProcessDump:
         return failed_dump(rel, "faulthandler", "the hook wrote no stack for this process (send it "
                            "RANKSCOPE_STACK_SIGNAL, SIGUSR2 by default, or run the agent)", proc.pid)
     return last_faulthandler_dump(text, proc.pid, rel) or \
-        failed_dump(rel, "faulthandler", "no parsable faulthandler dump in the file", proc.pid)
+        cut_dump(rel, proc.pid, "its stack dump was cut off before the first frame (stopped while writing, "
+                 "e.g. a second SIGTERM): no evidence either way")
 
 
 def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
@@ -144,7 +145,7 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
         except (TypeError, ValueError):
             started = 0.0  # unknown start: loses to any process of the rank that has one
         dump = process_dump(proc)
-        if role != "trainer" and dump.status == "failed":
+        if role != "trainer" and dump.status in ("failed", "cut"):
             silent_children += 1  # a worker that wrote no stack is no evidence either way
             continue
         rp = RunDirProcess(pid, rank, node, role, started, proc.rel.get("stack.txt", f"pid{pid}.stack.txt"),
