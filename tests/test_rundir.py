@@ -105,7 +105,7 @@ def test_faulthandler_importing_thread_is_not_the_main_one() -> None:
 def test_a_dump_cut_off_before_its_first_frame_is_no_evidence(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    for rank in range(4):
+    for rank in range(8):
         hooked(run, 100 + rank, rank, f"host-{rank // 2}", stack=BUSY if rank == 2 else WAIT)
     (run / "pid101.stack.txt").write_text("Thread 0x")  # a second SIGTERM killed it mid-write
     inp = load_inputs(run, gpus_per_node=2)
