@@ -113,3 +113,16 @@ def test_a_dump_cut_off_before_its_first_frame_is_no_evidence(tmp_path: Path) ->
     v = diagnose(inp.procs, inp.topology, job=inp.job)
     assert v.culprit_ranks == (2,) and 1 not in v.suspect_ranks and 1 not in v.culprit_ranks
     assert any(e.kind == "dump-cut-off" and e.ranks == (1,) for e in v.evidence)
+
+
+def test_the_newest_of_several_appended_dumps_is_used() -> None:
+    from rankscope.datasets.readers.rundir import last_faulthandler_dump, split_faulthandler_dumps
+
+    older = WAIT.replace("all_reduce", "broadcast")  # an earlier stack request
+    assert len(split_faulthandler_dumps(older + WAIT)) == 2  # faulthandler appends with no separator
+    dump = last_faulthandler_dump(older + WAIT, 7, "pid7.stack.txt")
+    assert dump is not None and dump.main_thread.frames[0].function == "all_reduce"
+    assert last_faulthandler_dump(older + "Thread 0x", 7, "x") is None  # the newest was cut off: no stale stack
+    fatal = "Fatal Python error: Segmentation fault\n\n" + WAIT.replace("all_reduce", "segv_here")
+    dump = last_faulthandler_dump(older + fatal, 7, "x")
+    assert dump is not None and dump.main_thread.frames[0].function == "segv_here"

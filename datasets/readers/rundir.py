@@ -84,11 +84,37 @@ def exception_dump(rec: Any, pid: int, source: str) -> ProcessDump | None:
                        source_format="exception", source_file=source)
 
 
+_FH_HEADER = re.compile(r"^(?:Current thread|Thread) (0[xX][0-9a-fA-F]*)")  # a cut header has a short id
+
+
+def split_faulthandler_dumps(text: str) -> list[str]:
+    """The separate dumps in a file faulthandler appended to. Inside one dump a blank line precedes
+    every thread header but the first, so a header right after a frame line starts the next dump;
+    so do a thread id seen again and a ``Fatal Python error`` line."""
+    chunks: list[list[str]] = [[]]
+    seen: set[str] = set()
+    prev = ""
+    for line in text.splitlines(keepends=True):
+        m = _FH_HEADER.match(line)
+        new_dump = line.startswith("Fatal Python error") or bool(
+            m and chunks[-1] and (m.group(1) in seen or prev.strip()) and not prev.startswith("Fatal Python error"))
+        if new_dump:
+            chunks.append([])
+            seen = set()
+        if m:
+            seen.add(m.group(1))
+        chunks[-1].append(line)
+        prev = line
+    return ["".join(c) for c in chunks if "".join(c).strip()]
+
+
 def last_faulthandler_dump(text: str, pid: int, source: str) -> ProcessDump | None:
-    """The newest parsable faulthandler dump in ``text`` (at SIGTERM, a fatal error or the last request)."""
-    if not text.strip():
+    """The newest faulthandler dump in ``text`` (at SIGTERM, a fatal error or the last request), or
+    None when it has no frame (cut off as the process died: an older dump would be stale evidence)."""
+    chunks = split_faulthandler_dumps(text)
+    if not chunks:
         return None
-    dumps = [d for d in parse_traceback_text(text, source_file=source) if d.status != "failed"]
+    dumps = [d for d in parse_traceback_text(chunks[-1], source_file=source) if d.status != "failed"]
     return replace(dumps[-1], pid=pid, source_file=source) if dumps else None
 
 
