@@ -22,7 +22,7 @@ Pure: :class:`~rankscope.datasets.exits.ProcessExit` records and a topology in, 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..datasets.exits import ProcessExit
@@ -185,11 +185,11 @@ def _short_kind(e: ProcessExit) -> str:
 
 
 def _details(incident: Sequence[ProcessExit], primary: Sequence[ProcessExit], cascade: Sequence[ProcessExit],
-             t0: float, node_of: object) -> dict[str, object]:
+             t0: float, node_of: Callable[[ProcessExit], str]) -> dict[str, object]:
     prim = {id(e) for e in primary}
     return {
         "first_failure_time": t0,
-        "exits": [{"rank": e.rank, "node": node_of(e), "after_s": round(e.time - t0, 3),  # type: ignore[operator]
+        "exits": [{"rank": e.rank, "node": node_of(e), "after_s": round(e.time - t0, 3),
                    "kind": e.kind, "message": " ".join(e.message.split())[:300], "where": e.where,
                    "cause": "primary" if id(e) in prim else "cascade", "time_source": e.time_source}
                   for e in incident],

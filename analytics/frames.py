@@ -16,6 +16,8 @@ import re
 from collections.abc import Sequence
 from typing import Protocol
 
+from ..datasets.readers.base import is_launcher_frame
+
 _SITE = re.compile(r"^.*?/(?:site|dist)-packages/")
 _STDLIB = re.compile(r"^.*?/lib(?:64)?/python\d+(?:\.\d+)?/")
 _REPO_ROOTS = ("megatron/", "torch/", "torchtitan/", "deepspeed/", "transformers/", "apex/", "nemo/",
@@ -60,13 +62,6 @@ def frame_key(f: FrameLike, *, lines: bool = False) -> str:
 
 
 _SIG_CACHE: dict[tuple[int, bool], tuple[object, tuple[str, ...]]] = {}
-_LAUNCH_FILES = frozenset({"<frozen runpy>", "runpy.py"})
-
-
-def _launcher_frame(f: FrameLike) -> bool:
-    """``python -m`` start-up frames (runpy): the same on every rank, and the first thing a dump cut
-    short loses (faulthandler writes innermost first), so they are left out of signatures."""
-    return f.file.rsplit("/", 1)[-1] in _LAUNCH_FILES
 
 
 def signature(frames: Sequence[FrameLike], *, lines: bool = False) -> tuple[str, ...]:
@@ -80,7 +75,7 @@ def signature(frames: Sequence[FrameLike], *, lines: bool = False) -> tuple[str,
     hit = _SIG_CACHE.get(key)
     if hit is not None and hit[0] is frames:
         return hit[1]
-    sig = tuple(frame_key(f, lines=lines) for f in reversed(frames) if not _launcher_frame(f))
+    sig = tuple(frame_key(f, lines=lines) for f in reversed(frames) if not is_launcher_frame(f))
     if isinstance(frames, tuple):
         if len(_SIG_CACHE) >= 100_000:
             _SIG_CACHE.clear()

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..datasets.readers.rundir import step_seconds
 from .events import Event
 
 METRIC_NAMES = {"loss": "train_loss", "grad_norm": "train_grad_norm", "step_time_seconds": "train_step_time_seconds"}
@@ -127,8 +128,8 @@ def to_timing_rows(records: Iterable[StepRecord], *, job: str, node_of: Any) -> 
     """``timings`` rows (op ``step``) for records that carry a step time."""
     rows = []
     for r in records:
-        d = _float(r.values.get("step_time_seconds"))
-        if d is None or r.rank is None or math.isnan(d):
+        d = step_seconds(r.values.get("step_time_seconds"))
+        if d is None or r.rank is None:
             continue
         rows.append({"job": job, "rank": r.rank, "step": r.step, "op": "step", "duration_s": d,
                      "start_s": r.t - d, "node": node_of(r.rank, r.pid)})

@@ -19,7 +19,7 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,16 +92,10 @@ def read_exit_records(paths: Iterable[str | os.PathLike[str]], *, nodes: dict[in
             bad.append(str(exc))
             continue
         if e is not None:
-            out.append(e if e.node or not nodes else _with_node(e, nodes.get(e.rank, "")))
+            out.append(e if e.node or not nodes else replace(e, node=nodes.get(e.rank, "")))
     if bad and notes is not None:
         notes.append(f"{len(bad)} exit record(s) skipped: {bad[0]}" + (" ..." if len(bad) > 1 else ""))
     return out
-
-
-def _with_node(e: ProcessExit, node: str) -> ProcessExit:
-    from dataclasses import replace
-
-    return replace(e, node=node)
 
 
 def exits_from_events(events: Any) -> list[ProcessExit]:

@@ -16,6 +16,15 @@ class Frame(NamedTuple):
     line: int | None = None
 
 
+LAUNCH_FILES = frozenset({"<frozen runpy>", "runpy.py"})
+
+
+def is_launcher_frame(f: Frame) -> bool:
+    """A ``python -m`` start-up frame (runpy): the same on every rank, and the first thing a dump cut
+    short loses (dumps are written innermost first)."""
+    return f.file.rsplit("/", 1)[-1] in LAUNCH_FILES
+
+
 class ThreadDump(NamedTuple):
     """One thread's stack, ``frames[0]`` the innermost (currently executing) frame."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Frame, Interner, ProcessDump, ThreadDump, failed_dump, mark_main
+from .base import Frame, Interner, ProcessDump, ThreadDump, failed_dump, is_launcher_frame, mark_main
 
 _INTERN = Interner()
 
@@ -48,7 +48,7 @@ def _guess_main(threads: list[ThreadDump], current: list[int]) -> int:
     """
     def outermost(t: ThreadDump) -> Frame | None:  # skipping python -m's runpy frames
         for f in reversed(t.frames):
-            if f.file.rsplit("/", 1)[-1] not in ("<frozen runpy>", "runpy.py"):
+            if not is_launcher_frame(f):
                 return f
         return None
 

@@ -213,6 +213,16 @@ def coords_of(procs: list[RunDirProcess]) -> dict[int, dict[str, int]]:
     return out
 
 
+def step_seconds(value: Any) -> float | None:
+    """A ``log_step`` step time as seconds, or None when absent or not a finite non-negative number
+    (the hook writes inf/NaN as text)."""
+    try:
+        d = float(value)
+    except (TypeError, ValueError):
+        return None
+    return d if math.isfinite(d) and d >= 0 else None
+
+
 def read_steps(paths: list[tuple[str, str]], nodes: Mapping[int, str]) -> Any:
     """Per-rank ``timings`` (op ``step``) from ``(path, rel)`` steps files: one row per ``log_step``
     that carried ``step_time_seconds``; malformed lines are skipped."""
@@ -229,10 +239,10 @@ def read_steps(paths: list[tuple[str, str]], nodes: Mapping[int, str]) -> Any:
             try:
                 d = json.loads(line)
                 rank, step, t = int(d["rank"]), int(d["step"]), float(d["t"])
-                dur = float(d["step_time_seconds"])
             except (ValueError, KeyError, TypeError):
                 continue
-            if not (math.isfinite(dur) and math.isfinite(t)) or dur < 0:  # the hook writes inf/NaN as text
+            dur = step_seconds(d.get("step_time_seconds"))
+            if dur is None or not math.isfinite(t):
                 continue
             cols["rank"].append(rank)
             cols["step"].append(step)
