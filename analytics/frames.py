@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..datasets.readers.base import is_launcher_frame
+from ..datasets.readers.base import is_hook_idle_frame, is_launcher_frame
 
 _SITE = re.compile(r"^.*?/(?:site|dist)-packages/")
 _STDLIB = re.compile(r"^.*?/lib(?:64)?/python\d+(?:\.\d+)?/")
@@ -144,6 +144,6 @@ def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str
     for i, f in enumerate(frames[:4]):
         if f.function.rsplit(".", 1)[-1] in IO_LEAVES and "data" in f.file + (frames[i + 1].file if i + 1 < len(frames) else ""):
             return "io", i
-    if leaf in IDLE_LEAVES:
+    if leaf in IDLE_LEAVES or is_hook_idle_frame(frames[0]):
         return "idle", 0
     return "compute", 0

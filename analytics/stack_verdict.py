@@ -172,8 +172,8 @@ def _evidence(a: SnapshotAnalysis, topology: Topology, culprit_ranks: Sequence[i
     for r, words in a.thread_notes[:limit]:
         out.append(Evidence("stacks", "other-thread", words, (r,), (topology.node_of(r),), 0.3))
     if a.cut:
-        out.append(Evidence("stacks", "dump-cut-off", "stack dump cut off before its first frame as the process "
-                            "was stopped: no evidence either way", a.cut, (), 0.0))
+        out.append(Evidence("stacks", "dump-cut-off", "stack dump cut off or never written as the process was "
+                            "stopped (no frame, or no main thread): no evidence either way", a.cut, (), 0.0))
     if len(ordered) > limit:
         rest = ordered[limit:]
         out.append(Evidence("stacks", "more-outliers", f"{len(rest)} more outlier ranks",

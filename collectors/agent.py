@@ -458,6 +458,10 @@ class Agent:
         sig = hook._signal_number(os.environ.get(hook.ENV_STACK_SIGNAL, hook.DEFAULT_STACK_SIGNAL))
         caps = stacks.capture_all(live, run_dir=str(self.run_dir), timeout_seconds=self.cfg.stack_timeout_seconds,
                                   pyspy=self.cfg.pyspy, signum=sig)
+        for c in caps:  # a faulthandler dump from each hook too: the run directory's evidence if the dump its
+            # SIGTERM writes at teardown is cut off (a second SIGTERM while faulthandler writes kills it)
+            if c.target.role == "trainer" and c.method != "post-mortem":
+                hook.request(self.run_dir, c.target.pid, "stack")
         for pid, k in self.known.items():
             if k.dead_since is None or k.info.role != "trainer":
                 continue

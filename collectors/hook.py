@@ -4,14 +4,18 @@
 It talks to the agent only through files in a shared *run directory* (``RANKSCOPE_RUN_DIR``), one
 set per process id, so the agent can read them even when the process is deadlocked or dead:
 
-``pid<PID>.json``        identity: rank, local_rank, world_size, node, parallel groups (atomic rewrite)
+``pid<PID>.json``        identity: rank, local_rank, world_size, node, parallel groups, main thread id
+                         (atomic rewrite)
 ``pid<PID>.stack.txt``   faulthandler dumps: on ``RANKSCOPE_STACK_SIGNAL`` (default SIGUSR2), on SIGTERM
-                         (chained, so torchrun's teardown leaves each rank's last stack) and on fatal errors
+                         (chained, so torchrun's teardown leaves each rank's last stack; a second SIGTERM
+                         within about a millisecond kills the process mid-dump, a faulthandler limit the
+                         reader treats as no evidence) and on fatal errors
 ``pid<PID>.steps.jsonl`` one JSON line per :func:`log_step` (a single ``O_APPEND`` write, no buffering)
 ``pid<PID>.exit.json``   the uncaught exception that ended the process (frames innermost first), or
                          ``type: exit`` for a normal interpreter exit; absent after a signal or os._exit
 ``pid<PID>.ctl``         a FIFO; a thread blocked on it (zero CPU while idle) runs requests such as
-                         ``fr`` (dump the Flight Recorder to ``pid<PID>.fr.json``) and ``stack``
+                         ``fr`` (dump the Flight Recorder to ``pid<PID>.fr.json``) and ``stack`` (a
+                         faulthandler dump after a ``# rankscope: stack requested at <epoch>`` line)
 ``pid<PID>.fr.json``     the Flight Recorder dump (``_dump_fr_trace_json``, else ``_dump_fr_trace``)
 
 Forked children (DataLoader workers, checkpoint writers) re-register faulthandler on their own
@@ -46,6 +50,7 @@ ENV_RANKS_PER_NODE = "RANKSCOPE_RANKS_PER_NODE"
 ENV_STACK_SIGNAL = "RANKSCOPE_STACK_SIGNAL"
 DEFAULT_RUN_DIR = "/tmp/rankscope-run"
 DEFAULT_STACK_SIGNAL = "SIGUSR2"
+STACK_REQUEST = "# rankscope: stack requested at "  # datasets.readers.rundir.STACK_REQUEST (kept import-free)
 
 
 class _State:
@@ -167,6 +172,8 @@ def install(
             "groups": {},
             "started": time.time(),
             "argv": list(sys.argv),
+            # the id faulthandler prints for the main thread: a reader tells it from the others exactly
+            "main_thread_id": threading.main_thread().ident,
         }
         sig = stack_signal if stack_signal is not None else os.environ.get(ENV_STACK_SIGNAL, DEFAULT_STACK_SIGNAL)
         st.stack_signal = _signal_number(sig)
@@ -221,7 +228,7 @@ def _after_fork_in_child() -> None:
     st.run_dir = parent.run_dir
     st.stack_signal = parent.stack_signal
     st.identity = {**parent.identity, "pid": st.pid, "ppid": parent.pid, "role": "child",
-                   "parent_pid": parent.pid, "started": time.time()}
+                   "parent_pid": parent.pid, "started": time.time(), "main_thread_id": threading.get_ident()}
     _state = st
     _open_files(st, dump_on_sigterm=False)
     _write_identity(st)
@@ -382,6 +389,8 @@ def _control_loop(ctl: Path) -> None:
                     elif cmd == "stack":
                         st = _state
                         if st is not None and st.stack_fh is not None:
+                            # the time line lets a reader trust this dump when a later one (SIGTERM) is cut off
+                            st.stack_fh.write(f"{STACK_REQUEST}{time.time():.3f}\n".encode())
                             faulthandler.dump_traceback(file=st.stack_fh, all_threads=True)
         except Exception:  # noqa: BLE001 - the control thread must never die loudly
             time.sleep(1.0)

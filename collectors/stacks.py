@@ -24,7 +24,8 @@ from typing import Any
 from ..datasets.readers.base import ProcessDump, failed_dump, to_rows
 from ..datasets.readers.faulthandler import parse_traceback_text
 from ..datasets.readers.pyspy_json import parse_pyspy_json
-from ..datasets.readers.rundir import exception_dump, last_faulthandler_dump
+from ..datasets.readers.rundir import (exception_dump, last_faulthandler_dump, main_thread_id, requested_at,
+                                      split_faulthandler_dumps)
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,16 @@ def faulthandler_dump(pid: int, run_dir: str | os.PathLike[str], *, timeout_seco
     with open(path, "rb") as fh:
         fh.seek(start)
         text = fh.read(size - start).decode(errors="replace")
-    dumps = parse_traceback_text(text, source_file=src)
+    dumps = parse_traceback_text(text, source_file=src, main_thread_id=_main_thread_id(run_dir, pid))
     return replace(dumps[0], pid=pid) if dumps else failed_dump(src, "faulthandler", "unparsable output", pid)
+
+
+def _main_thread_id(run_dir: str | os.PathLike[str], pid: int) -> int | None:
+    """The main thread id the hook recorded in ``pid<PID>.json``, if any."""
+    try:
+        return main_thread_id(json.loads((Path(run_dir) / f"pid{pid}.json").read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -> tuple[ProcessDump, str]:
@@ -121,7 +130,8 @@ def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -
             text = fh.read().decode(errors="replace")
     except OSError:
         text = ""
-    last = last_faulthandler_dump(text, pid, str(path))
+    text = "".join(c for c in split_faulthandler_dumps(text) if requested_at(c) is None)  # what it wrote as it died
+    last = last_faulthandler_dump(text, pid, str(path), main_thread_id=_main_thread_id(run_dir, pid))
     if last is not None:
         return replace(last, error="exited; last faulthandler dump (SIGTERM or fatal signal)"), "post-mortem"
     return failed_dump(str(path), "none", "process exited and left no stack", pid), "none"
@@ -146,6 +156,7 @@ def death_signal(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0,
         mtime = os.stat(path).st_mtime
     except OSError:
         return None
+    text = "".join(c for c in split_faulthandler_dumps(text) if requested_at(c) is None)  # not the agent's requests
     if not text.strip() or mtime < since:
         return None
     fatal = [line for line in text.splitlines() if line.startswith("Fatal Python error: ")]

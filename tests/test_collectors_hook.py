@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from rankscope.collectors import hook, stacks
+from rankscope.datasets.readers.rundir import STACK_REQUEST, requested_at, split_faulthandler_dumps
 
 SCRIPT = r"""
 import json, os, signal, sys, time
@@ -61,9 +62,15 @@ def test_hook_files_steps_identity_stacks(tmp_path: Path) -> None:
         dump = stacks.faulthandler_dump(proc.pid, tmp_path, timeout_seconds=2.0)
         assert dump.status == "ok" and any(f.function == "<module>" for t in dump.threads for f in t.frames)
         # FIFO control channel is alive (the request is delivered; without torch nothing is dumped)
+        before = time.time()
         assert hook.request(tmp_path, proc.pid, "stack")
         time.sleep(0.3)
-        assert (tmp_path / f"pid{proc.pid}.stack.txt").read_text().count("most recent call first") >= 3
+        text = (tmp_path / f"pid{proc.pid}.stack.txt").read_text()
+        assert text.count("most recent call first") >= 3
+        # a requested dump carries the time it was asked for, so a reader can tell it from a SIGTERM dump
+        newest = split_faulthandler_dumps(text)[-1]
+        t = requested_at(newest)
+        assert t is not None and before - 1 <= t <= time.time() and "<module>" in newest
     finally:
         proc.kill()
         proc.wait()
@@ -109,3 +116,47 @@ def test_normal_exit_is_not_a_crash(tmp_path: Path) -> None:
     pid = int(path.name[3:].split(".")[0])
     dump, method = stacks.post_mortem(pid, tmp_path)
     assert method == "none" and dump.error == "process exited normally"
+
+
+def test_the_hook_writes_the_request_line_the_reader_expects() -> None:
+    assert hook.STACK_REQUEST == STACK_REQUEST  # the hook keeps no import of the reader
+
+
+DEEP = r"""
+import sys, threading, time
+from rankscope.collectors import hook
+hook.install(run_dir=sys.argv[1])
+for _ in range(4):
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+def deep(n):
+    if n == 0:
+        print("ready", flush=True)
+        time.sleep(60)
+    deep(n - 1)
+deep(40)
+"""
+
+
+def test_a_second_sigterm_mid_dump_never_yields_a_wrong_main_thread(tmp_path: Path) -> None:
+    # the launcher's and the scheduler's SIGTERMs: faulthandler's chained handler lets the second kill
+    # the process while the first one writes. Whatever is left must be either the right stack or no evidence.
+    from rankscope.datasets.readers.rundir import HookProcess, main_thread_id, process_dump
+
+    outcomes = []
+    for i in range(16):
+        run = tmp_path / f"r{i}"
+        run.mkdir()
+        proc = subprocess.Popen([sys.executable, "-c", DEEP, str(run)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep((i % 8) * 0.0002)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+        ident = json.loads((run / f"pid{proc.pid}.json").read_text())
+        stack = run / f"pid{proc.pid}.stack.txt"
+        dump = process_dump(HookProcess(proc.pid, {"stack.txt": str(stack)}, {"stack.txt": stack.name}),
+                            main_thread_id=main_thread_id(ident))
+        outcomes.append(dump.status)
+        if dump.status != "cut":
+            assert dump.main_thread is not None and dump.main_thread.frames[0].function == "deep", stack.read_text()
+    assert "ok" in outcomes, outcomes

@@ -145,6 +145,10 @@ def test_death_signal_reads_faulthandler_output_written_at_death(tmp_path: Path)
     kind, message, _ = death_signal(7, tmp_path)  # type: ignore[misc]
     assert (kind, message) == ("fatal signal", "Segmentation fault")
 
+    g = tmp_path / "pid8.stack.txt"  # only a dump the agent asked for, then SIGKILL: nothing written at death
+    g.write_text('# rankscope: stack requested at 1000.5\nThread 0x01 (most recent call first):\n  File "a.py", line 1 in f\n')
+    assert death_signal(8, tmp_path) is None
+
 
 def test_exits_that_only_report_lost_peers_do_not_outrank_the_stacks(tmp_path: Path) -> None:
     # a hung job torn down with SIGTERM while the agent runs: every exit is a consequence

@@ -126,3 +126,79 @@ def test_the_newest_of_several_appended_dumps_is_used() -> None:
     fatal = "Fatal Python error: Segmentation fault\n\n" + WAIT.replace("all_reduce", "segv_here")
     dump = last_faulthandler_dump(older + fatal, 7, "x")
     assert dump is not None and dump.main_thread.frames[0].function == "segv_here"
+
+
+# faulthandler lists the main thread (the oldest) last; a second SIGTERM stopped this one inside the hook's thread
+CUT_BEFORE_MAIN = """Thread 0x00007f2abb8546c0 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/usr/lib/python3.11/multiprocessing/queues.py", line 231 in _feed
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Thread 0x00007f2af7b676c0 (most recent call first):
+  File "/work/rankscope/collectors/hook.py", line 377 in _control_loop
+  File "/usr/lib/python3.11/threading.py", line """
+
+
+def test_a_dump_cut_off_before_the_main_thread_is_no_evidence() -> None:
+    (dump,) = parse_traceback_text(CUT_BEFORE_MAIN, "pid9.stack.txt")
+    assert dump.status == "cut" and dump.main_thread is None and "main thread" in (dump.error or "")
+    # cut inside the main thread itself: the main thread is the last one, its outer frames lost
+    main_cut = WAIT[:WAIT.index('  File "/job/train.py", line 332')] + '  File "/job/tr'
+    (dump,) = parse_traceback_text(main_cut)
+    assert dump.status == "partial" and dump.main_thread is not None
+    assert dump.main_thread.frames[0].function == "all_reduce"
+
+
+def test_hook_control_thread_is_idle_not_a_busy_thread() -> None:
+    from rankscope.analytics.frames import classify
+
+    (dump,) = parse_traceback_text(WAIT)
+    hook_thread = next(t for t in dump.threads if t.frames[0].function == "_control_loop")
+    assert classify(hook_thread.frames, role="other")[0] == "idle"
+
+
+def test_a_requested_dump_stands_in_for_a_cut_sigterm_dump_only_if_no_step_followed() -> None:
+    from rankscope.datasets.readers.rundir import STACK_REQUEST, last_faulthandler_dump
+
+    requested = f"{STACK_REQUEST}1005.25\n" + BUSY  # the agent asked at the stall
+    text = requested + CUT_BEFORE_MAIN  # then the SIGTERM dump at teardown was cut
+    dump = last_faulthandler_dump(text, 7, "pid7.stack.txt", last_step=1004.0)
+    assert dump is not None and dump.main_thread.frames[0].function == "linear" and "requested at" in dump.error
+    assert last_faulthandler_dump(text, 7, "x", last_step=1006.0) is None  # the rank moved on after the request
+    assert last_faulthandler_dump(text, 7, "x") is None  # no steps to tell: an older dump may be stale
+    # a requested dump that is the newest but older than the last step: stale as well
+    assert last_faulthandler_dump(requested, 7, "x", last_step=1006.0) is None
+    assert last_faulthandler_dump(requested, 7, "x", last_step=1005.0) is not None
+
+
+def test_teardown_cuts_and_empty_stack_files_do_not_name_a_culprit(tmp_path: Path) -> None:
+    # seen on the fault-injection job: torchrun's SIGTERM and the scheduler's arrive together; the second
+    # kills a rank while faulthandler writes (or before it writes a byte)
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in range(8):
+        hooked(run, 100 + rank, rank, f"host-{rank // 2}", stack=BUSY if rank == 5 else WAIT,
+               coords={"tp": rank % 2, "dp": rank // 2, "pp": 0}, steps=[0.1, 0.1])
+    (run / "pid100.stack.txt").write_text(CUT_BEFORE_MAIN)
+    (run / "pid102.stack.txt").write_text("")
+    inp = load_inputs(run, gpus_per_node=2)
+    assert {p.rank: p.status for p in inp.procs if p.rank in (0, 2)} == {0: "cut", 2: "cut"}
+    v = diagnose(inp.procs, inp.topology, job=inp.job)
+    assert v.verdict == "hang" and v.culprit_ranks == (5,) and v.culprit_nodes == ("host-2",), v.reasons
+    assert any(e.kind == "dump-cut-off" and e.ranks == (0, 2) for e in v.evidence)
+    assert not any(e.kind == "other-thread" for e in v.evidence)  # the hook's own thread is idle
+    # the agent's dump at the stall (after rank 5's last step) stands in for its cut SIGTERM dump
+    (run / "pid105.stack.txt").write_text(f"# rankscope: stack requested at 1003.0\n{BUSY}Thread 0x")
+    inp = load_inputs(run, gpus_per_node=2)
+    v = diagnose(inp.procs, inp.topology, job=inp.job)
+    assert v.culprit_ranks == (5,), v.reasons
+
+
+def test_the_hook_recorded_main_thread_id_names_the_main_thread_exactly() -> None:
+    (dump,) = parse_traceback_text(WAIT, main_thread_id=0x7f00000000c3)
+    assert dump.main_thread is not None and dump.main_thread.thread_id == 0x7f00000000c3
+    # a spawned thread's innermost frame alone looks like any main thread; the id says it is not one
+    one_frame = WAIT.split("\n\n")[0].split("\n")[0] + '\n  File "/job/train.py", line 5 in <lambda>'
+    assert parse_traceback_text(one_frame, main_thread_id=0x7f00000000c3)[0].status == "cut"
+    assert parse_traceback_text(one_frame)[0].status == "partial"  # without the id: a guess

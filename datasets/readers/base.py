@@ -25,6 +25,12 @@ def is_launcher_frame(f: Frame) -> bool:
     return f.file.rsplit("/", 1)[-1] in LAUNCH_FILES
 
 
+def is_hook_idle_frame(f: Frame) -> bool:
+    """The rankscope hook's control thread waiting for a request on its FIFO (a blocking ``open``,
+    which no stack shows): idle, and never a process's main thread."""
+    return f.function == "_control_loop" and f.file.replace("\\", "/").endswith("collectors/hook.py")
+
+
 class ThreadDump(NamedTuple):
     """One thread's stack, ``frames[0]`` the innermost (currently executing) frame."""
 

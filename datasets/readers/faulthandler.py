@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 
-from .base import Frame, Interner, ProcessDump, ThreadDump, failed_dump, is_launcher_frame, mark_main
+from .base import (Frame, Interner, ProcessDump, ThreadDump, cut_dump, failed_dump, is_hook_idle_frame,
+                   is_launcher_frame, mark_main)
 
 _INTERN = Interner()
 
@@ -27,6 +28,7 @@ _FH_THREAD = re.compile(r"^(Current thread|Thread) (0[xX][0-9a-fA-F]+)(?: \[(.*?
 _FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.+?)\s*$')
 _TB_HEAD = re.compile(r"^(Traceback|Stack) \(most recent call last\):")
 _TB_FRAME = re.compile(r'^\s+File "(.*)", line (\d+), in (.+?)\s*$')
+_PARTIAL_FILE = re.compile(r'^\s+File "([^"]+)"')  # a frame line cut in half (the dump stopped there)
 _RECIPE_THREAD = re.compile(r"^#\s*Thread(?:ID)?:\s*(?:(.*?)\s*\((\d+)\)|(\d+))\s*$")
 
 
@@ -39,12 +41,29 @@ def _frame(line: str) -> Frame | None:
     return Frame(m.group(3), m.group(1), _int(m.group(2))) if m else None
 
 
-def _guess_main(threads: list[ThreadDump], current: list[int]) -> int:
+def _spawned(t: ThreadDump, tail_file: str = "") -> bool:
+    """Started by ``threading`` (a ``run``/``_bootstrap`` frame of threading.py below its code, or, for a thread
+    cut short, as the next frame), or the rankscope hook's own control thread."""
+    for f in t.frames:
+        if f.file.endswith("threading.py") and f.function in ("run", "_bootstrap_inner", "_bootstrap"):
+            return True
+        if is_hook_idle_frame(f):
+            return True
+    return tail_file.endswith("threading.py")
+
+
+def _guess_main(threads: list[ThreadDump], current: list[int], *, cut: bool = False, tail_file: str = "",
+                faulthandler_order: bool = False) -> int | None:
     """Which thread is the main one; faulthandler does not say (frames are innermost first).
 
     The one whose outermost frame is module-level code; else the only thread not started by ``threading`` (whose
     outermost frame is ``threading._bootstrap``); else the thread that took the signal; else the
     last listed (faulthandler lists the newest threads first, and the main thread is the oldest).
+
+    A faulthandler dump ``cut`` short (the process was stopped while it wrote) ends in the thread it was
+    writing; the main thread, listed last, is that one unless it was started by ``threading`` (``tail_file``:
+    the file of the frame line cut in half): then the main thread was never written, and None says so.
+    So does a faulthandler dump (``faulthandler_order``) of threads that were all started by ``threading``.
     """
     def outermost(t: ThreadDump) -> Frame | None:  # skipping python -m's runpy frames
         for f in reversed(t.frames):
@@ -56,8 +75,11 @@ def _guess_main(threads: list[ThreadDump], current: list[int]) -> int:
     for i, top in enumerate(tops):  # a script's module level (an import in a thread is not outermost)
         if top is not None and top.function == "<module>":
             return i
-    not_spawned = [i for i, top in enumerate(tops)
-                   if top is not None and not (top.function == "_bootstrap" and top.file.endswith("threading.py"))]
+    if cut:
+        return None if _spawned(threads[-1], tail_file) else len(threads) - 1
+    if faulthandler_order and all(_spawned(t) for t in threads):
+        return None  # cut at a line's end, before the main thread
+    not_spawned = [i for i, (t, top) in enumerate(zip(threads, tops)) if top is not None and not _spawned(t)]
     if len(not_spawned) == 1:
         return not_spawned[0]
     if current and (not not_spawned or current[0] in not_spawned):
@@ -65,23 +87,34 @@ def _guess_main(threads: list[ThreadDump], current: list[int]) -> int:
     return not_spawned[-1] if not_spawned else len(threads) - 1
 
 
-def parse_traceback_text(text: str, source_file: str = "") -> list[ProcessDump]:
-    """One process with every thread found in faulthandler or traceback text."""
+def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: int | None = None) -> list[ProcessDump]:
+    """One process with every thread found in faulthandler or traceback text.
+
+    ``main_thread_id`` (the rankscope hook records it) names the main thread exactly; a faulthandler
+    dump without that thread was cut off before it (status ``cut``). Otherwise the main thread is guessed.
+    """
     if not text.strip():
         return [failed_dump(source_file, FORMAT, "empty dump file")]
     threads: list[ThreadDump] = []
     current: list[int] = []
     cur: dict | None = None
+    last_innermost_first = False
+    state = {"dropped": False}  # the last thread block had no whole frame and was dropped
 
     def close() -> None:
-        nonlocal cur
+        nonlocal cur, last_innermost_first
         if cur is not None and cur["frames"]:
             key = (cur["innermost_first"], tuple(cur["frames"]))
             frames = _INTERN.get(key)
             if frames is None:
                 parsed = [f for f in map(_frame, cur["frames"]) if f is not None]
                 frames = _INTERN.put(key, tuple(parsed if cur["innermost_first"] else reversed(parsed)))
+            state["dropped"] = not frames
+            if not frames:  # its only frame line was cut in half: nothing to show
+                cur = None
+                return
             threads.append(ThreadDump(frames, cur["tid"], cur["name"], None, cur["main"]))
+            last_innermost_first = cur["innermost_first"]
             if cur.get("current"):
                 current.append(len(threads) - 1)
         cur = None
@@ -119,11 +152,25 @@ def parse_traceback_text(text: str, source_file: str = "") -> list[ProcessDump]:
     if not threads:
         first = text.strip().splitlines()[0][:200]
         return [failed_dump(source_file, FORMAT, f"no Python stack found (first line: {first!r})")]
+    if main_thread_id is not None and last_innermost_first:
+        if not any(t.thread_id == main_thread_id for t in threads):
+            return [cut_dump(source_file, None, "its stack dump has no main thread (cut off as the process was "
+                             "stopped while faulthandler wrote): no evidence either way")]
+        threads = [t._replace(is_main=t.thread_id == main_thread_id) for t in threads]
+    last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
+    truncated = not text.endswith("\n") or bool(_FH_THREAD.match(last_line))  # ends mid-line or on a bare header
     if not any(t.is_main for t in threads):
-        i = _guess_main(threads, current)
+        # the file of the frame line cut in half, when it belongs to the last thread kept
+        tail = _PARTIAL_FILE.match(text[text.rfind("\n") + 1:]) if truncated and not state["dropped"] else None
+        fh_order = all(t.thread_id is not None for t in threads) and last_innermost_first
+        i = _guess_main(threads, current, cut=truncated and last_innermost_first,
+                        tail_file=tail.group(1) if tail else "", faulthandler_order=fh_order)
+        if i is None:
+            return [cut_dump(source_file, None, "its stack dump was cut off before the main thread (the process "
+                             "was stopped while faulthandler wrote): no evidence either way")]
         t = threads[i]
         threads[i] = ThreadDump(t.frames, t.thread_id, t.thread_name, t.active, True)
-    status, error = ("partial", "file ends mid-line (truncated dump)") if not text.endswith("\n") else ("ok", None)
+    status, error = ("partial", "file ends mid-line (truncated dump)") if truncated else ("ok", None)
     return [ProcessDump(mark_main(threads, None), None, None, status, error, FORMAT, source_file)]
 
 

@@ -7,7 +7,9 @@ on fatal errors), ``pid<PID>.exit.json`` (the uncaught exception), ``pid<PID>.st
 makes every rank write its last stack, so the run directory alone is a dump directory:
 
 - each process's stack is the exception that ended it, else the **last** faulthandler dump in its
-  stack file, else a failed dump saying that it wrote none;
+  stack file; a dump cut off as the process was stopped (no frame, or no main thread: a second
+  SIGTERM while faulthandler wrote) or an empty stack file is no evidence (status ``cut``), unless
+  a dump the agent requested after the rank's last logged step can stand in for it;
 - ranks, nodes and roles come from the identities (the newest process per rank and role when a
   directory was reused across restarts), and the topology from their coordinates;
 - step records become per-rank ``timings`` (op ``step``) for the fail-slow analysis.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -85,19 +88,22 @@ def exception_dump(rec: Any, pid: int, source: str) -> ProcessDump | None:
 
 
 _FH_HEADER = re.compile(r"^(?:Current thread|Thread) (0[xX][0-9a-fA-F]*)")  # a cut header has a short id
+STACK_REQUEST = "# rankscope: stack requested at "  # + epoch seconds: the hook's line before a requested dump
+_REQUEST = re.compile(r"^# rankscope: stack requested at (\d+(?:\.\d*)?)\s*$")
 
 
 def split_faulthandler_dumps(text: str) -> list[str]:
     """The separate dumps in a file faulthandler appended to. Inside one dump a blank line precedes
     every thread header but the first, so a header right after a frame line starts the next dump;
-    so do a thread id seen again and a ``Fatal Python error`` line."""
+    so do a thread id seen again, a ``Fatal Python error`` line and the hook's stack-request line."""
     chunks: list[list[str]] = [[]]
     seen: set[str] = set()
     prev = ""
     for line in text.splitlines(keepends=True):
         m = _FH_HEADER.match(line)
-        new_dump = line.startswith("Fatal Python error") or bool(
-            m and chunks[-1] and (m.group(1) in seen or prev.strip()) and not prev.startswith("Fatal Python error"))
+        new_dump = line.startswith(("Fatal Python error", STACK_REQUEST)) or bool(
+            m and chunks[-1] and (m.group(1) in seen or prev.strip())
+            and not prev.startswith(("Fatal Python error", STACK_REQUEST)))
         if new_dump:
             chunks.append([])
             seen = set()
@@ -108,17 +114,78 @@ def split_faulthandler_dumps(text: str) -> list[str]:
     return ["".join(c) for c in chunks if "".join(c).strip()]
 
 
-def last_faulthandler_dump(text: str, pid: int, source: str) -> ProcessDump | None:
+def requested_at(chunk: str) -> float | None:
+    """When the dump in ``chunk`` was requested through the hook (``stack`` on its FIFO), or None
+    (a dump faulthandler wrote by itself: on SIGTERM, a signal or a fatal error)."""
+    m = _REQUEST.match(chunk.split("\n", 1)[0])
+    return float(m.group(1)) if m else None
+
+
+def last_faulthandler_dump(text: str, pid: int, source: str, *, last_step: float | None = None,
+                           main_thread_id: int | None = None) -> ProcessDump | None:
     """The newest faulthandler dump in ``text`` (at SIGTERM, a fatal error or the last request), or
-    None when it has no frame (cut off as the process died: an older dump would be stale evidence)."""
+    None when it is cut off (no frame, or stopped before the main thread: a second SIGTERM while
+    faulthandler wrote) and no dump can stand in for it.
+
+    An older dump is stale evidence, save one: a dump requested (by the agent, at a stall) after the
+    rank's last logged step (``last_step``, epoch seconds); the rank has not moved since. A requested
+    dump followed by steps is stale even when it is the newest (the SIGTERM dump was never written).
+    ``main_thread_id`` (from the hook identity) tells the main thread exactly.
+    """
     chunks = split_faulthandler_dumps(text)
     if not chunks:
         return None
-    dumps = [d for d in parse_traceback_text(chunks[-1], source_file=source) if d.status != "failed"]
+    t = requested_at(chunks[-1])
+    if t is not None and last_step is not None and t < last_step:
+        return None  # requested before steps the rank went on to log: stale
+    newest = _usable(chunks[-1], pid, source, main_thread_id)
+    if newest is not None or last_step is None:
+        return newest
+    for chunk in reversed(chunks[:-1]):
+        t = requested_at(chunk)
+        if t is None or t < last_step:
+            break
+        older = _usable(chunk, pid, source, main_thread_id)
+        if older is not None:
+            return replace(older, error=f"its last dump was cut off as it stopped; the stack requested at "
+                                        f"{t:.3f}, after its last step, is used")
+    return None
+
+
+def _usable(chunk: str, pid: int, source: str, main_thread_id: int | None) -> ProcessDump | None:
+    dumps = [d for d in parse_traceback_text(chunk, source_file=source, main_thread_id=main_thread_id)
+             if d.status not in ("failed", "cut")]
     return replace(dumps[-1], pid=pid, source_file=source) if dumps else None
 
 
-def process_dump(proc: HookProcess) -> ProcessDump:
+def last_step_time(path: str | None) -> float | None:
+    """The time (``t``) of the last step record in a ``steps.jsonl`` file, or None."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 8192))
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            t = float(json.loads(line)["t"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if math.isfinite(t):
+            return t
+    return None
+
+
+def main_thread_id(ident: Mapping[str, Any] | None) -> int | None:
+    """The main thread's id a hook identity recorded (what faulthandler prints for it), or None."""
+    v = ident.get("main_thread_id") if isinstance(ident, Mapping) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def process_dump(proc: HookProcess, *, main_thread_id: int | None = None) -> ProcessDump:
     """The stack a hooked process left: its uncaught exception, else its last faulthandler dump."""
     exit_path = proc.files.get("exit.json")
     if exit_path:
@@ -136,12 +203,14 @@ def process_dump(proc: HookProcess) -> ProcessDump:
                 text = fh.read().decode(errors="replace")
         except OSError as exc:
             return failed_dump(rel, "faulthandler", f"unreadable ({exc.strerror})", proc.pid)
-    if not text.strip():
-        return failed_dump(rel, "faulthandler", "the hook wrote no stack for this process (send it "
-                           "RANKSCOPE_STACK_SIGNAL, SIGUSR2 by default, or run the agent)", proc.pid)
-    return last_faulthandler_dump(text, proc.pid, rel) or \
-        cut_dump(rel, proc.pid, "its stack dump was cut off before the first frame (stopped while writing, "
-                 "e.g. a second SIGTERM): no evidence either way")
+    if not text.strip():  # stopped before faulthandler wrote a byte (SIGKILL, a second SIGTERM), or never asked
+        return cut_dump(rel, proc.pid, "the hook wrote no stack for this process: no evidence either way (it was "
+                        "stopped before faulthandler wrote, or never asked: send it RANKSCOPE_STACK_SIGNAL, "
+                        "SIGUSR2 by default, or run the agent)")
+    return last_faulthandler_dump(text, proc.pid, rel, last_step=last_step_time(proc.files.get("steps.jsonl")),
+                                  main_thread_id=main_thread_id) or \
+        cut_dump(rel, proc.pid, "its stack dump was cut off as it was stopped (e.g. a second SIGTERM while "
+                 "faulthandler wrote): no evidence either way")
 
 
 def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
@@ -170,7 +239,7 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
             started = float(ident.get("started") or 0.0)
         except (TypeError, ValueError):
             started = 0.0  # unknown start: loses to any process of the rank that has one
-        dump = process_dump(proc)
+        dump = process_dump(proc, main_thread_id=main_thread_id(ident))
         if role != "trainer" and dump.status in ("failed", "cut"):
             silent_children += 1  # a worker that wrote no stack is no evidence either way
             continue
