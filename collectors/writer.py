@@ -58,18 +58,21 @@ class BatchWriter:
                 self._drop(table, sum(1 for _ in rows), f"{table}: {type(exc).__name__}: {exc}")
                 return
             cols = self.buffers[table] = {name: deque() for name in names}
-        first = next(iter(cols.values()))
+        known = cols.keys()
+        appenders = [(name, col.append) for name, col in cols.items()]  # hot path: ~20k rows a minute
+        n = len(next(iter(cols.values())))
         for row in rows:
-            unknown = row.keys() - cols.keys()
-            if unknown:
-                self._drop(table, 1, f"{table}: unknown columns {sorted(unknown)}")
+            if not row.keys() <= known:
+                self._drop(table, 1, f"{table}: unknown columns {sorted(row.keys() - known)}")
                 continue
-            if len(first) >= self.max_rows:
+            if n >= self.max_rows:
                 for col in cols.values():
                     col.popleft()
                 self._drop(table, 1)
-            for name, col in cols.items():
-                col.append(row.get(name))
+            else:
+                n += 1
+            for name, append in appenders:
+                append(row.get(name))
 
     @property
     def pending(self) -> int:
