@@ -458,10 +458,6 @@ class Agent:
         sig = hook._signal_number(os.environ.get(hook.ENV_STACK_SIGNAL, hook.DEFAULT_STACK_SIGNAL))
         caps = stacks.capture_all(live, run_dir=str(self.run_dir), timeout_seconds=self.cfg.stack_timeout_seconds,
                                   pyspy=self.cfg.pyspy, signum=sig)
-        for c in caps:  # a faulthandler dump from each hook too: the run directory's evidence if the dump its
-            # SIGTERM writes at teardown is cut off (a second SIGTERM while faulthandler writes kills it)
-            if c.target.role == "trainer" and c.method != "post-mortem":
-                hook.request(self.run_dir, c.target.pid, "stack")
         for pid, k in self.known.items():
             if k.dead_since is None or k.info.role != "trainer":
                 continue
@@ -474,6 +470,10 @@ class Agent:
                     k.stack_offset = stacks.stack_file(self.run_dir, c.target.pid).stat().st_size
                 except OSError:
                     pass
+        for c in caps:  # a timestamped faulthandler dump from each live trainer's hook too (after the offsets
+            # above): the run directory's evidence if the dump SIGTERM writes at teardown is cut off
+            if c.target.role == "trainer" and c.method in ("py-spy", "faulthandler"):
+                hook.request(self.run_dir, c.target.pid, "stack")
         when = datetime.fromtimestamp(now, tz=timezone.utc)
         self.writer.add("stacks", stacks.capture_rows(caps, job=self.cfg.job, snapshot=snapshot, when=when))
         fr = 0

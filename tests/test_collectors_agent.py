@@ -79,6 +79,17 @@ def test_agent_captures_a_stall_and_writes_every_table(tmp_path: Path, mini_job)
     if not agent.gpu.available:
         assert any("GPU metrics unavailable" in m for m in store.read("events")["message"].to_list())
     assert not (run_dir / "trigger").exists()
+    # each hook was asked for a timestamped dump too: the run directory's evidence if a SIGTERM dump is cut
+    from rankscope.datasets.readers.rundir import requested_at, split_faulthandler_dumps
+
+    deadline = time.monotonic() + 5
+    while True:
+        chunks = [c for f in run_dir.glob("pid*.stack.txt") for c in split_faulthandler_dumps(f.read_text())]
+        asked = [c for c in chunks if requested_at(c) is not None and "stuck_forever" in c]
+        if len(asked) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(asked) == 2, chunks
 
 
 def test_agent_trigger_file_and_sigterm_flush(tmp_path: Path, mini_job) -> None:
