@@ -110,6 +110,13 @@ def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None
         return Verdict("inconclusive", confidence=0.2, reasons=tuple(reasons), details=details, **common)
     healthy = a.healthy_trainers
     reasons.append(f"{healthy} of {total} ranks share the dominant stack(s): {_dominant_words(a)}.")
+    if not a.outlier_ranks and a.cut:
+        # a rank killed outright (OOM, SIGKILL) leaves no dump while the others wait in the collective it
+        # never joined: that looks healthy. The ranks without a usable stack are where to look.
+        reasons.append(f"No outlier among the ranks with a stack, but {len(a.cut)} rank(s) left no usable stack "
+                       f"(cut off or never written as they stopped): {rank_ranges(a.cut)[:200]}. If the job was "
+                       "stuck, look at them first (killed outright? the kernel log, the exit records).")
+        return Verdict("inconclusive", confidence=0.3, suspect_ranks=a.cut, reasons=tuple(reasons), details=details, evidence=_evidence(a, topology, ()), **common)
     if not a.outlier_ranks:
         reasons.append("No outlier: every rank is in a healthy state. If the job is stuck, the cause is not "
                        "visible as a machine-specific stack (all ranks wait alike); take several snapshots "

@@ -381,21 +381,41 @@ def _control_loop(ctl: Path) -> None:
     """Block on the FIFO (no CPU while idle) and run each request line; survive every error."""
     while True:
         try:
-            with open(ctl) as fh:  # blocks until a writer opens it
+            # read-write: the FIFO always has a writer (this one), so reads never hit end-of-file between two
+            # requests and a sender's non-blocking open always finds a reader; the read blocks (no CPU) while idle
+            with open(os.open(ctl, os.O_RDWR), encoding="utf-8", errors="replace") as fh:
                 for line in fh:
                     cmd = line.strip()
                     if cmd == "fr":
                         dump_flight_recorder()
                     elif cmd == "stack":
-                        st = _state
-                        if st is not None and st.stack_fh is not None:
-                            # the time line lets a reader trust this dump when a later one (SIGTERM) is cut off
-                            st.stack_fh.write(f"{STACK_REQUEST}{time.time():.3f}\n".encode())
-                            faulthandler.dump_traceback(file=st.stack_fh, all_threads=True)
+                        _requested_dump()
         except Exception:  # noqa: BLE001 - the control thread must never die loudly
             time.sleep(1.0)
         if _state is None or _state.pid != os.getpid():
             return
+
+
+def _requested_dump() -> None:
+    """Append a faulthandler dump after a ``STACK_REQUEST`` time line, both in one ``write``: the time
+    lets a reader trust this dump when a later one (at SIGTERM) is cut off, and a SIGTERM dump cannot
+    land between the line and its dump."""
+    st = _state
+    if st is None or st.stack_fh is None:
+        return
+    head = f"{STACK_REQUEST}{time.time():.3f}\n".encode()
+    try:
+        fd = os.memfd_create("rankscope-stack", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd < 0:  # no memfd: write the line, then the dump
+        st.stack_fh.write(head)
+        faulthandler.dump_traceback(file=st.stack_fh, all_threads=True)
+        return
+    with os.fdopen(fd, "w+b", buffering=0) as tmp:
+        faulthandler.dump_traceback(file=tmp, all_threads=True)
+        tmp.seek(0)
+        st.stack_fh.write(head + tmp.read())
 
 
 def request(run_dir: str | os.PathLike[str], pid: int, command: str) -> bool:

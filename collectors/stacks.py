@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..datasets.readers.base import ProcessDump, failed_dump, to_rows
+from ..datasets.readers.base import ProcessDump, cut_dump, failed_dump, to_rows
 from ..datasets.readers.faulthandler import parse_traceback_text
 from ..datasets.readers.pyspy_json import parse_pyspy_json
 from ..datasets.readers.rundir import (exception_dump, last_faulthandler_dump, main_thread_id, requested_at,
@@ -99,7 +99,11 @@ def faulthandler_dump(pid: int, run_dir: str | os.PathLike[str], *, timeout_seco
     with open(path, "rb") as fh:
         fh.seek(start)
         text = fh.read(size - start).decode(errors="replace")
-    dumps = parse_traceback_text(text, source_file=src, main_thread_id=_main_thread_id(run_dir, pid))
+    # only what the signal wrote: not an earlier requested dump still being written when we took the offset
+    chunks = [c for c in split_faulthandler_dumps(text) if requested_at(c) is None]
+    if not chunks:
+        return failed_dump(src, "faulthandler", f"no faulthandler output within {timeout_seconds:g}s", pid)
+    dumps = parse_traceback_text(chunks[-1], source_file=src, main_thread_id=_main_thread_id(run_dir, pid))
     return replace(dumps[0], pid=pid) if dumps else failed_dump(src, "faulthandler", "unparsable output", pid)
 
 
@@ -132,8 +136,13 @@ def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -
         text = ""
     text = "".join(c for c in split_faulthandler_dumps(text) if requested_at(c) is None)  # what it wrote as it died
     last = last_faulthandler_dump(text, pid, str(path), main_thread_id=_main_thread_id(run_dir, pid))
+    if last is not None and last.status == "cut":  # stopped while faulthandler wrote (a second SIGTERM)
+        return replace(last, error=f"exited; {last.error}"), "post-mortem"
     if last is not None:
         return replace(last, error="exited; last faulthandler dump (SIGTERM or fatal signal)"), "post-mortem"
+    if text.strip():  # a fragment that is no dump at all
+        return cut_dump(str(path), pid, "exited; what faulthandler wrote as it died holds no stack: no evidence "
+                        "either way"), "post-mortem"
     return failed_dump(str(path), "none", "process exited and left no stack", pid), "none"
 
 

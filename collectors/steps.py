@@ -96,7 +96,7 @@ class StepTailer:
             t, step = float(d.pop("t")), int(d.pop("step"))
             rank = d.pop("rank", None)
             return StepRecord(t, step, int(rank) if rank is not None else None, pid, d)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             self.bad_lines += 1
             return None
 
@@ -104,7 +104,7 @@ class StepTailer:
 def _float(v: Any) -> float | None:
     try:
         return float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

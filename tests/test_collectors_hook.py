@@ -71,6 +71,16 @@ def test_hook_files_steps_identity_stacks(tmp_path: Path) -> None:
         newest = split_faulthandler_dumps(text)[-1]
         t = requested_at(newest)
         assert t is not None and before - 1 <= t <= time.time() and "<module>" in newest
+        # requests back to back all arrive: the hook holds its FIFO open read-write, so a sender never finds
+        # it between two opens (the agent sends "stack" and then "fr" within milliseconds)
+        assert all(hook.request(tmp_path, proc.pid, "stack") for _ in range(5))
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            text = (tmp_path / f"pid{proc.pid}.stack.txt").read_text()
+            if sum(requested_at(c) is not None for c in split_faulthandler_dumps(text)) == 6:
+                break
+            time.sleep(0.05)
+        assert sum(requested_at(c) is not None for c in split_faulthandler_dumps(text)) == 6
     finally:
         proc.kill()
         proc.wait()
@@ -160,3 +170,13 @@ def test_a_second_sigterm_mid_dump_never_yields_a_wrong_main_thread(tmp_path: Pa
         if dump.status != "cut":
             assert dump.main_thread is not None and dump.main_thread.frames[0].function == "deep", stack.read_text()
     assert "ok" in outcomes, outcomes
+
+
+def test_post_mortem_of_a_dump_cut_before_the_main_thread_is_no_evidence(tmp_path: Path) -> None:
+    (tmp_path / "pid5.json").write_text(json.dumps({"pid": 5, "rank": 0, "main_thread_id": 0x7F01}))
+    (tmp_path / "pid5.stack.txt").write_text(
+        '# rankscope: stack requested at 100.0\nThread 0x00007f01 (most recent call first):\n'
+        '  File "/job/train.py", line 9 in step\n'  # the agent's request: not what it wrote as it died
+        'Thread 0x00007f02 (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line ')
+    dump, method = stacks.post_mortem(5, tmp_path)
+    assert (dump.status, method) == ("cut", "post-mortem") and "no evidence" in (dump.error or "")

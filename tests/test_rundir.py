@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rankscope.analytics.diagnose import diagnose
 from rankscope.datasets.inputs import load_inputs
+from rankscope.datasets.readers.base import Frame
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 
 WAIT = """Thread 0x00007f00000000c1 (most recent call first):
@@ -122,7 +123,7 @@ def test_the_newest_of_several_appended_dumps_is_used() -> None:
     assert len(split_faulthandler_dumps(older + WAIT)) == 2  # faulthandler appends with no separator
     dump = last_faulthandler_dump(older + WAIT, 7, "pid7.stack.txt")
     assert dump is not None and dump.main_thread.frames[0].function == "all_reduce"
-    assert last_faulthandler_dump(older + "Thread 0x", 7, "x") is None  # the newest was cut off: no stale stack
+    assert last_faulthandler_dump(older + "Thread 0x", 7, "x").status == "cut"  # the newest was cut: no stale stack
     fatal = "Fatal Python error: Segmentation fault\n\n" + WAIT.replace("all_reduce", "segv_here")
     dump = last_faulthandler_dump(older + fatal, 7, "x")
     assert dump is not None and dump.main_thread.frames[0].function == "segv_here"
@@ -156,6 +157,8 @@ def test_hook_control_thread_is_idle_not_a_busy_thread() -> None:
     (dump,) = parse_traceback_text(WAIT)
     hook_thread = next(t for t in dump.threads if t.frames[0].function == "_control_loop")
     assert classify(hook_thread.frames, role="other")[0] == "idle"
+    answering = (Frame("_requested_dump", "/x/rankscope/collectors/hook.py", 401), *hook_thread.frames)
+    assert classify(answering, role="other")[0] == "idle"  # writing the dump the agent asked for
 
 
 def test_a_requested_dump_stands_in_for_a_cut_sigterm_dump_only_if_no_step_followed() -> None:
@@ -165,11 +168,15 @@ def test_a_requested_dump_stands_in_for_a_cut_sigterm_dump_only_if_no_step_follo
     text = requested + CUT_BEFORE_MAIN  # then the SIGTERM dump at teardown was cut
     dump = last_faulthandler_dump(text, 7, "pid7.stack.txt", last_step=1004.0)
     assert dump is not None and dump.main_thread.frames[0].function == "linear" and "requested at" in dump.error
-    assert last_faulthandler_dump(text, 7, "x", last_step=1006.0) is None  # the rank moved on after the request
-    assert last_faulthandler_dump(text, 7, "x") is None  # no steps to tell: an older dump may be stale
-    # a requested dump that is the newest but older than the last step: stale as well
-    assert last_faulthandler_dump(requested, 7, "x", last_step=1006.0) is None
-    assert last_faulthandler_dump(requested, 7, "x", last_step=1005.0) is not None
+    assert last_faulthandler_dump(text, 7, "x", last_step=1006.0).status == "cut"  # the rank moved on after it
+    assert last_faulthandler_dump(text, 7, "x").status == "cut"  # no steps to tell: an older dump may be stale
+    # from an earlier process with the same pid (the run directory was reused): stale
+    assert last_faulthandler_dump(text, 7, "x", last_step=1004.0, not_before=1010.0).status == "cut"
+    # a requested dump that is the newest but older than the last step: stale as well, and said so
+    stale = last_faulthandler_dump(requested, 7, "x", last_step=1006.0)
+    assert stale.status == "cut" and "older than its last step" in stale.error
+    assert last_faulthandler_dump(requested, 7, "x", last_step=1005.0).status == "ok"
+    assert last_faulthandler_dump(requested, 7, "x", last_step=lambda: 1005.0).status == "ok"  # read lazily
 
 
 def test_teardown_cuts_and_empty_stack_files_do_not_name_a_culprit(tmp_path: Path) -> None:
@@ -202,3 +209,27 @@ def test_the_hook_recorded_main_thread_id_names_the_main_thread_exactly() -> Non
     one_frame = WAIT.split("\n\n")[0].split("\n")[0] + '\n  File "/job/train.py", line 5 in <lambda>'
     assert parse_traceback_text(one_frame, main_thread_id=0x7f00000000c3)[0].status == "cut"
     assert parse_traceback_text(one_frame)[0].status == "partial"  # without the id: a guess
+
+
+def test_a_rank_killed_outright_is_not_hidden_behind_a_healthy_verdict(tmp_path: Path) -> None:
+    # the OOM killer takes rank 2 (no SIGTERM, so no dump); the others wait in the all_reduce it never joins
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in range(8):
+        hooked(run, 100 + rank, rank, f"host-{rank // 2}", stack="" if rank == 2 else WAIT,
+               coords={"tp": rank % 2, "dp": rank // 2, "pp": 0}, steps=[0.1, 0.1])
+    (run / "pid103.steps.jsonl").write_text('{"t": 1e999999, "step": 9, "rank": 3}\n{"t": ' + "9" * 400 + "}\n")
+    inp = load_inputs(run, gpus_per_node=2)
+    v = diagnose(inp.procs, inp.topology, job=inp.job)
+    assert v.verdict == "inconclusive" and v.suspect_ranks == (2,), v.reasons
+    assert any("left no usable stack" in r and "2" in r for r in v.reasons), v.reasons
+
+
+def test_faulthandler_lists_at_most_100_threads() -> None:
+    spawned = ('Thread 0x{:016x} (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line 327 in wait\n'
+               '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
+               '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n')
+    text = "\n".join(spawned.format(0x7f0000001000 + i) for i in range(100)) + "...\n"
+    for main_id in (0x7f0000000b80, None):
+        (dump,) = parse_traceback_text(text, main_thread_id=main_id)
+        assert dump.status == "cut" and "at most 100 threads" in (dump.error or ""), dump.error

@@ -25,10 +25,13 @@ def is_launcher_frame(f: Frame) -> bool:
     return f.file.rsplit("/", 1)[-1] in LAUNCH_FILES
 
 
+_HOOK_THREAD_FUNCTIONS = frozenset({"_control_loop", "_requested_dump"})  # only ever on its own thread
+
+
 def is_hook_idle_frame(f: Frame) -> bool:
-    """The rankscope hook's control thread waiting for a request on its FIFO (a blocking ``open``,
-    which no stack shows): idle, and never a process's main thread."""
-    return f.function == "_control_loop" and f.file.replace("\\", "/").endswith("collectors/hook.py")
+    """The rankscope hook's control thread: waiting for a request on its FIFO (a blocking read, which
+    no stack shows) or answering one. Not training's work (idle), and never a process's main thread."""
+    return f.function in _HOOK_THREAD_FUNCTIONS and f.file.replace("\\", "/").endswith("collectors/hook.py")
 
 
 class ThreadDump(NamedTuple):
@@ -44,8 +47,9 @@ class ThreadDump(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class ProcessDump:
     """One process's dump. ``status`` is ``ok``, ``partial`` (truncated file), ``failed`` (no stack:
-    the capture failed, itself evidence) or ``cut`` (the process wrote its dump as it was killed
-    and died before any frame was out: no evidence either way)."""
+    the capture failed, itself evidence) or ``cut`` (no usable stack and no evidence either way: the
+    process was killed while it wrote its dump, before the first frame or the main thread was out,
+    or left an empty or stale stack file)."""
 
     threads: tuple[ThreadDump, ...]
     pid: int | None = None
@@ -86,7 +90,7 @@ class Interner:
 
 
 def cut_dump(source: str, pid: int | None, why: str) -> ProcessDump:
-    """A dump cut off before its first frame as the process died (status ``cut``: no evidence)."""
+    """A dump with no usable stack, ``why`` says how (status ``cut``: no evidence either way)."""
     return ProcessDump((), pid=pid, status="cut", error=why, source_format="faulthandler", source_file=source)
 
 

@@ -99,10 +99,12 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
     current: list[int] = []
     cur: dict | None = None
     last_innermost_first = False
-    state = {"dropped": False}  # the last thread block had no whole frame and was dropped
+    state = {"dropped": False}  # the last thread block had no whole frame (or none) and was dropped
 
     def close() -> None:
         nonlocal cur, last_innermost_first
+        if cur is not None and not cur["frames"]:
+            state["dropped"] = True  # a header with no frame line (yet): the thread being written is unknown
         if cur is not None and cur["frames"]:
             key = (cur["innermost_first"], tuple(cur["frames"]))
             frames = _INTERN.get(key)
@@ -154,8 +156,7 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
         return [failed_dump(source_file, FORMAT, f"no Python stack found (first line: {first!r})")]
     if main_thread_id is not None and last_innermost_first:
         if not any(t.thread_id == main_thread_id for t in threads):
-            return [cut_dump(source_file, None, "its stack dump has no main thread (cut off as the process was "
-                             "stopped while faulthandler wrote): no evidence either way")]
+            return [_no_main_thread(text, source_file)]
         threads = [t._replace(is_main=t.thread_id == main_thread_id) for t in threads]
     last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
     truncated = not text.endswith("\n") or bool(_FH_THREAD.match(last_line))  # ends mid-line or on a bare header
@@ -163,15 +164,26 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
         # the file of the frame line cut in half, when it belongs to the last thread kept
         tail = _PARTIAL_FILE.match(text[text.rfind("\n") + 1:]) if truncated and not state["dropped"] else None
         fh_order = all(t.thread_id is not None for t in threads) and last_innermost_first
-        i = _guess_main(threads, current, cut=truncated and last_innermost_first,
-                        tail_file=tail.group(1) if tail else "", faulthandler_order=fh_order)
+        i = None if truncated and state["dropped"] and last_innermost_first else _guess_main(
+            threads, current, cut=truncated and last_innermost_first, tail_file=tail.group(1) if tail else "",
+            faulthandler_order=fh_order)  # cut in a thread after the last one kept: that one is not the main
         if i is None:
-            return [cut_dump(source_file, None, "its stack dump was cut off before the main thread (the process "
-                             "was stopped while faulthandler wrote): no evidence either way")]
+            return [_no_main_thread(text, source_file)]
         t = threads[i]
         threads[i] = ThreadDump(t.frames, t.thread_id, t.thread_name, t.active, True)
     status, error = ("partial", "file ends mid-line (truncated dump)") if truncated else ("ok", None)
     return [ProcessDump(mark_main(threads, None), None, None, status, error, FORMAT, source_file)]
+
+
+def _no_main_thread(text: str, source_file: str) -> ProcessDump:
+    """A faulthandler dump without its main thread: no evidence either way (status ``cut``)."""
+    if text.rstrip().rsplit("\n", 1)[-1].strip() == "...":  # faulthandler stops after 100 threads, newest first
+        why = ("faulthandler lists at most 100 threads, newest first, and the main thread was not among them "
+               "(py-spy shows every thread): no evidence either way")
+    else:
+        why = ("its stack dump was cut off before the main thread (the process was stopped while faulthandler "
+               "wrote): no evidence either way")
+    return cut_dump(source_file, None, why)
 
 
 def looks_like_traceback(text: str) -> bool:

@@ -8,8 +8,9 @@ makes every rank write its last stack, so the run directory alone is a dump dire
 
 - each process's stack is the exception that ended it, else the **last** faulthandler dump in its
   stack file; a dump cut off as the process was stopped (no frame, or no main thread: a second
-  SIGTERM while faulthandler wrote) or an empty stack file is no evidence (status ``cut``), unless
-  a dump the agent requested after the rank's last logged step can stand in for it;
+  SIGTERM while faulthandler wrote), an empty stack file or a stale requested dump is no evidence
+  (status ``cut``), unless a dump the agent requested after the rank's last logged step can stand in
+  (only for ranks that log steps: without them an older dump may be stale);
 - ranks, nodes and roles come from the identities (the newest process per rank and role when a
   directory was reused across restarts), and the topology from their coordinates;
 - step records become per-rank ``timings`` (op ``step``) for the fail-slow analysis.
@@ -23,7 +24,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -121,41 +122,62 @@ def requested_at(chunk: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def last_faulthandler_dump(text: str, pid: int, source: str, *, last_step: float | None = None,
-                           main_thread_id: int | None = None) -> ProcessDump | None:
-    """The newest faulthandler dump in ``text`` (at SIGTERM, a fatal error or the last request), or
-    None when it is cut off (no frame, or stopped before the main thread: a second SIGTERM while
-    faulthandler wrote) and no dump can stand in for it.
+def last_faulthandler_dump(text: str, pid: int, source: str, *,
+                           last_step: float | Callable[[], float | None] | None = None,
+                           main_thread_id: int | None = None, not_before: float | None = None) -> ProcessDump | None:
+    """The newest faulthandler dump in ``text`` (at SIGTERM, a fatal error or the last request); None
+    when ``text`` holds none. When that dump cannot be used, a dump with status ``cut`` (no evidence)
+    says why: cut off before its main thread (a second SIGTERM while faulthandler wrote), or stale.
 
     An older dump is stale evidence, save one: a dump requested (by the agent, at a stall) after the
-    rank's last logged step (``last_step``, epoch seconds); the rank has not moved since. A requested
-    dump followed by steps is stale even when it is the newest (the SIGTERM dump was never written).
+    rank's last logged step (``last_step``, epoch seconds, or a function that reads it; without step
+    records no older dump is trusted); the rank has not moved since. A requested dump followed by
+    steps is stale even when it is the newest (the SIGTERM dump was never written), and so is one
+    requested before ``not_before`` (the process started: an earlier process with the same pid).
     ``main_thread_id`` (from the hook identity) tells the main thread exactly.
     """
     chunks = split_faulthandler_dumps(text)
     if not chunks:
         return None
+    step_cache: list[float | None] = []
+
+    def last() -> float | None:
+        if not step_cache:
+            step_cache.append(last_step() if callable(last_step) else last_step)
+        return step_cache[0]
+
+    def fresh(t: float) -> bool:
+        step = last()
+        return (not_before is None or t >= not_before) and step is not None and t >= step
+
     t = requested_at(chunks[-1])
-    if t is not None and last_step is not None and t < last_step:
-        return None  # requested before steps the rank went on to log: stale
+    if t is not None and ((not_before is not None and t < not_before) or (last() or -math.inf) > t):
+        return cut_dump(source, pid, f"its newest stack dump (requested at {t:.3f}) is older than its last step "
+                        "or its start, and nothing was written as it stopped: no evidence either way")
     newest = _usable(chunks[-1], pid, source, main_thread_id)
-    if newest is not None or last_step is None:
+    if newest.status != "cut":
         return newest
     for chunk in reversed(chunks[:-1]):
         t = requested_at(chunk)
-        if t is None or t < last_step:
+        if t is None or not fresh(t):
             break
         older = _usable(chunk, pid, source, main_thread_id)
-        if older is not None:
+        if older.status != "cut":
             return replace(older, error=f"its last dump was cut off as it stopped; the stack requested at "
                                         f"{t:.3f}, after its last step, is used")
-    return None
+    return newest
 
 
-def _usable(chunk: str, pid: int, source: str, main_thread_id: int | None) -> ProcessDump | None:
-    dumps = [d for d in parse_traceback_text(chunk, source_file=source, main_thread_id=main_thread_id)
-             if d.status not in ("failed", "cut")]
-    return replace(dumps[-1], pid=pid, source_file=source) if dumps else None
+def _usable(chunk: str, pid: int, source: str, main_thread_id: int | None) -> ProcessDump:
+    """The dump in ``chunk``, or a ``cut`` dump saying why there is none (no frame, no main thread)."""
+    dumps = parse_traceback_text(chunk, source_file=source, main_thread_id=main_thread_id)
+    usable = [d for d in dumps if d.status not in ("failed", "cut")]
+    if usable:
+        return replace(usable[-1], pid=pid, source_file=source)
+    cut = [d for d in dumps if d.status == "cut"]
+    return replace(cut[-1], pid=pid, source_file=source) if cut else cut_dump(
+        source, pid, "its stack dump was cut off before its first frame as it was stopped (e.g. a second "
+        "SIGTERM while faulthandler wrote): no evidence either way")
 
 
 def last_step_time(path: str | None) -> float | None:
@@ -172,7 +194,7 @@ def last_step_time(path: str | None) -> float | None:
     for line in reversed(lines):
         try:
             t = float(json.loads(line)["t"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             continue
         if math.isfinite(t):
             return t
@@ -185,8 +207,10 @@ def main_thread_id(ident: Mapping[str, Any] | None) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def process_dump(proc: HookProcess, *, main_thread_id: int | None = None) -> ProcessDump:
-    """The stack a hooked process left: its uncaught exception, else its last faulthandler dump."""
+def process_dump(proc: HookProcess, *, main_thread_id: int | None = None,
+                 started: float | None = None) -> ProcessDump:
+    """The stack a hooked process left: its uncaught exception, else its last faulthandler dump
+    (``main_thread_id`` and ``started`` from its identity)."""
     exit_path = proc.files.get("exit.json")
     if exit_path:
         try:
@@ -207,10 +231,10 @@ def process_dump(proc: HookProcess, *, main_thread_id: int | None = None) -> Pro
         return cut_dump(rel, proc.pid, "the hook wrote no stack for this process: no evidence either way (it was "
                         "stopped before faulthandler wrote, or never asked: send it RANKSCOPE_STACK_SIGNAL, "
                         "SIGUSR2 by default, or run the agent)")
-    return last_faulthandler_dump(text, proc.pid, rel, last_step=last_step_time(proc.files.get("steps.jsonl")),
-                                  main_thread_id=main_thread_id) or \
-        cut_dump(rel, proc.pid, "its stack dump was cut off as it was stopped (e.g. a second SIGTERM while "
-                 "faulthandler wrote): no evidence either way")
+    steps = proc.files.get("steps.jsonl")
+    return last_faulthandler_dump(text, proc.pid, rel, last_step=lambda: last_step_time(steps),
+                                  main_thread_id=main_thread_id, not_before=started) or \
+        cut_dump(rel, proc.pid, "its stack file holds no dump: no evidence either way")
 
 
 def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
@@ -239,7 +263,7 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
             started = float(ident.get("started") or 0.0)
         except (TypeError, ValueError):
             started = 0.0  # unknown start: loses to any process of the rank that has one
-        dump = process_dump(proc, main_thread_id=main_thread_id(ident))
+        dump = process_dump(proc, main_thread_id=main_thread_id(ident), started=started or None)
         if role != "trainer" and dump.status in ("failed", "cut"):
             silent_children += 1  # a worker that wrote no stack is no evidence either way
             continue
@@ -287,7 +311,7 @@ def step_seconds(value: Any) -> float | None:
     (the hook writes inf/NaN as text)."""
     try:
         d = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return d if math.isfinite(d) and d >= 0 else None
 
@@ -308,7 +332,7 @@ def read_steps(paths: list[tuple[str, str]], nodes: Mapping[int, str]) -> Any:
             try:
                 d = json.loads(line)
                 rank, step, t = int(d["rank"]), int(d["step"]), float(d["t"])
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, OverflowError):
                 continue
             dur = step_seconds(d.get("step_time_seconds"))
             if dur is None or not math.isfinite(t):
