@@ -463,15 +463,15 @@ class Agent:
                 continue
             dump, method = stacks.post_mortem(pid, self.run_dir, offset=k.stack_offset)
             caps.append(stacks.Capture(stacks.Target(pid, k.info.rank, "trainer", k.node), dump, method, 0.0))
-        for c in caps:  # later fallbacks and post-mortems must not re-read these dumps
+        for c in caps:
             k = self.known.get(c.target.pid)
-            if k is not None and c.method == "faulthandler":
+            if k is not None and c.method == "faulthandler":  # later fallbacks and post-mortems must not re-read it
                 try:
                     k.stack_offset = stacks.stack_file(self.run_dir, c.target.pid).stat().st_size
                 except OSError:
                     pass
-        for c in caps:  # a timestamped faulthandler dump from each live trainer's hook too (after the offsets
-            # above): the run directory's evidence if the dump SIGTERM writes at teardown is cut off
+            # then a timestamped dump from each live trainer's hook too: the run directory's evidence if
+            # the dump SIGTERM writes at teardown is cut off (post-mortems skip it by its time line)
             if c.target.role == "trainer" and c.method in ("py-spy", "faulthandler"):
                 hook.request(self.run_dir, c.target.pid, "stack")
         when = datetime.fromtimestamp(now, tz=timezone.utc)

@@ -24,7 +24,7 @@ from typing import Any
 from ..datasets.readers.base import ProcessDump, cut_dump, failed_dump, to_rows
 from ..datasets.readers.faulthandler import parse_traceback_text
 from ..datasets.readers.pyspy_json import parse_pyspy_json
-from ..datasets.readers.rundir import (exception_dump, last_faulthandler_dump, main_thread_id, requested_at,
+from ..datasets.readers.rundir import (exception_dump, last_faulthandler_dump, main_thread_id, own_dumps,
                                       split_faulthandler_dumps)
 
 
@@ -100,7 +100,7 @@ def faulthandler_dump(pid: int, run_dir: str | os.PathLike[str], *, timeout_seco
         fh.seek(start)
         text = fh.read(size - start).decode(errors="replace")
     # only what the signal wrote: not an earlier requested dump still being written when we took the offset
-    chunks = [c for c in split_faulthandler_dumps(text) if requested_at(c) is None]
+    chunks = split_faulthandler_dumps(own_dumps(text))
     if not chunks:
         return failed_dump(src, "faulthandler", f"no faulthandler output within {timeout_seconds:g}s", pid)
     dumps = parse_traceback_text(chunks[-1], source_file=src, main_thread_id=_main_thread_id(run_dir, pid))
@@ -134,7 +134,7 @@ def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -
             text = fh.read().decode(errors="replace")
     except OSError:
         text = ""
-    text = "".join(c for c in split_faulthandler_dumps(text) if requested_at(c) is None)  # what it wrote as it died
+    text = own_dumps(text)  # what it wrote as it died, not the agent's requests
     last = last_faulthandler_dump(text, pid, str(path), main_thread_id=_main_thread_id(run_dir, pid))
     if last is not None and last.status == "cut":  # stopped while faulthandler wrote (a second SIGTERM)
         return replace(last, error=f"exited; {last.error}"), "post-mortem"
@@ -165,7 +165,7 @@ def death_signal(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0,
         mtime = os.stat(path).st_mtime
     except OSError:
         return None
-    text = "".join(c for c in split_faulthandler_dumps(text) if requested_at(c) is None)  # not the agent's requests
+    text = own_dumps(text)  # not the agent's requests
     if not text.strip() or mtime < since:
         return None
     fatal = [line for line in text.splitlines() if line.startswith("Fatal Python error: ")]

@@ -137,7 +137,7 @@ CUT_BEFORE_MAIN = """Thread 0x00007f2abb8546c0 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
 
 Thread 0x00007f2af7b676c0 (most recent call first):
-  File "/work/rankscope/collectors/hook.py", line 377 in _control_loop
+  File "/opt/venv/lib/python3.11/site-packages/rankscope/collectors/hook.py", line 377 in _control_loop
   File "/usr/lib/python3.11/threading.py", line """
 
 

@@ -99,19 +99,19 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
     current: list[int] = []
     cur: dict | None = None
     last_innermost_first = False
-    state = {"dropped": False}  # the last thread block had no whole frame (or none) and was dropped
+    dropped = False  # the last thread block had no whole frame (or none) and was dropped
 
     def close() -> None:
-        nonlocal cur, last_innermost_first
+        nonlocal cur, last_innermost_first, dropped
         if cur is not None and not cur["frames"]:
-            state["dropped"] = True  # a header with no frame line (yet): the thread being written is unknown
+            dropped = True  # a header with no frame line (yet): the thread being written is unknown
         if cur is not None and cur["frames"]:
             key = (cur["innermost_first"], tuple(cur["frames"]))
             frames = _INTERN.get(key)
             if frames is None:
                 parsed = [f for f in map(_frame, cur["frames"]) if f is not None]
                 frames = _INTERN.put(key, tuple(parsed if cur["innermost_first"] else reversed(parsed)))
-            state["dropped"] = not frames
+            dropped = not frames
             if not frames:  # its only frame line was cut in half: nothing to show
                 cur = None
                 return
@@ -162,9 +162,9 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
     truncated = not text.endswith("\n") or bool(_FH_THREAD.match(last_line))  # ends mid-line or on a bare header
     if not any(t.is_main for t in threads):
         # the file of the frame line cut in half, when it belongs to the last thread kept
-        tail = _PARTIAL_FILE.match(text[text.rfind("\n") + 1:]) if truncated and not state["dropped"] else None
+        tail = _PARTIAL_FILE.match(text[text.rfind("\n") + 1:]) if truncated and not dropped else None
         fh_order = all(t.thread_id is not None for t in threads) and last_innermost_first
-        i = None if truncated and state["dropped"] and last_innermost_first else _guess_main(
+        i = None if truncated and dropped and last_innermost_first else _guess_main(
             threads, current, cut=truncated and last_innermost_first, tail_file=tail.group(1) if tail else "",
             faulthandler_order=fh_order)  # cut in a thread after the last one kept: that one is not the main
         if i is None:

@@ -20,6 +20,7 @@ The functions here classify and parse; :mod:`.dumpdir` calls them while it walks
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -122,6 +123,12 @@ def requested_at(chunk: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def own_dumps(text: str) -> str:
+    """``text`` without the dumps the hook wrote on request: what faulthandler wrote by itself (on a
+    signal, at SIGTERM, at a fatal error)."""
+    return "".join(c for c in split_faulthandler_dumps(text) if requested_at(c) is None)
+
+
 def last_faulthandler_dump(text: str, pid: int, source: str, *,
                            last_step: float | Callable[[], float | None] | None = None,
                            main_thread_id: int | None = None, not_before: float | None = None) -> ProcessDump | None:
@@ -139,19 +146,14 @@ def last_faulthandler_dump(text: str, pid: int, source: str, *,
     chunks = split_faulthandler_dumps(text)
     if not chunks:
         return None
-    step_cache: list[float | None] = []
+    last = functools.cache(last_step) if callable(last_step) else lambda: last_step  # read at most once
 
-    def last() -> float | None:
-        if not step_cache:
-            step_cache.append(last_step() if callable(last_step) else last_step)
-        return step_cache[0]
-
-    def fresh(t: float) -> bool:
+    def stale(t: float) -> bool:  # requested before the process started or before its last step
         step = last()
-        return (not_before is None or t >= not_before) and step is not None and t >= step
+        return (not_before is not None and t < not_before) or (step is not None and t < step)
 
     t = requested_at(chunks[-1])
-    if t is not None and ((not_before is not None and t < not_before) or (last() or -math.inf) > t):
+    if t is not None and stale(t):
         return cut_dump(source, pid, f"its newest stack dump (requested at {t:.3f}) is older than its last step "
                         "or its start, and nothing was written as it stopped: no evidence either way")
     newest = _usable(chunks[-1], pid, source, main_thread_id)
@@ -159,7 +161,7 @@ def last_faulthandler_dump(text: str, pid: int, source: str, *,
         return newest
     for chunk in reversed(chunks[:-1]):
         t = requested_at(chunk)
-        if t is None or not fresh(t):
+        if t is None or last() is None or stale(t):  # without steps, an older dump may be stale
             break
         older = _usable(chunk, pid, source, main_thread_id)
         if older.status != "cut":
