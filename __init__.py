@@ -13,7 +13,13 @@ from __future__ import annotations
 
 # Absolute, not relative: pytest imports this file as the root package of the checkout, whose folder
 # name need not be a valid module name (a clone in ``rankscope-ci/``); the installed package resolves it.
-from rankscope.errors import InputError, LayoutError, ParseError, RankscopeError, StoreError
+from rankscope.spine import (
+    InputError,
+    LayoutError,
+    ParseError,
+    RankscopeError,
+    StoreError,
+)
 
 __version__ = "0.1.0"
 

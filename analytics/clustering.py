@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from ..datasets.stackset import ProcStacks
-from .frames import classify, display, signature
+from rankscope.analytics.frames import classify, display, signature
+from rankscope.datasets.domain.stacks import ProcStacks
 
 
 @dataclass(frozen=True)

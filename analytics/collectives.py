@@ -19,13 +19,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..datasets.readers.flight_recorder import FRDump, FREntry, paused_gc
-from ..datasets.topology import Topology
-from ..errors import InputError
-from .collectives_groups import KIND_ORDER, GroupInfo, GroupKey, group_keys, resolve_groups
-from .collectives_result import CollectiveAnalysis, GroupStall, Mismatch
-from .collectives_verdict import fr_verdict, node_lookup
-from .verdict import Evidence, rank_ranges
+from rankscope.analytics.collectives_groups import (
+    KIND_ORDER,
+    GroupInfo,
+    GroupKey,
+    group_keys,
+    resolve_groups,
+)
+from rankscope.analytics.collectives_result import (
+    CollectiveAnalysis,
+    GroupStall,
+    Mismatch,
+)
+from rankscope.analytics.collectives_verdict import fr_verdict, node_lookup
+from rankscope.analytics.verdict import Evidence, rank_ranges
+from rankscope.datasets.domain.flight_recorder import FRDump, FREntry
+from rankscope.datasets.domain.topology import Topology
+from rankscope.spine import InputError, paused_gc
 
 __all__ = ["CollectiveAnalysis", "GroupStall", "Mismatch", "analyze_collectives", "fr_verdict"]
 

@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from ..datasets.readers.flight_recorder import FRDump
-from ..datasets.topology import Topology
+from rankscope.datasets.domain.flight_recorder import FRDump
+from rankscope.datasets.domain.topology import Topology
 
 KIND_ORDER = {"tp": 0, "cp": 1, "ep": 2, "pp": 3, "mp": 4, "other": 5, "dp": 6, "world": 7}
 """Wavefront order: model-parallel groups stop first, data-parallel next, the default group last."""

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .verdict import Evidence, rank_ranges
+from rankscope.analytics.verdict import Evidence, rank_ranges
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from ..datasets.topology import Topology
-from .collectives_result import CollectiveAnalysis
-from .verdict import SuspectGroup, Verdict, merge_nodes, rank_ranges
+from rankscope.analytics.collectives_result import CollectiveAnalysis
+from rankscope.analytics.verdict import SuspectGroup, Verdict, merge_nodes, rank_ranges
+from rankscope.datasets.domain.topology import Topology
 
 MODEL_PARALLEL = ("tp", "cp", "ep", "pp", "mp")
 

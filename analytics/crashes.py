@@ -15,7 +15,7 @@ here is the one people apply by hand (and torchrun's "first observed failure"), 
 4. The same primary error on many ranks (``widespread_fraction`` of the world, at least 2) is a
    code, data or configuration fault, not a machine: the verdict names the ranks and evicts nothing.
 
-Pure: :class:`~rankscope.datasets.exits.ProcessExit` records and a topology in, a
+Pure: :class:`~rankscope.datasets.domain.exits.ProcessExit` records and a topology in, a
 :class:`~rankscope.analytics.verdict.Verdict` (``crash``) out.
 """
 
@@ -25,9 +25,15 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..datasets.exits import ProcessExit
-from ..datasets.topology import Topology
-from .verdict import Evidence, SuspectGroup, Verdict, merge_nodes, rank_ranges
+from rankscope.analytics.verdict import (
+    Evidence,
+    SuspectGroup,
+    Verdict,
+    merge_nodes,
+    rank_ranges,
+)
+from rankscope.datasets.domain.exits import ProcessExit
+from rankscope.datasets.domain.topology import Topology
 
 CASCADE_PATTERNS = (
     r"connection (?:closed|reset) by peer",

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..datasets.exits import ProcessExit
-from ..datasets.stackset import ProcStacks
-from ..datasets.topology import Topology
-from .stack_verdict import StackConfig, diagnose_stacks
-from .verdict import Verdict
+from rankscope.analytics.stack_verdict import StackConfig, diagnose_stacks
+from rankscope.analytics.verdict import Verdict
+from rankscope.datasets.domain.exits import ProcessExit
+from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.datasets.domain.topology import Topology
 
 
 def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str = "", fr_dumps: Sequence[Any] = (),
@@ -33,7 +33,7 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str
     verdicts: list[Verdict] = []
     context: list[str] = []
     if exits:
-        from .crashes import crash_verdict  # noqa: PLC0415
+        from rankscope.analytics.crashes import crash_verdict  # noqa: PLC0415
 
         anchor = max(snapshot_times.values()) if snapshot_times else None
         crash_v = crash_verdict(exits, topology, job=job, anchor=anchor)
@@ -46,12 +46,12 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str
     stack_v = diagnose_stacks(procs, topology, job=job, config=config) if procs and topology is not None else None
     fr_v = None
     if fr_dumps and topology is not None:
-        from .collectives import analyze_collectives, fr_verdict  # noqa: PLC0415
+        from rankscope.analytics.collectives import analyze_collectives, fr_verdict  # noqa: PLC0415
 
         analysis = analyze_collectives(list(fr_dumps), topology, memberships=memberships)
         fr_v = fr_verdict(analysis, topology, job=job)
     if stack_v is not None and fr_v is not None:
-        from .fusion import fuse  # noqa: PLC0415
+        from rankscope.analytics.fusion import fuse  # noqa: PLC0415
 
         verdicts.append(fuse(stack_v, fr_v))
     elif stack_v is not None or fr_v is not None:
@@ -59,7 +59,7 @@ def diagnose(procs: Sequence[ProcStacks], topology: Topology | None, *, job: str
     if stack_v is not None and verdicts and verdicts[-1].verdict == "hang" and timings is not None and snapshot_times:
         verdicts[-1] = _slow_not_hung(verdicts[-1], timings, snapshot_times)
     if metrics is not None or timings is not None:
-        from .perf import diagnose_perf  # noqa: PLC0415
+        from rankscope.analytics.perf import diagnose_perf  # noqa: PLC0415
 
         if metrics is not None and topology is not None and "node" in metrics.columns:
             metrics, dropped = _job_nodes_only(metrics, topology)

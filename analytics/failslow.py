@@ -13,12 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from ..datasets.stackset import ProcStacks
-from ..datasets.topology import KINDS, Topology
-from .frames import signature
-from .localize import SnapshotAnalysis, cover
-from .verdict import SuspectGroup
+from rankscope.analytics.frames import signature
+from rankscope.analytics.localize import SnapshotAnalysis, cover
+from rankscope.analytics.verdict import SuspectGroup
+from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.datasets.domain.topology import KINDS, Topology
 
 
 @dataclass(frozen=True)

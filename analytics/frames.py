@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..datasets.readers.base import is_hook_idle_frame, is_launcher_frame
+from rankscope.datasets.domain.stacks import is_hook_idle_frame, is_launcher_frame
 
 _SITE = re.compile(r"^.*?/(?:site|dist)-packages/")
 _STDLIB = re.compile(r"^.*?/lib(?:64)?/python\d+(?:\.\d+)?/")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .verdict import Evidence, Verdict, merge_nodes, rank_ranges
+from rankscope.analytics.verdict import Evidence, Verdict, merge_nodes, rank_ranges
 
 SEVERITY = {"crash": -1, "mismatch": 0, "hang": 1, "fail-slow": 2, "degraded": 3, "imbalance": 4, "healthy": 5,
             "inconclusive": 6}

@@ -15,12 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from ..datasets.stackset import ProcStacks
-from ..datasets.topology import KINDS, Topology
-from .clustering import Cluster, cluster
-from .frames import classify, display
-from .verdict import SuspectGroup
+from rankscope.analytics.clustering import Cluster, cluster
+from rankscope.analytics.frames import classify, display
+from rankscope.analytics.verdict import SuspectGroup
+from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.datasets.domain.topology import KINDS, Topology
 
 CHILD_ROLES = ("dataloader", "checkpoint", "other")
 

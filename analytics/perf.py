@@ -15,12 +15,15 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-
-from ..datasets.topology import Topology
-from ..errors import InputError
-from ..models.peer_distance import PeerDistance
-from .stragglers import StragglerConfig, StragglerReport, find_stragglers
-from .verdict import Evidence, Verdict, merge_nodes
+from rankscope.analytics.stragglers import (
+    StragglerConfig,
+    StragglerReport,
+    find_stragglers,
+)
+from rankscope.analytics.verdict import Evidence, Verdict, merge_nodes
+from rankscope.datasets.domain.topology import Topology
+from rankscope.models.peer_distance import PeerDistance
+from rankscope.spine import InputError
 
 SELF_PREFIX = "rankscope_"
 """The agent's own health metrics: they describe the monitor, not the machine, and are not compared."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .clustering import Cluster
-from .verdict import rank_ranges
+from rankscope.analytics.clustering import Cluster
+from rankscope.analytics.verdict import rank_ranges
 
 
 @dataclass

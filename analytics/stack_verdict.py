@@ -17,13 +17,24 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..datasets.stackset import ProcStacks
-from ..datasets.topology import Topology
-from .clustering import Cluster
-from .failslow import Degrader, Progress, degrader, progress
-from .localize import SnapshotAnalysis, analyze_snapshot, cover, culprits
-from .prefix_tree import build
-from .verdict import ClusterSummary, Evidence, SuspectGroup, Verdict, rank_ranges
+from rankscope.analytics.clustering import Cluster
+from rankscope.analytics.failslow import Degrader, Progress, degrader, progress
+from rankscope.analytics.localize import (
+    SnapshotAnalysis,
+    analyze_snapshot,
+    cover,
+    culprits,
+)
+from rankscope.analytics.prefix_tree import build
+from rankscope.analytics.verdict import (
+    ClusterSummary,
+    Evidence,
+    SuspectGroup,
+    Verdict,
+    rank_ranges,
+)
+from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.datasets.domain.topology import Topology
 
 
 @dataclass(frozen=True, kw_only=True)

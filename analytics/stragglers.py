@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-
-from ..datasets.topology import DIMS, Layout, Topology
-from ..errors import InputError
+from rankscope.datasets.domain.topology import DIMS, Layout, Topology
+from rankscope.spine import InputError
 
 REQUIRED = ("rank", "step", "op", "duration_s")
 COMM_WORDS = ("allreduce", "all-reduce", "all_reduce", "allgather", "all-gather", "all_gather", "reduce-scatter",

@@ -29,7 +29,7 @@ from typing import Any
 
 from rankscope.collectors import discovery, stacks
 from rankscope.collectors.config import default_pyspy
-from rankscope.datasets.faultjob import command
+from rankscope.harness.faultjob import command
 
 PY = sys.executable
 LAYOUT = ["--layout", "tp=2,pp=2,dp=2", "--gpus-per-node", "2"]
@@ -154,7 +154,7 @@ def diagnose(store: Path) -> tuple[dict[str, Any], str]:
         return json.loads(r.stdout), "cli"
     # the CLI is still being wired by the lead: fall back to the stack analysis library call
     from rankscope.analytics.stack_verdict import diagnose_stacks
-    from rankscope.datasets.inputs import load_inputs
+    from rankscope.datasets.loading.inputs import load_inputs
 
     inp = load_inputs(store, layout="tp=2,pp=2,dp=2", order="tp-cp-ep-dp-pp", gpus_per_node=2, job=None)
     return diagnose_stacks(inp.procs, inp.topology, job=inp.job).to_dict(), "library (CLI failed: " + \
@@ -177,7 +177,7 @@ def injection_time(run_dir: Path, rank: int, fault: str) -> float | None:
 
 def first_capture_time(store: Path) -> float | None:
     """Wall time of the agent's first capture (its stall/fail-slow/capture event)."""
-    from rankscope.datasets.store import Store
+    from rankscope.datasets.store.store import Store
 
     ev = Store(store).read("events")
     ev = ev.filter(ev["kind"].is_in(["stall", "fail_slow", "capture"])).sort("ts")
@@ -195,7 +195,7 @@ def bench_fault(base: Path, kind: str, stall_seconds: float) -> dict[str, Any]:
     agent = start_agent(store, run_dir, job.pid, agent_flags)
     try:
         if kind == "nan":
-            from rankscope.datasets.store import Store
+            from rankscope.datasets.store.store import Store
 
             deadline, found = time.time() + 120, None
             while time.time() < deadline and found is None:

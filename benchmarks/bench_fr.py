@@ -67,9 +67,9 @@ finally:
 _OURS_WRAPPER = """
 import json, sys, time
 from rankscope.analytics.collectives import analyze_collectives, fr_verdict
-from rankscope.datasets.inputs import infer_topology
+from rankscope.datasets.loading.inputs import infer_topology
 from rankscope.datasets.readers.flight_recorder import read_fr_dir
-from rankscope.datasets.topology import Layout
+from rankscope.datasets.domain.topology import Layout
 t = time.perf_counter()
 dumps = read_fr_dir(sys.argv[1])
 lay = Layout.parse(sys.argv[2]) if sys.argv[2] else None
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per analyzer below 8192 ranks; the fastest counts")
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
     args = ap.parse_args(argv)
-    from rankscope.datasets.synthetic_fr import generate_fr
+    from rankscope.harness.synthetic_fr import generate_fr
 
     scratch = Path(args.workdir or tempfile.mkdtemp(prefix="bench_fr_"))
     scratch.mkdir(parents=True, exist_ok=True)

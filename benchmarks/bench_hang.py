@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 from rankscope.analytics.stack_verdict import diagnose_stacks
-from rankscope.datasets.ingest import ingest_inputs
-from rankscope.datasets.inputs import load_inputs
-from rankscope.datasets.stackset import from_dumps
-from rankscope.datasets.store import Store
-from rankscope.datasets.synthetic import generate_job
+from rankscope.datasets.domain.stacks import from_dumps
+from rankscope.datasets.loading.ingest import ingest_inputs
+from rankscope.datasets.loading.inputs import load_inputs
+from rankscope.datasets.store.store import Store
+from rankscope.harness.synthetic import generate_job
 
 LAYOUTS = {1024: "tp=8,pp=4,dp=32", 10240: "tp=8,pp=8,dp=160", 102400: "tp=8,pp=16,dp=800"}
 

@@ -18,9 +18,8 @@ import json
 import time
 
 import numpy as np
-
 from rankscope.analytics.perf import counters_to_rates
-from rankscope.datasets.synthetic_metrics import FAULT_KINDS, make_metrics
+from rankscope.harness.synthetic_metrics import FAULT_KINDS, make_metrics
 from rankscope.models import PeerDistance, PeerMad
 
 
@@ -83,7 +82,7 @@ def evaluate(make_det, *, machines, seconds, runs_per_kind, faults_per_run, heal
 def timings_accuracy(runs: int, seed: int) -> dict:
     """Straggler localisation over seeded timing scenarios (Greyhound reports >99 % accuracy, 0 % FP)."""
     from rankscope.analytics.stragglers import find_stragglers
-    from rankscope.datasets.synthetic_metrics import TIMING_SCENARIOS, make_timings
+    from rankscope.harness.synthetic_metrics import TIMING_SCENARIOS, make_timings
 
     rng = np.random.default_rng(seed)
     layouts = [("tp=2,pp=4,dp=8", 8), ("tp=4,pp=2,dp=16", 8), ("tp=1,pp=1,dp=32", 1), ("tp=2,pp=2,dp=8", 4),

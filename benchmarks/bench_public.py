@@ -19,12 +19,11 @@ import json
 import time
 
 import numpy as np
-
 from rankscope.analytics.perf import diagnose_perf
 from rankscope.analytics.stragglers import find_stragglers
-from rankscope.datasets import public
-from rankscope.errors import InputError
+from rankscope.harness import public
 from rankscope.models import make_detector
+from rankscope.spine import InputError
 
 
 def point_adjust(pred: np.ndarray, labels: np.ndarray) -> np.ndarray:

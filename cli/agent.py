@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
-from .console import handle_errors, out
+from rankscope.cli.console import handle_errors, out
 
 PRECEDENCE = "Settings: flags > RANKSCOPE_AGENT_<FIELD> env vars > --config file (TOML/JSON) > defaults."
 
@@ -32,9 +31,9 @@ def register(app: typer.Typer) -> None:
         trigger: bool = typer.Option(False, "--trigger", help="Ask the agent of --run-dir for a capture and exit."),
     ) -> None:
         """Run until SIGTERM/SIGINT; SIGUSR1 or touching RUN_DIR/trigger captures stacks now."""
-        from ..collectors.config import resolve
-        from ..collectors.daemon import exec_daemon
-        from ..collectors.trigger import request_capture
+        from rankscope.collectors.config import resolve
+        from rankscope.collectors.daemon import exec_daemon
+        from rankscope.collectors.trigger import request_capture
 
         flags = {k: v for k, v in locals().items()
                  if k not in ("config", "trigger", "resolve", "exec_daemon", "request_capture")}

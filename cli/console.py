@@ -8,9 +8,8 @@ from functools import wraps
 from typing import Any, TypeVar
 
 import typer
+from rankscope.spine import RankscopeError
 from rich.console import Console
-
-from ..errors import RankscopeError
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -6,8 +6,7 @@ import tempfile
 from pathlib import Path
 
 import typer
-
-from .console import handle_errors, out
+from rankscope.cli.console import handle_errors, out
 
 
 def register(app: typer.Typer) -> None:
@@ -16,16 +15,16 @@ def register(app: typer.Typer) -> None:
     def demo(
         layout: str = typer.Option("tp=8,pp=4,dp=16", "--layout", help="Layout of the synthetic job (>= 512 ranks by default)."),
         gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="Ranks per node."),
-        fault: str = typer.Option("compute-hang", "--fault", help="Injected fault (see rankscope.datasets.synthetic.FAULTS)."),
+        fault: str = typer.Option("compute-hang", "--fault", help="Injected fault (see rankscope.harness.synthetic.FAULTS)."),
         seed: int = typer.Option(7, "--seed", help="Random seed (picks the faulty rank)."),
         out_dir: Path = typer.Option(None, "--out", help="Where to write the dumps (default: a temporary directory)."),
         fmt: str = typer.Option("text", "--format", help="text or json."),
     ) -> None:
         """Generate a job, write its py-spy dumps and manifest, diagnose them, and check the answer."""
-        from ..analytics.diagnose import diagnose
-        from ..datasets.inputs import load_inputs
-        from ..datasets.synthetic import generate_job
-        from ..reports.text import render_text
+        from rankscope.analytics.diagnose import diagnose
+        from rankscope.datasets.loading.inputs import load_inputs
+        from rankscope.harness.synthetic import generate_job
+        from rankscope.reports.text import render_text
 
         job = generate_job(layout, gpus_per_node=gpus_per_node, fault=fault, seed=seed)
         with tempfile.TemporaryDirectory(prefix="rankscope-demo-") as tmp:

@@ -5,9 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
-from .console import fail, handle_errors, out
-from .options import DEFAULT_ORDER, Format, FormatOpt, GpusPerNodeOpt, JobOpt, LayoutOpt, OrderOpt
+from rankscope.cli.console import fail, handle_errors, out
+from rankscope.cli.options import (
+    DEFAULT_ORDER,
+    Format,
+    FormatOpt,
+    GpusPerNodeOpt,
+    JobOpt,
+    LayoutOpt,
+    OrderOpt,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -24,9 +31,9 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = Format.text,
     ) -> None:
         """Find the machine that behaves unlike its peers (metrics) or is slower than them (timings)."""
-        from ..analytics.perf import PerfConfig, diagnose_perf
-        from ..datasets.inputs import load_inputs
-        from ..reports.text import render_text
+        from rankscope.analytics.perf import PerfConfig, diagnose_perf
+        from rankscope.datasets.loading.inputs import load_inputs
+        from rankscope.reports.text import render_text
 
         inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
         verdict = diagnose_perf(inputs.metrics, inputs.timings, inputs.topology, job=inputs.job,

@@ -5,9 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
-from .console import handle_errors, out
-from .options import DEFAULT_ORDER, Format, FormatOpt, GpusPerNodeOpt, JobOpt, LayoutOpt, OrderOpt
+from rankscope.cli.console import handle_errors, out
+from rankscope.cli.options import (
+    DEFAULT_ORDER,
+    Format,
+    FormatOpt,
+    GpusPerNodeOpt,
+    JobOpt,
+    LayoutOpt,
+    OrderOpt,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -24,16 +31,16 @@ def register(app: typer.Typer) -> None:
         save: bool = typer.Option(False, "--save", help="Append the verdict to the store's verdicts table (store PATH only)."),
     ) -> None:
         """Name the machines to isolate (exit 0, healthy included); bad input exits 2 with one line."""
-        from ..analytics.diagnose import diagnose as run
-        from ..datasets.inputs import load_inputs
-        from ..reports.text import render_text
+        from rankscope.analytics.diagnose import diagnose as run
+        from rankscope.datasets.loading.inputs import load_inputs
+        from rankscope.reports.text import render_text
 
         inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
         verdict = run(inputs.procs, inputs.topology, job=inputs.job, fr_dumps=inputs.fr_dumps,
                       metrics=inputs.metrics, timings=inputs.timings, memberships=inputs.memberships,
                       notes=inputs.notes, exits=inputs.exits, snapshot_times=inputs.snapshot_times)
         if save:
-            from ..datasets.verdicts import save_verdict
+            from rankscope.datasets.verdicts import save_verdict
 
             save_verdict(path, verdict)
         out.print(verdict.to_json(indent=2) if fmt is Format.json else render_text(verdict), markup=False)

@@ -5,9 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
-from .console import handle_errors, out
-from .options import DEFAULT_ORDER, Format, FormatOpt, GpusPerNodeOpt, JobOpt, LayoutOpt, OrderOpt
+from rankscope.cli.console import handle_errors, out
+from rankscope.cli.options import (
+    DEFAULT_ORDER,
+    Format,
+    FormatOpt,
+    GpusPerNodeOpt,
+    JobOpt,
+    LayoutOpt,
+    OrderOpt,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -23,10 +30,10 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = Format.text,
     ) -> None:
         """Analyze FR dumps like torchfrtrace (gloo-safe): missing ranks, mismatches, culprit machines."""
-        from ..analytics.collectives import analyze_collectives, fr_verdict
-        from ..datasets.inputs import infer_topology
-        from ..datasets.readers.flight_recorder import read_fr_dir
-        from ..datasets.topology import Layout
+        from rankscope.analytics.collectives import analyze_collectives, fr_verdict
+        from rankscope.datasets.domain.topology import Layout
+        from rankscope.datasets.loading.inputs import infer_topology
+        from rankscope.datasets.readers.flight_recorder import read_fr_dir
 
         dumps = read_fr_dir(path, prefix=prefix)
         lay = Layout.parse(layout, order) if layout else None

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import typer
-
-from .. import __version__
-from . import agent, demo, detect, diagnose, fr, store
+from rankscope import __version__
+from rankscope.cli import agent, demo, detect, diagnose, fr, store
 
 app = typer.Typer(
     name="rankscope",

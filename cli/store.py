@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
-from .console import handle_errors, out
-from .options import DEFAULT_ORDER, GpusPerNodeOpt, LayoutOpt, OrderOpt
+from rankscope.cli.console import handle_errors, out
+from rankscope.cli.options import DEFAULT_ORDER, GpusPerNodeOpt, LayoutOpt, OrderOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -22,7 +21,7 @@ def register(app: typer.Typer) -> None:
         gpus_per_node: GpusPerNodeOpt = 8,
     ) -> None:
         """Append a dump directory to the store (atomic, append-only)."""
-        from ..datasets.ingest import ingest_path
+        from rankscope.datasets.loading.ingest import ingest_path
 
         rep = ingest_path(path, store, job=job, layout=layout, order=order, gpus_per_node=gpus_per_node)
         out.print(f"ingested job {rep.job}: " + ", ".join(f"{n} {t} rows" for t, n in rep.rows.items()), markup=False)
@@ -35,7 +34,7 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("text", "--format", help="text or csv or json."),
     ) -> None:
         """Run SQL over the store with DuckDB."""
-        from ..datasets.store import Store
+        from rankscope.datasets.store.store import Store
 
         df = Store(store).sql(query)
         if fmt == "csv":

@@ -22,15 +22,26 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import discovery, hook, stacks
-from .config import AgentConfig
-from .events import DiskWatcher, Event, KernelLog, NicWatcher, NvmlEvents
-from .gpu_metrics import GpuSampler
-from .host_metrics import HostSampler, Sample, self_usage
-from .stall import Firing, StallDetector
-from .steps import NanWatch, StepTailer, to_metric_rows, to_timing_rows
-from .trigger import Trigger
-from .writer import BatchWriter
+from rankscope.collectors import discovery, hook, stacks
+from rankscope.collectors.config import AgentConfig
+from rankscope.collectors.events import (
+    DiskWatcher,
+    Event,
+    KernelLog,
+    NicWatcher,
+    NvmlEvents,
+)
+from rankscope.collectors.gpu_metrics import GpuSampler
+from rankscope.collectors.host_metrics import HostSampler, Sample, self_usage
+from rankscope.collectors.stall import Firing, StallDetector
+from rankscope.collectors.steps import (
+    NanWatch,
+    StepTailer,
+    to_metric_rows,
+    to_timing_rows,
+)
+from rankscope.collectors.trigger import Trigger
+from rankscope.collectors.writer import BatchWriter
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,7 @@ def _release_freed_memory() -> None:
 
 
 def _exit_labels(rec: dict[str, Any]) -> dict[str, Any]:
-    """Structured facts of an exit for the ``events`` row (rankscope.datasets.exits reads them back)."""
+    """Structured facts of an exit for the ``events`` row (rankscope.datasets.domain.exits reads them back)."""
     if not rec:
         return {"time_source": "detected"}  # no record: the time is when the agent noticed (<= 1 tick late)
     frames = rec.get("frames") or []
@@ -499,7 +510,8 @@ class Agent:
 
     def _flight_recorder(self, now: float) -> int:
         """Ask every live trainer's hook for a Flight Recorder dump and store the ones that arrive."""
-        from ..datasets.readers.flight_recorder import fr_to_rows, read_fr_file
+        from rankscope.datasets.readers.flight_recorder import read_fr_file
+        from rankscope.datasets.readers.fr_table import fr_to_rows
 
         trainers = [p for p in self.alive.values() if p.role == "trainer"]
         asked = {p.pid: p for p in trainers if hook.request(self.run_dir, p.pid, "fr")}

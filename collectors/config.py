@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from rankscope.spine import InputError
 
 ENV_PREFIX = "RANKSCOPE_AGENT_"
 ENV_CONFIG = "RANKSCOPE_AGENT_CONFIG"

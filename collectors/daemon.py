@@ -23,8 +23,8 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from ..errors import RankscopeError
-from .config import FIELDS, AgentConfig, coerce_setting
+from rankscope.collectors.config import FIELDS, AgentConfig, coerce_setting
+from rankscope.spine import RankscopeError
 
 PROG = "rankscope agent"
 
@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(argv) != 1:
             raise RankscopeError(f"usage: python -m {__name__} CONFIG_JSON (or run `rankscope agent --help`)")
         config = _config(argv[0])
-        from .agent import Agent  # after the config is known good: the import pulls in pyarrow
+        from rankscope.collectors.agent import (
+            Agent,  # after the config is known good: the import pulls in pyarrow
+        )
 
         daemon = Agent(config)
     except RankscopeError as exc:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .host_metrics import _read
+from rankscope.collectors.host_metrics import _read
 
 NETWORK_TOLERANCE = (2, 300.0)
 """(count, window seconds): network alerts are tolerated until this many within the window."""

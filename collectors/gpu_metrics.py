@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from .host_metrics import Sample
+from rankscope.collectors.host_metrics import Sample
 
 
 class GpuSampler:

@@ -21,11 +21,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..datasets.readers.base import ProcessDump, cut_dump, failed_dump, to_rows
-from ..datasets.readers.faulthandler import parse_traceback_text
-from ..datasets.readers.pyspy_json import parse_pyspy_json
-from ..datasets.readers.rundir import (exception_dump, last_faulthandler_dump, main_thread_id, own_dumps,
-                                      split_faulthandler_dumps)
+from rankscope.datasets.domain.stacks import ProcessDump
+from rankscope.datasets.readers.base import cut_dump, failed_dump, to_rows
+from rankscope.datasets.readers.faulthandler import parse_traceback_text
+from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
+from rankscope.datasets.readers.rundir import (
+    exception_dump,
+    last_faulthandler_dump,
+    main_thread_id,
+    own_dumps,
+    split_faulthandler_dumps,
+)
 
 
 @dataclass(frozen=True)

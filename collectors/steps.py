@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..datasets.readers.rundir import step_seconds
-from .events import Event
+from rankscope.collectors.events import Event
+from rankscope.datasets.readers.rundir import step_seconds
 
 METRIC_NAMES = {"loss": "train_loss", "grad_norm": "train_grad_norm", "step_time_seconds": "train_step_time_seconds"}
 

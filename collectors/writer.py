@@ -1,7 +1,7 @@
 """The agent's batched store writer: bounded buffers, atomic files, drop-and-count on failure.
 
 Rows wait in one bounded buffer per table and are written as one Parquet file per table per
-flush through :meth:`rankscope.datasets.store.Store.write` (temp file + fsync + rename, so a
+flush through :meth:`rankscope.datasets.store.store.Store.write` (temp file + fsync + rename, so a
 ``kill -9`` never leaves a partial visible file). When the buffer is full the oldest rows are
 dropped; when a write fails (ENOSPC, EROFS, anything) the batch is dropped. Both are counted,
 never raised: the agent must outlive a full disk.
@@ -36,7 +36,7 @@ class BatchWriter:
 
     def _get_store(self) -> Any:
         if self._store is None:
-            from ..datasets.store import Store
+            from rankscope.datasets.store.store import Store
 
             self._store = Store(self.root, create=True)
         return self._store
@@ -51,7 +51,7 @@ class BatchWriter:
         cols = self.buffers.get(table)
         if cols is None:
             try:
-                from ..datasets.schemas import table as spec_of
+                from rankscope.datasets.store.schemas import table as spec_of
 
                 names = spec_of(table).schema.names
             except Exception as exc:  # noqa: BLE001 - an unknown table: count, never raise
@@ -109,8 +109,7 @@ class BatchWriter:
 def _columns(table: str, values: Mapping[str, list[Any]]) -> Any:
     """``values`` (column name -> list) as an Arrow table of the table's schema (no type inference)."""
     import pyarrow as pa
-
-    from ..datasets.schemas import table as spec_of
+    from rankscope.datasets.store.schemas import table as spec_of
 
     spec = spec_of(table)
     return pa.Table.from_arrays([pa.array(values[f.name], type=f.type) for f in spec.schema], schema=spec.schema)

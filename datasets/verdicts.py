@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from datetime import datetime, timezone
 
-from ..analytics.verdict import Verdict
-from .store import Store
+from rankscope.analytics.verdict import Verdict
+from rankscope.datasets.store.store import Store
 
 
 def verdict_row(v: Verdict) -> dict:

@@ -8,13 +8,13 @@ torch is imported only when an LSTM-VAE is trained.
 
 from __future__ import annotations
 
-from .base import BaseDetector, NotFittedError, check_is_fitted
-from .iforest import IsolationForestDetector
-from .lstm_vae import LstmVae
-from .mad import MadZScore
-from .peer_distance import PeerDistance
-from .peer_mad import PeerMad
-from .registry import DETECTORS, make_detector
+from rankscope.models.base import BaseDetector, NotFittedError, check_is_fitted
+from rankscope.models.iforest import IsolationForestDetector
+from rankscope.models.lstm_vae import LstmVae
+from rankscope.models.mad import MadZScore
+from rankscope.models.peer_distance import PeerDistance
+from rankscope.models.peer_mad import PeerMad
+from rankscope.models.registry import DETECTORS, make_detector
 
 __all__ = [
     "DETECTORS", "BaseDetector", "IsolationForestDetector", "LstmVae", "MadZScore", "NotFittedError",

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from ..errors import InputError
-from .base import BaseDetector, check_is_fitted, check_positive
+from rankscope.models.base import BaseDetector, check_is_fitted, check_positive
+from rankscope.spine import InputError
 
 MIN_MACHINES = 3
 

@@ -16,8 +16,7 @@ import inspect
 from typing import Any, ClassVar
 
 import numpy as np
-
-from ..errors import InputError, RankscopeError
+from rankscope.spine import InputError, RankscopeError
 
 
 class NotFittedError(RankscopeError, ValueError):

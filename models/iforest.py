@@ -5,8 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from .base import BaseDetector, check_contamination, check_is_fitted, check_positive
+from rankscope.models.base import (
+    BaseDetector,
+    check_contamination,
+    check_is_fitted,
+    check_positive,
+)
 
 
 class IsolationForestDetector(BaseDetector):
@@ -35,7 +39,9 @@ class IsolationForestDetector(BaseDetector):
         check_positive("IsolationForestDetector", "max_samples", self.max_samples, integer=True)
 
     def fit(self, X: Any, y: Any = None) -> IsolationForestDetector:
-        from sklearn.ensemble import IsolationForest  # lazy: keeps `import rankscope.models` light
+        from sklearn.ensemble import (
+            IsolationForest,  # lazy: keeps `import rankscope.models` light
+        )
 
         self._validate_params()
         arr = self._check_X(X, fitting=True)

@@ -9,9 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from ..errors import InputError
-from .base import BaseDetector, check_contamination, check_is_fitted, check_positive
+from rankscope.models.base import (
+    BaseDetector,
+    check_contamination,
+    check_is_fitted,
+    check_positive,
+)
+from rankscope.spine import InputError
 
 _AGGREGATES = ("max", "mean")
 

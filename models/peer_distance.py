@@ -10,10 +10,9 @@ an alert needs the same machine on top for ``continuity_s`` (Minder uses 4 minut
 from __future__ import annotations
 
 import numpy as np
-
-from ..errors import InputError
-from ._peer import PeerDetector, robust_z_across_machines, windows
-from .base import check_positive
+from rankscope.models._peer import PeerDetector, robust_z_across_machines, windows
+from rankscope.models.base import check_positive
+from rankscope.spine import InputError
 
 DENOISERS = (None, "lstm-vae")
 
@@ -59,7 +58,9 @@ class PeerDistance(PeerDetector):
         self.denoisers_: list = []
         if self.denoiser is None:
             return
-        from .lstm_vae import train_vae  # lazy: only the denoiser needs torch
+        from rankscope.models.lstm_vae import (
+            train_vae,  # lazy: only the denoiser needs torch
+        )
 
         W = windows(Z, self.window_samples)  # (N, K, w, M)
         d = np.sqrt(np.mean(W * W, axis=2))  # (N, K, M)
@@ -78,7 +79,7 @@ class PeerDistance(PeerDetector):
     def _window_metric_scores(self, Z: np.ndarray) -> np.ndarray:
         W = windows(Z, self.window_samples)
         if self.denoisers_:
-            from .lstm_vae import reconstruct
+            from rankscope.models.lstm_vae import reconstruct
 
             W = W.copy()
             n, k, w, m = W.shape

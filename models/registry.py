@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import InputError
-from .base import BaseDetector
-from .iforest import IsolationForestDetector
-from .lstm_vae import LstmVae
-from .mad import MadZScore
-from .peer_distance import PeerDistance
-from .peer_mad import PeerMad
+from rankscope.models.base import BaseDetector
+from rankscope.models.iforest import IsolationForestDetector
+from rankscope.models.lstm_vae import LstmVae
+from rankscope.models.mad import MadZScore
+from rankscope.models.peer_distance import PeerDistance
+from rankscope.models.peer_mad import PeerMad
+from rankscope.spine import InputError
 
 DETECTORS: dict[str, Callable[..., BaseDetector]] = {
     "peer-distance": PeerDistance,  # peer mode (machines x time x metrics), Minder-style

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..analytics.verdict import Verdict, rank_ranges
+from rankscope.analytics.verdict import Verdict, rank_ranges
 
 
 def render_text(v: Verdict, *, max_clusters: int = 8, max_frames: int = 8) -> str:

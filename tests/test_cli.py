@@ -7,11 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
-
 from rankscope.cli.main import app
-from rankscope.datasets.store import Store
-from rankscope.datasets.synthetic import generate_job
+from rankscope.datasets.store.store import Store
+from rankscope.harness.synthetic import generate_job
+from typer.testing import CliRunner
 
 runner = CliRunner()
 
@@ -127,7 +126,7 @@ def test_console_script_runs_as_a_module():
 
 
 def test_metrics_and_timings_only_directories(tmp_path):
-    from rankscope.datasets.synthetic_metrics import make_metrics, make_timings
+    from rankscope.harness.synthetic_metrics import make_metrics, make_timings
 
     run = make_metrics(n_machines=24, duration_s=900, faults={"gpu-throttle": 1}, onset_range_s=(300, 400), seed=3)
     (tmp_path / "m").mkdir()
@@ -148,7 +147,7 @@ def test_metrics_and_timings_only_directories(tmp_path):
 
 
 def test_timings_survive_the_store(tmp_path):
-    from rankscope.datasets.synthetic_metrics import make_timings
+    from rankscope.harness.synthetic_metrics import make_timings
 
     timings, _, truth = make_timings("tp=2,pp=2,dp=4", scenario="slow-machine", gpus_per_node=2, seed=2)
     (tmp_path / "t").mkdir()

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from rankscope.collectors.config import AgentConfig, resolve
-from rankscope.errors import InputError
+from rankscope.spine import InputError
 
 
 def test_precedence_flags_env_file_defaults(tmp_path: Path) -> None:

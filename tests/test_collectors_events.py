@@ -7,7 +7,6 @@ import types
 from pathlib import Path
 
 import pytest
-
 from rankscope.collectors.events import (
     KINDS,
     DiskWatcher,

@@ -11,7 +11,11 @@ import time
 from pathlib import Path
 
 from rankscope.collectors import hook, stacks
-from rankscope.datasets.readers.rundir import STACK_REQUEST, requested_at, split_faulthandler_dumps
+from rankscope.datasets.readers.rundir import (
+    STACK_REQUEST,
+    requested_at,
+    split_faulthandler_dumps,
+)
 
 SCRIPT = r"""
 import json, os, signal, sys, time
@@ -150,7 +154,11 @@ deep(40)
 def test_a_second_sigterm_mid_dump_never_yields_a_wrong_main_thread(tmp_path: Path) -> None:
     # the launcher's and the scheduler's SIGTERMs: faulthandler's chained handler lets the second kill
     # the process while the first one writes. Whatever is left must be either the right stack or no evidence.
-    from rankscope.datasets.readers.rundir import HookProcess, main_thread_id, process_dump
+    from rankscope.datasets.readers.rundir import (
+        HookProcess,
+        main_thread_id,
+        process_dump,
+    )
 
     outcomes = []
     for i in range(16):

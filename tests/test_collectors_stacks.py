@@ -10,11 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from rankscope.collectors import stacks
 from rankscope.collectors.config import default_pyspy
 from rankscope.collectors.stall import StallDetector
-from rankscope.collectors.steps import NanWatch, StepTailer, nan_events, to_metric_rows, to_timing_rows
+from rankscope.collectors.steps import (
+    NanWatch,
+    StepTailer,
+    nan_events,
+    to_metric_rows,
+    to_timing_rows,
+)
 from rankscope.collectors.trigger import Trigger, request_capture
 
 SLEEPER = r"""

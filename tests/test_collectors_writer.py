@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from rankscope.collectors.writer import BatchWriter
-from rankscope.datasets.store import Store
+from rankscope.datasets.store.store import Store
 
 
 def metric(i: int) -> dict:
@@ -46,7 +46,7 @@ def test_full_disk_drops_and_counts_never_raises(tmp_path: Path, monkeypatch) ->
     def enospc(*a: object, **k: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("rankscope.datasets.store.atomic_write_parquet", enospc)
+    monkeypatch.setattr("rankscope.datasets.store.store.atomic_write_parquet", enospc)
     w.add("metrics", [metric(2), metric(3)])
     assert w.flush() == 0
     assert w.write_errors == 1 and w.dropped == {"metrics": 2} and "No space left" in w.last_error
@@ -79,7 +79,7 @@ def test_rows_with_unknown_columns_or_tables_are_dropped_alone(tmp_path: Path) -
 WRITER = r"""
 import sys
 from rankscope.collectors.writer import BatchWriter
-from rankscope.datasets.store import Store
+from rankscope.datasets.store.store import Store
 Store(sys.argv[1], create=True)
 w = BatchWriter(sys.argv[1])
 rows = [{"job": "j", "metric": "m" * 50, "value": float(i), "labels": "x" * 200} for i in range(20000)]

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
 from rankscope.analytics.crashes import crash_verdict, is_cascade, latest_incident
 from rankscope.analytics.diagnose import diagnose
 from rankscope.collectors.stacks import death_signal
-from rankscope.datasets.exits import ProcessExit, exits_from_events, read_exit_record
-from rankscope.datasets.inputs import load_inputs
-from rankscope.datasets.topology import Layout, Topology
+from rankscope.datasets.domain.exits import ProcessExit
+from rankscope.datasets.domain.topology import Layout, Topology
+from rankscope.datasets.loading.inputs import load_inputs
+from rankscope.datasets.readers.exits import exits_from_events, read_exit_record
 
 GLOO_PEER = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
              "[127.0.0.1]:13001. This is typically caused by a remote worker crashing.")
@@ -152,8 +152,8 @@ def test_death_signal_reads_faulthandler_output_written_at_death(tmp_path: Path)
 
 def test_exits_that_only_report_lost_peers_do_not_outrank_the_stacks(tmp_path: Path) -> None:
     # a hung job torn down with SIGTERM while the agent runs: every exit is a consequence
-    from rankscope.datasets.stackset import from_dumps
-    from rankscope.datasets.synthetic import generate_job
+    from rankscope.datasets.domain.stacks import from_dumps
+    from rankscope.harness.synthetic import generate_job
 
     job = generate_job("tp=2,pp=2,dp=2", fault="compute-hang", gpus_per_node=2, seed=0)
     procs = from_dumps((d.dump, d.snapshot, d.rank, d.node, d.role) for d in job.dumps)

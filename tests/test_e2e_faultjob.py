@@ -47,7 +47,7 @@ def diagnose_json(path: Path, *flags: str) -> dict:
 def run_fault(tmp_path: Path, fault: str, rank: int) -> tuple[dict, dict]:
     """The verdicts from the agent's store and from the hook's run directory alone."""
     pytest.importorskip("torch")
-    from rankscope.datasets.faultjob import command
+    from rankscope.harness.faultjob import command
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     run_dir, store = tmp_path / "run", tmp_path / "store"

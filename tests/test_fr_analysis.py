@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from rankscope.analytics.collectives import analyze_collectives, fr_verdict
-from rankscope.datasets.readers.flight_recorder import FRDump, PGInfo, read_fr_dir
-from rankscope.datasets.synthetic_fr import generate_fr
-from rankscope.datasets.topology import Layout, Topology
-from rankscope.errors import InputError
+from rankscope.datasets.domain.flight_recorder import FRDump, PGInfo
+from rankscope.datasets.domain.topology import Layout, Topology
+from rankscope.datasets.readers.flight_recorder import read_fr_dir
+from rankscope.harness.synthetic_fr import generate_fr
+from rankscope.spine import InputError
 
 LAYOUTS = ("tp=2,pp=4,dp=8", "tp=4,pp=2,dp=8", "tp=8,dp=8", "pp=4,dp=16")
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from rankscope.analytics.collectives import analyze_collectives, fr_verdict
 from rankscope.analytics.fusion import fuse
 from rankscope.analytics.verdict import Evidence, Verdict
+from rankscope.datasets.domain.topology import Layout, Topology
 from rankscope.datasets.readers.flight_recorder import read_fr_dir
-from rankscope.datasets.synthetic_fr import generate_fr
-from rankscope.datasets.topology import Layout, Topology
+from rankscope.harness.synthetic_fr import generate_fr
 
 
 def _stacks(verdict: str = "hang", suspects: tuple[str, ...] = (), culprits: tuple[str, ...] = (),

@@ -9,11 +9,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
+from rankscope.datasets.domain.flight_recorder import FRDump
 from rankscope.datasets.readers.flight_recorder import (
-    FRDump,
-    fr_from_table,
-    fr_to_rows,
     is_fr_file,
     rank_from_name,
     read_fr_dir,
@@ -21,9 +18,10 @@ from rankscope.datasets.readers.flight_recorder import (
     read_fr_files,
     split_profiling_name,
 )
-from rankscope.datasets.store import Store
-from rankscope.datasets.synthetic_fr import generate_fr
-from rankscope.errors import InputError, ParseError
+from rankscope.datasets.readers.fr_table import fr_from_table, fr_to_rows
+from rankscope.datasets.store.store import Store
+from rankscope.harness.synthetic_fr import generate_fr
+from rankscope.spine import InputError, ParseError
 
 
 def test_reads_the_real_gloo_probe_pickles_and_json(probe_dir: Path) -> None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from rankscope.errors import InputError, RankscopeError
 from rankscope.models import DETECTORS, NotFittedError, make_detector
+from rankscope.spine import InputError, RankscopeError
 
 SMALL = {
     "peer-distance": {"window_s": 10.0, "continuity_s": 60.0},

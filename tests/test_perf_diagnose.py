@@ -7,10 +7,14 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-
-from rankscope.analytics.perf import PerfConfig, counters_to_rates, diagnose_perf, metric_cubes
-from rankscope.datasets.synthetic_metrics import FAULT_KINDS, make_metrics, make_timings
-from rankscope.errors import InputError
+from rankscope.analytics.perf import (
+    PerfConfig,
+    counters_to_rates,
+    diagnose_perf,
+    metric_cubes,
+)
+from rankscope.harness.synthetic_metrics import FAULT_KINDS, make_metrics, make_timings
+from rankscope.spine import InputError
 
 DRIVER = {
     "gpu-throttle": "gpu_sm_clock_hertz",
@@ -121,10 +125,9 @@ def test_too_few_machines_is_inconclusive():
 
 
 def test_detect_command_over_files_and_store(tmp_path):
-    from typer.testing import CliRunner
-
     from rankscope.cli.main import app
-    from rankscope.datasets.store import Store
+    from rankscope.datasets.store.store import Store
+    from typer.testing import CliRunner
 
     df, _, truth = make_timings("tp=2,pp=2,dp=4", scenario="slow-machine", gpus_per_node=4, seed=1)
     (tmp_path / "dir").mkdir()

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from rankscope.analytics.stragglers import find_stragglers
-from rankscope.datasets import public
-from rankscope.errors import InputError
+from rankscope.harness import public
+from rankscope.spine import InputError
 
 
 def _root_or_skip():

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from rankscope.datasets.readers.dumpdir import read_stack_file, scan_dump_dir
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
-from rankscope.errors import InputError
+from rankscope.spine import InputError
 
 PYSPY_TEXT = """Process 4242: python pretrain_gpt.py --tensor-model-parallel-size 8
 Python v3.10.12 (/usr/bin/python3.10)

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 from rankscope.analytics.diagnose import diagnose
-from rankscope.datasets.inputs import load_inputs
-from rankscope.datasets.readers.base import Frame
+from rankscope.datasets.domain.stacks import Frame
+from rankscope.datasets.loading.inputs import load_inputs
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 
 WAIT = """Thread 0x00007f00000000c1 (most recent call first):
@@ -117,7 +117,10 @@ def test_a_dump_cut_off_before_its_first_frame_is_no_evidence(tmp_path: Path) ->
 
 
 def test_the_newest_of_several_appended_dumps_is_used() -> None:
-    from rankscope.datasets.readers.rundir import last_faulthandler_dump, split_faulthandler_dumps
+    from rankscope.datasets.readers.rundir import (
+        last_faulthandler_dump,
+        split_faulthandler_dumps,
+    )
 
     older = WAIT.replace("all_reduce", "broadcast")  # an earlier stack request
     assert len(split_faulthandler_dumps(older + WAIT)) == 2  # faulthandler appends with no separator

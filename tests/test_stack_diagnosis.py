@@ -4,11 +4,10 @@ culprit's minimal group, healthy jobs get no suspects; plus the real gloo probe.
 from __future__ import annotations
 
 import pytest
-
 from rankscope.analytics.stack_verdict import StackConfig, diagnose_stacks
-from rankscope.datasets.stackset import from_dumps
-from rankscope.datasets.synthetic import FAULTS, generate_job
-from rankscope.datasets.inputs import load_inputs
+from rankscope.datasets.domain.stacks import from_dumps
+from rankscope.datasets.loading.inputs import load_inputs
+from rankscope.harness.synthetic import FAULTS, generate_job
 
 LAYOUTS = [("tp=4,pp=2,dp=4", 4), ("tp=2,cp=2,pp=2,dp=4", 8), ("tp=1,pp=4,dp=8", 4), ("tp=4,dp=8", 8)]
 
@@ -135,7 +134,6 @@ def test_a_collective_waiting_on_a_stuck_pipeline_transfer_blames_the_transfer(t
 
 def test_frozen_stacks_while_steps_complete_are_fail_slow_not_a_hang(tmp_path):
     import polars as pl
-
     from rankscope.analytics.diagnose import diagnose
 
     wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "main@/job/train.py:201", "<module>@/job/train.py:332")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from rankscope.datasets.schemas import TABLES
-from rankscope.datasets.store import Store
-from rankscope.errors import InputError, StoreError
+from rankscope.datasets.store.schemas import TABLES
+from rankscope.datasets.store.store import Store
+from rankscope.spine import InputError, StoreError
 
 
 def _rows(job="j1", n=3):
@@ -74,8 +73,9 @@ def test_not_a_store(tmp_path):
 
 def test_stacks_round_trip_through_the_store(tmp_path):
     from rankscope.analytics.stack_verdict import diagnose_stacks
-    from rankscope.datasets.stackset import from_dumps, from_table, to_table
-    from rankscope.datasets.synthetic import generate_job
+    from rankscope.datasets.domain.stacks import from_dumps
+    from rankscope.datasets.store.stacks_table import from_table, to_table
+    from rankscope.harness.synthetic import generate_job
 
     job = generate_job("tp=2,pp=2,dp=4", gpus_per_node=4, fault="dataloader-stall", seed=3)
     procs = from_dumps((d.dump, d.snapshot, d.rank, d.node, d.role) for d in job.dumps)
@@ -94,7 +94,7 @@ def test_stacks_round_trip_through_the_store(tmp_path):
 
 
 def test_latest_capture_series() -> None:
-    from rankscope.datasets.inputs import latest_series
+    from rankscope.datasets.loading.inputs import latest_series
 
     times = {1: 0.0, 2: 10.0, 3: 5000.0, 4: 5010.0, 5: 5020.0}
     assert latest_series(times) == {3, 4, 5} and latest_series({}) == set()

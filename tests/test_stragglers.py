@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
-
 from rankscope.analytics.stragglers import StragglerConfig, find_stragglers
-from rankscope.datasets.synthetic_metrics import make_timings
-from rankscope.datasets.topology import Layout, Topology
-from rankscope.errors import InputError
+from rankscope.datasets.domain.topology import Layout, Topology
+from rankscope.harness.synthetic_metrics import make_timings
+from rankscope.spine import InputError
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

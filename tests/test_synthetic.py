@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-
-from rankscope.datasets.readers.base import ProcessDump, to_rows
-from rankscope.datasets.synthetic import FAULTS, SyntheticJob, generate_job
-from rankscope.datasets.synthetic_frames import co_name
-from rankscope.errors import InputError
+from rankscope.datasets.domain.stacks import ProcessDump
+from rankscope.datasets.readers.base import to_rows
+from rankscope.harness.synthetic import FAULTS, SyntheticJob, generate_job
+from rankscope.harness.synthetic_frames import co_name
+from rankscope.spine import InputError
 
 LAYOUT = "tp=2,pp=2,dp=4"
 GPUS = 4
@@ -214,7 +214,7 @@ def test_generation_size_512_ranks():
 
 
 def test_to_rows_fit_the_stacks_table(tmp_path, jobs):
-    from rankscope.datasets.store import Store
+    from rankscope.datasets.store.store import Store
 
     job = jobs["slow-rank"]
     rows = job.to_rows("synth")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-
 from rankscope.datasets.readers.tables import (
-    find_metric_files, find_timing_files, read_metrics, read_timings,
+    find_metric_files,
+    find_timing_files,
+    read_metrics,
+    read_timings,
 )
-from rankscope.errors import InputError, ParseError
+from rankscope.spine import InputError, ParseError
 
 
 def _metrics(n=4):

@@ -6,9 +6,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from rankscope.datasets.topology import DIMS, KINDS, Layout, Topology, parse_layout, parse_order
-from rankscope.errors import LayoutError
+from rankscope.datasets.domain.topology import (
+    DIMS,
+    KINDS,
+    Layout,
+    Topology,
+    parse_layout,
+    parse_order,
+)
+from rankscope.spine import LayoutError
 
 sizes = st.sampled_from([1, 2, 3, 4])
 

@@ -3,69 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
-
-class Frame(NamedTuple):
-    """One stack frame as the tool printed it (``file`` not yet normalized). A tuple: cheap at 10^7."""
-
-    function: str
-    file: str
-    line: int | None = None
-
-
-LAUNCH_FILES = frozenset({"<frozen runpy>", "runpy.py"})
-
-
-def is_launcher_frame(f: Frame) -> bool:
-    """A ``python -m`` start-up frame (runpy): the same on every rank, and the first thing a dump cut
-    short loses (dumps are written innermost first)."""
-    return f.file.rsplit("/", 1)[-1] in LAUNCH_FILES
-
-
-_HOOK_THREAD_FUNCTIONS = frozenset({"_control_loop", "_requested_dump"})  # only ever on its own thread
-
-
-def is_hook_idle_frame(f: Frame) -> bool:
-    """The rankscope hook's control thread: waiting for a request on its FIFO (a blocking read, which
-    no stack shows) or answering one. Not training's work (idle), and never a process's main thread."""
-    return f.function in _HOOK_THREAD_FUNCTIONS and f.file.replace("\\", "/").endswith("collectors/hook.py")
-
-
-class ThreadDump(NamedTuple):
-    """One thread's stack, ``frames[0]`` the innermost (currently executing) frame."""
-
-    frames: tuple[Frame, ...]
-    thread_id: int | None = None
-    thread_name: str | None = None
-    active: bool | None = None
-    is_main: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessDump:
-    """One process's dump. ``status`` is ``ok``, ``partial`` (truncated file), ``failed`` (no stack:
-    the capture failed, itself evidence) or ``cut`` (no usable stack and no evidence either way: the
-    process was killed while it wrote its dump, before the first frame or the main thread was out,
-    or left an empty or stale stack file)."""
-
-    threads: tuple[ThreadDump, ...]
-    pid: int | None = None
-    cmdline: str | None = None
-    status: str = "ok"
-    error: str | None = None
-    source_format: str = ""
-    source_file: str = ""
-
-    @property
-    def main_thread(self) -> ThreadDump | None:
-        """The thread that matters for a trainer: the main thread, else the first listed."""
-        for t in self.threads:
-            if t.is_main:
-                return t
-        return self.threads[0] if self.threads else None
+from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 
 
 class Interner:

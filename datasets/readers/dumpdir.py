@@ -27,14 +27,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import InputError
-from ..schemas import ROLES
-from .base import ProcessDump, failed_dump
-from .faulthandler import looks_like_traceback, parse_traceback_text
-from .flight_recorder import is_fr_file
-from .pyspy_json import parse_pyspy_json
-from .pyspy_text import parse_pyspy_text
-from .rundir import HOOK_FILE, HookProcess, coords_of, resolve
+from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, from_dump
+from rankscope.datasets.readers.base import failed_dump
+from rankscope.datasets.readers.faulthandler import (
+    looks_like_traceback,
+    parse_traceback_text,
+)
+from rankscope.datasets.readers.flight_recorder import is_fr_file
+from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
+from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
+from rankscope.datasets.readers.rundir import HOOK_FILE, HookProcess, coords_of, resolve
+from rankscope.datasets.store.schemas import ROLES
+from rankscope.spine import InputError
 
 MANIFEST = "manifest.csv"
 # the run directory's other files: the launcher's rank -> node map the hook reads (RANKSCOPE_MANIFEST),
@@ -362,3 +366,18 @@ def assign_roles(df: DumpFile) -> list[tuple[ProcessDump, str]]:
             role = _role_from(Path(df.path).name, proc, first=(i == 0))
         out.append((proc, role))
     return out
+
+
+def from_dump_dir(dd: DumpDir) -> list[ProcStacks]:
+    """Every process of a scanned dump directory (GC paused: see ``scan_dump_dir``)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        out = []
+        for f in dd.files:
+            for proc, role in assign_roles(f):
+                out.append(from_dump(proc, snapshot=f.snapshot, rank=f.rank, node=f.node, role=role, pid=f.pid))
+        return out
+    finally:
+        if enabled:
+            gc.enable()

@@ -17,8 +17,14 @@ from __future__ import annotations
 
 import re
 
-from .base import (Frame, Interner, ProcessDump, ThreadDump, cut_dump, failed_dump, is_hook_idle_frame,
-                   is_launcher_frame, mark_main)
+from rankscope.datasets.domain.stacks import (
+    Frame,
+    ProcessDump,
+    ThreadDump,
+    is_hook_idle_frame,
+    is_launcher_frame,
+)
+from rankscope.datasets.readers.base import Interner, cut_dump, failed_dump, mark_main
 
 _INTERN = Interner()
 

@@ -9,7 +9,6 @@ defaults for fields older or newer versions lack; a file no version explains is 
 from __future__ import annotations
 
 import ast
-import gc
 import io
 import json
 import operator
@@ -17,15 +16,14 @@ import os
 import pickle
 import re
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from ...errors import InputError, ParseError
-from .base import Frame
+from rankscope.datasets.domain.flight_recorder import FRDump, FREntry, PGInfo, PGStatus
+from rankscope.datasets.domain.stacks import Frame
+from rankscope.spine import InputError, ParseError, paused_gc
 
 SNIFF_BYTES = 1 << 12  # an FR dict's first key (version, entries, pg_config...) is in its first bytes
 
@@ -77,76 +75,12 @@ def safe_loads(data: bytes) -> Any:
     return SafeUnpickler(io.BytesIO(data)).load()
 
 
-class FREntry(NamedTuple):
-    """One FR record. A NamedTuple, not a dataclass: a large job has millions of them.
-
-    ``op`` is the profiling name without its backend prefix and peer suffix (``all_reduce``,
-    ``send``); for p2p, ``src``/``dst`` are the group-local ranks of ``send 0->1``/``recv 1<-0``.
-    Sizes are tuples of shapes; frames are innermost first, as in the stacks table.
-    """
-
-    record_id: int
-    pg_id: str
-    pg_name: str
-    pg_desc: str
-    collective_seq_id: int
-    p2p_seq_id: int
-    op_id: int
-    profiling_name: str
-    backend: str
-    op: str
-    is_p2p: bool
-    src: int | None
-    dst: int | None
-    state: str
-    retired: bool
-    time_created_ns: int | None
-    time_discovered_started_ns: int | None
-    time_discovered_completed_ns: int | None
-    duration_ms: float | None
-    timeout_ms: int | None
-    input_sizes: tuple[tuple[int, ...], ...]
-    input_dtypes: tuple[str, ...]
-    output_sizes: tuple[tuple[int, ...], ...]
-    output_dtypes: tuple[str, ...]
-    frames: tuple[Frame, ...] = ()
 
 
-@dataclass(frozen=True)
-class PGInfo:
-    """One process group as a rank's ``pg_config`` describes it; ``ranks`` is None when unknown."""
-
-    name: str
-    desc: str
-    ranks: tuple[int, ...] | None
 
 
-@dataclass(frozen=True)
-class PGStatus:
-    """A rank's ``pg_status`` for one group: the last enqueued/started/completed collective seq ids."""
-
-    last_enqueued: int | None
-    last_started: int | None
-    last_completed: int | None
 
 
-@dataclass(frozen=True)
-class FRDump:
-    """One rank's Flight Recorder dump."""
-
-    rank: int
-    entries: tuple[FREntry, ...]
-    version: str = ""
-    pg_config: Mapping[str, PGInfo] = field(default_factory=dict)
-    pg_status: Mapping[str, PGStatus] = field(default_factory=dict)
-    comm_lib_version: str = ""
-    source_file: str = ""
-    source_format: str = ""  # fr-pickle | fr-json | store
-
-    @property
-    def backend(self) -> str:
-        """The communication backend of the entries (``nccl``, ``gloo``, ...), ``""`` without entries."""
-        return next((e.backend for e in self.entries if e.backend), "")
 
 
 # -- sniffing and loading ---------------------------------------------------------------------
@@ -314,17 +248,6 @@ def read_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None
     return sorted(dumps, key=lambda d: d.rank)
 
 
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building millions of acyclic objects (it would rescan
-    them again and again; torchfrtrace's loader does the same); the previous state is restored."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 # -- field parsing ----------------------------------------------------------------------------
@@ -347,7 +270,7 @@ def _opt_int(v: Any) -> int | None:
     return int(v)
 
 
-def _shapes(v: Any) -> tuple[tuple[int, ...], ...]:
+def shapes(v: Any) -> tuple[tuple[int, ...], ...]:
     if not v:
         return ()
     try:
@@ -418,8 +341,8 @@ def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> F
         None if t2 is None else _int(t2),
         float(duration) if duration is not None else None,
         None if tmo is None else _int(tmo),
-        _shapes(ins) if ins else (), tuple(in_dt) if in_dt else (),
-        _shapes(outs) if outs else (), tuple(out_dt) if out_dt else (),
+        shapes(ins) if ins else (), tuple(in_dt) if in_dt else (),
+        shapes(outs) if outs else (), tuple(out_dt) if out_dt else (),
         _frames(frames, frame_cache) if frames else (),
     ))
 
@@ -450,8 +373,8 @@ def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ..
         _opt_int(get("time_created_ns")), _opt_int(get("time_discovered_started_ns")),
         _opt_int(get("time_discovered_completed_ns")), float(duration) if duration is not None else None,
         _opt_int(get("timeout_ms")),
-        _shapes(get("input_sizes")), tuple(map(str, in_dt)) if in_dt else (),
-        _shapes(get("output_sizes")), tuple(map(str, out_dt)) if out_dt else (),
+        shapes(get("input_sizes")), tuple(map(str, in_dt)) if in_dt else (),
+        shapes(get("output_sizes")), tuple(map(str, out_dt)) if out_dt else (),
         _frames(get("frames"), frame_cache),
     )
 
@@ -505,113 +428,7 @@ def _pg_status(v: Any) -> dict[str, PGStatus]:
     return out
 
 
-# -- the collectives table ----------------------------------------------------------------------
-def fr_to_rows(dumps: Iterable[FRDump], job: str, node_of: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
-    """Rows of the ``collectives`` table: one per entry, plus one metadata row per process group of a
-    rank (``record_id`` null) carrying ``pg_config``/``pg_status``, so a store round-trip loses nothing
-    the analysis needs (a rank with no group at all still gets one row, so its dump is not forgotten)."""
-    from ..schemas import COLLECTIVES  # noqa: PLC0415 (pyarrow only when rows are wanted)
-
-    empty_row = dict.fromkeys(COLLECTIVES.schema.names)  # every row has every key (pa.Table.from_pylist)
-    rows: list[dict[str, Any]] = []
-    for d in dumps:
-        node = node_of.get(d.rank) if node_of is not None else None
-        base = {**empty_row, "job": job, "rank": d.rank, "node": node, "source_file": d.source_file,
-                "fr_version": d.version}
-        pgs = dict.fromkeys([*d.pg_config, *d.pg_status, *(e.pg_name for e in d.entries)])
-        pg_meta = {}
-        for name in pgs:
-            cfg, st = d.pg_config.get(name), d.pg_status.get(name)
-            pg_meta[name] = {
-                "pg_ranks": list(cfg.ranks) if cfg and cfg.ranks is not None else None,
-                "pg_last_enqueued": st.last_enqueued if st else None,
-                "pg_last_started": st.last_started if st else None,
-                "pg_last_completed": st.last_completed if st else None,
-            }
-            rows.append({**base, "pg_name": name, "pg_desc": cfg.desc if cfg else None, **pg_meta[name]})
-        if not pgs:
-            rows.append(dict(base))
-        for e in d.entries:
-            rows.append({
-                **base, "record_id": e.record_id, "pg_id": e.pg_id, "pg_name": e.pg_name, "pg_desc": e.pg_desc,
-                "collective_seq_id": e.collective_seq_id, "p2p_seq_id": e.p2p_seq_id, "op_id": e.op_id,
-                "profiling_name": e.profiling_name, "backend": e.backend, "op": e.op, "is_p2p": e.is_p2p,
-                "peer": (e.dst if e.op == "send" else e.src) if e.is_p2p else None,
-                "state": e.state, "retired": e.retired, "time_created_ns": e.time_created_ns,
-                "time_discovered_started_ns": e.time_discovered_started_ns,
-                "time_discovered_completed_ns": e.time_discovered_completed_ns,
-                "duration_ms": e.duration_ms, "timeout_ms": e.timeout_ms,
-                "input_sizes": json.dumps([list(s) for s in e.input_sizes]), "input_dtypes": list(e.input_dtypes),
-                "output_sizes": json.dumps([list(s) for s in e.output_sizes]),
-                "output_dtypes": list(e.output_dtypes),
-                "frames": [{"function": f.function, "file": f.file, "line": f.line} for f in e.frames],
-            })
-    return rows
 
 
-def fr_from_table(table: Any) -> list[FRDump]:
-    """The dumps back from rows of the ``collectives`` table (a pyarrow Table or polars DataFrame).
-
-    Rows are grouped by rank; when a rank has rows from several source files (dumps taken at
-    different times) the file with the latest entry wins. Filter by job before calling.
-    """
-    if hasattr(table, "to_arrow"):
-        table = table.to_arrow()
-    if not hasattr(table, "to_pylist"):
-        raise InputError(f"fr_from_table: expected a pyarrow Table or polars DataFrame, got {type(table).__name__}")
-    if table.num_rows and "job" in table.column_names and len(set(table.column("job").to_pylist())) > 1:
-        raise InputError("fr_from_table: rows of several jobs; filter by job first")
-    by_file: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
-    for row in table.to_pylist():
-        by_file[(int(row["rank"]), row.get("source_file") or "")].append(row)
-    latest: dict[int, tuple[int, str]] = {}
-    for (rank, src), rows in by_file.items():
-        t = max((r.get("time_created_ns") or 0 for r in rows), default=0)
-        if rank not in latest or (t, src) > latest[rank]:
-            latest[rank] = (t, src)
-    dumps = []
-    for rank, (_, src) in sorted(latest.items()):
-        rows = by_file[(rank, src)]
-        pg_config: dict[str, PGInfo] = {}
-        pg_status: dict[str, PGStatus] = {}
-        entries = []
-        version = ""
-        for r in rows:
-            version = version or (r.get("fr_version") or "")
-            name = r.get("pg_name")
-            if r.get("record_id") is None:
-                if name is None:
-                    continue
-                if r.get("pg_ranks") is not None or r.get("pg_desc") is not None:
-                    ranks = tuple(int(x) for x in r["pg_ranks"]) if r.get("pg_ranks") is not None else None
-                    pg_config[name] = PGInfo(name, r.get("pg_desc") or "", ranks)
-                if any(r.get(k) is not None for k in ("pg_last_enqueued", "pg_last_started", "pg_last_completed")):
-                    pg_status[name] = PGStatus(r.get("pg_last_enqueued"), r.get("pg_last_started"),
-                                               r.get("pg_last_completed"))
-                continue
-            pname = r.get("profiling_name") or ""
-            backend, op, s, dd = split_profiling_name(pname)
-            entries.append(FREntry(
-                record_id=int(r["record_id"]), pg_id=r.get("pg_id") or name or "", pg_name=name or "",
-                pg_desc=r.get("pg_desc") or "", collective_seq_id=_int_or(r.get("collective_seq_id"), -1),
-                p2p_seq_id=_int_or(r.get("p2p_seq_id"), -1), op_id=_int_or(r.get("op_id"), -1),
-                profiling_name=pname, backend=r.get("backend") or backend, op=r.get("op") or op,
-                is_p2p=bool(r.get("is_p2p")), src=s, dst=dd, state=r.get("state") or "",
-                retired=bool(r.get("retired")), time_created_ns=r.get("time_created_ns"),
-                time_discovered_started_ns=r.get("time_discovered_started_ns"),
-                time_discovered_completed_ns=r.get("time_discovered_completed_ns"),
-                duration_ms=r.get("duration_ms"), timeout_ms=r.get("timeout_ms"),
-                input_sizes=_shapes(json.loads(r.get("input_sizes") or "[]")),
-                input_dtypes=tuple(r.get("input_dtypes") or ()),
-                output_sizes=_shapes(json.loads(r.get("output_sizes") or "[]")),
-                output_dtypes=tuple(r.get("output_dtypes") or ()),
-                frames=tuple(Frame(f["function"], f["file"], f["line"]) for f in (r.get("frames") or ())),
-            ))
-        entries.sort(key=lambda e: e.record_id)
-        dumps.append(FRDump(rank=rank, entries=tuple(entries), version=version, pg_config=pg_config,
-                            pg_status=pg_status, source_file=src, source_format="store"))
-    return dumps
 
 
-def _int_or(v: Any, default: int) -> int:
-    return int(v) if v is not None else default

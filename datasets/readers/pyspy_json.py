@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .base import Frame, Interner, ProcessDump, ThreadDump, failed_dump, mark_main
+from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
+from rankscope.datasets.readers.base import Interner, failed_dump, mark_main
 
 _INTERN = Interner()
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 
-from .base import Frame, Interner, ProcessDump, ThreadDump, failed_dump, mark_main
+from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
+from rankscope.datasets.readers.base import Interner, failed_dump, mark_main
 
 FORMAT = "pyspy-text"
 

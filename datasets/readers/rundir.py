@@ -29,8 +29,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .base import Frame, ProcessDump, ThreadDump, cut_dump, failed_dump
-from .faulthandler import parse_traceback_text
+from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
+from rankscope.datasets.readers.base import cut_dump, failed_dump
+from rankscope.datasets.readers.faulthandler import parse_traceback_text
 
 HOOK_FILE = re.compile(r"^pid(\d+)\.(json|stack\.txt|exit\.json|steps\.jsonl|fr\.json|ctl)$")
 _ROLES = {"trainer": "trainer", "dataloader": "dataloader", "checkpoint": "checkpoint"}

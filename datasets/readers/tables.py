@@ -13,8 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import polars as pl
-
-from ...errors import InputError, ParseError
+from rankscope.spine import InputError, ParseError
 
 SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
 METRIC_COLUMNS = {"ts": None, "node": pl.Utf8, "metric": pl.Utf8, "value": pl.Float64}

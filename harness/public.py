@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-
-from ..errors import InputError, ParseError
+from rankscope.spine import InputError, ParseError
 
 ENV = "RANKSCOPE_SHARED_DATA"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .inputs import JobInputs, load_inputs
-from .stackset import to_table
-from .store import Store
+from rankscope.datasets.domain.inputs import Inputs
+from rankscope.datasets.loading.inputs import load_inputs
+from rankscope.datasets.store.stacks_table import to_table
+from rankscope.datasets.store.store import Store
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class IngestReport:
     notes: tuple[str, ...]
 
 
-def ingest_inputs(inputs: JobInputs, store: Store, *, job: str | None = None) -> IngestReport:
+def ingest_inputs(inputs: Inputs, store: Store, *, job: str | None = None) -> IngestReport:
     """Append one job's stacks, topology, Flight Recorder entries, metrics and timings to ``store``."""
     name = job or inputs.job
     counts: dict[str, int] = {}
@@ -30,7 +31,7 @@ def ingest_inputs(inputs: JobInputs, store: Store, *, job: str | None = None) ->
         store.write("topology", topo_rows)
         counts["topology"] = len(topo_rows)
     if inputs.fr_dumps:
-        from .readers.flight_recorder import fr_to_rows  # noqa: PLC0415
+        from rankscope.datasets.readers.fr_table import fr_to_rows
 
         topo = inputs.topology
         node_of = {int(r): topo.node_of(int(r)) for r in topo.ranks} if topo is not None else None
@@ -49,7 +50,7 @@ def ingest_inputs(inputs: JobInputs, store: Store, *, job: str | None = None) ->
 
 
 def _columns(table: str) -> list[str]:
-    from .schemas import table as spec  # noqa: PLC0415
+    from rankscope.datasets.store.schemas import table as spec  # noqa: PLC0415
 
     return spec(table).schema.names
 

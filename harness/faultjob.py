@@ -4,7 +4,7 @@ Run it with torchrun (8 ranks = TP=2 x DP=2 x PP=2, Megatron order tp-cp-ep-dp-p
 ``--layout tp=2,pp=2,dp=2 --gpus-per-node 2`` describes it; ranks 2k and 2k+1 form node-k)::
 
     RANKSCOPE_FAULT=compute_hang RANKSCOPE_FAULT_RANK=5 \\
-    torchrun --standalone --nproc-per-node 8 -m rankscope.datasets.faultjob --run-dir /tmp/run
+    torchrun --standalone --nproc-per-node 8 -m rankscope.harness.faultjob --run-dir /tmp/run
 
 The model is a two-stage transformer: stage 0 = embedding + block, stage 1 = block + head. Each
 block's attention heads and MLP are split over the TP group (column-parallel then row-parallel
@@ -48,7 +48,7 @@ def command(*, nproc: int = 8, run_dir: str | os.PathLike[str], steps: int = 1_0
         raise ValueError(f"fault={fault!r} is not one of {FAULTS}")
     rdzv = ["--standalone"] if master_port is None else ["--master-addr", "127.0.0.1", "--master-port", str(master_port)]
     argv = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nnodes", "1", "--nproc-per-node", str(nproc),
-            "--monitor-interval", str(monitor_interval_s), "-m", "rankscope.datasets.faultjob",
+            "--monitor-interval", str(monitor_interval_s), "-m", "rankscope.harness.faultjob",
             "--run-dir", str(run_dir), "--steps", str(steps), "--step-sleep-s", str(step_sleep_s),
             "--num-workers", str(num_workers), "--ranks-per-node", str(ranks_per_node)]
     env = dict(os.environ)
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp.write_text(json.dumps(manifest(world, args.ranks_per_node), indent=1))
         os.replace(tmp, run_dir / "manifest.json")
 
-    from ..collectors import hook
+    from rankscope.collectors import hook
 
     hook.install(run_dir=run_dir)
 

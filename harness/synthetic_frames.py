@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .readers.base import Frame
+from rankscope.datasets.domain.stacks import Frame
 
 
 class Site(NamedTuple):

@@ -19,12 +19,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import InputError
-from .readers.base import Frame, ProcessDump, ThreadDump
-from .synthetic_frames import ENTRY_CALLERS, InstallEnv, co_name
+from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
+from rankscope.harness.synthetic_frames import ENTRY_CALLERS, InstallEnv, co_name
+from rankscope.spine import InputError
 
 if TYPE_CHECKING:
-    from .synthetic import SyntheticJob
+    from rankscope.harness.synthetic import SyntheticJob
 
 FORMATS = ("pyspy-text", "pyspy-json", "faulthandler", "mixed")
 SUFFIX = {"pyspy-text": ".txt", "pyspy-json": ".json", "faulthandler": ".txt"}

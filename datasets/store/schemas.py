@@ -1,7 +1,7 @@
 """Every Parquet table of the rankscope store, declared in one place.
 
 A table is one :class:`TableSpec`: a name, an Arrow schema and the columns it is partitioned by.
-Adding a table means adding one spec to :data:`TABLES`; :meth:`rankscope.datasets.store.Store.write`
+Adding a table means adding one spec to :data:`TABLES`; :meth:`rankscope.datasets.store.store.Store.write`
 is the writer for all of them.
 
 Conventions: times are ``timestamp[us, UTC]``; ids from the field keep their field names (rank,
@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
-
-from ..errors import InputError
+from rankscope.spine import InputError
 
 TIME = pa.timestamp("us", tz="UTC")
 

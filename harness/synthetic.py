@@ -19,13 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from ..errors import InputError
-from .readers.base import Frame, ProcessDump, ThreadDump, to_rows
-from .synthetic_faults import Scenario, build_scenario
-from .synthetic_frames import ENVS, InstallEnv, StackDef, child_stacks, trainer_stacks
-from .synthetic_render import FORMATS, write_job_dir
-from .topology import Layout, Topology
+from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
+from rankscope.datasets.domain.topology import Layout, Topology
+from rankscope.datasets.readers.base import to_rows
+from rankscope.harness.synthetic_faults import Scenario, build_scenario
+from rankscope.harness.synthetic_frames import (
+    ENVS,
+    InstallEnv,
+    StackDef,
+    child_stacks,
+    trainer_stacks,
+)
+from rankscope.harness.synthetic_render import FORMATS, write_job_dir
+from rankscope.spine import InputError
 
 FAULTS = ("none", "compute-hang", "collective-hang", "p2p-hang", "dataloader-stall", "checkpoint-stall",
           "crash", "slow-rank")

@@ -1,70 +1,12 @@
-"""The in-memory form of a job's stacks that the analysis works on, from any source.
-
-A :class:`ProcStacks` is one process in one snapshot: where it runs (rank, node, role), whether
-its dump worked, its main thread's frames (innermost first) and its other threads. Sources: a
-raw dump directory, the store's ``stacks`` table, or in-memory :class:`ProcessDump` objects.
-"""
+"""Stacks to and from the store's ``stacks`` table (one row per thread), built column by column."""
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (registers pa.compute)
-
-from .readers.base import Frame, ProcessDump, ThreadDump
-from .readers.dumpdir import DumpDir, assign_roles
-
-
-@dataclass(frozen=True, slots=True)
-class ProcStacks:
-    snapshot: int
-    rank: int | None
-    node: str | None
-    role: str
-    pid: int | None
-    status: str  # ok | partial | failed
-    error: str | None
-    main_thread: ThreadDump | None
-    others: tuple[ThreadDump, ...]
-    source: str
-    source_format: str = ""
-
-    @property
-    def main(self) -> tuple[Frame, ...]:
-        """The main thread's frames, innermost first (empty for a failed dump)."""
-        return self.main_thread.frames if self.main_thread is not None else ()
-
-
-def from_dump(dump: ProcessDump, *, snapshot: int, rank: int | None, node: str | None, role: str,
-              pid: int | None = None) -> ProcStacks:
-    threads = dump.threads
-    main = dump.main_thread
-    others = threads[1:] if threads and threads[0] is main else tuple(t for t in threads if t is not main)
-    return ProcStacks(snapshot, rank, node, role, dump.pid if dump.pid is not None else pid, dump.status,
-                      dump.error, main, others, dump.source_file, dump.source_format)
-
-
-def from_dump_dir(dd: DumpDir) -> list[ProcStacks]:
-    """Every process of a scanned dump directory (GC paused: see ``scan_dump_dir``)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        out = []
-        for f in dd.files:
-            for proc, role in assign_roles(f):
-                out.append(from_dump(proc, snapshot=f.snapshot, rank=f.rank, node=f.node, role=role, pid=f.pid))
-        return out
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def from_dumps(items: Iterable[tuple[ProcessDump, int, int | None, str | None, str]]) -> list[ProcStacks]:
-    """From ``(dump, snapshot, rank, node, role)`` tuples (synthetic jobs, the live agent)."""
-    return [from_dump(d, snapshot=s, rank=r, node=n, role=role) for d, s, r, n, role in items]
+from rankscope.datasets.domain.stacks import Frame, ProcStacks, ThreadDump
 
 
 def from_table(tbl: pa.Table) -> list[ProcStacks]:
@@ -128,7 +70,7 @@ def to_table(procs: Sequence[ProcStacks], job: str) -> pa.Table:
     Each distinct frames tuple is converted to Arrow once and gathered with ``take``: a
     100,000-rank job has a few hundred distinct stacks but millions of frames.
     """
-    from .schemas import FRAME, STACKS  # noqa: PLC0415
+    from rankscope.datasets.store.schemas import FRAME, STACKS  # noqa: PLC0415
 
     cols: dict[str, list] = {n: [] for n in STACKS.schema.names if n != "frames"}
     uniq: dict[int, int] = {}

@@ -23,9 +23,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 import polars as pl
-
-from ..errors import InputError
-from .topology import Layout, Topology
+from rankscope.datasets.domain.topology import Layout, Topology
+from rankscope.spine import InputError
 
 METRIC_NAMES = (
     "gpu_utilization_ratio",

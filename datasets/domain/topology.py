@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
-
-from ..errors import LayoutError
+from rankscope.spine import LayoutError
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from .readers.flight_recorder import FRDump, parse_dump
-from .topology import Layout, Topology
+from rankscope.datasets.domain.flight_recorder import FRDump
+from rankscope.datasets.domain.topology import Layout, Topology
+from rankscope.datasets.readers.flight_recorder import parse_dump
+from rankscope.spine import InputError
 
 FAULTS = ("clean", "missing", "p2p_behind", "size_mismatch", "op_mismatch", "dtype_mismatch", "slow")
 FR_VERSION = "2.10"

@@ -6,6 +6,10 @@ exit code 2. Every message names the offending file or parameter and what is wro
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class RankscopeError(Exception):
     """Base class of every error rankscope raises on purpose."""
@@ -30,3 +34,16 @@ class ParseError(InputError):
         self.path = str(path)
         self.what = what
         super().__init__(f"{path}: {what}")
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building millions of acyclic objects (it would rescan
+    them again and again; torchfrtrace's loader does the same); the previous state is restored."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -1,7 +1,7 @@
 """Fault scenarios of the synthetic generator: which catalog stack every process is in, per snapshot.
 
 Each scenario assigns integer stack ids (indexes into the catalog of
-:mod:`rankscope.datasets.synthetic_frames`) with numpy over all ranks at once, and says which
+:mod:`rankscope.harness.synthetic_frames`) with numpy over all ranks at once, and says which
 ranks are to blame. Model-parallel *peers* of a rank are the ranks that share its dp and pp
 coordinates (its TP group, widened by cp/ep when those are > 1).
 
@@ -18,9 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from .synthetic_frames import StackDef
-from .topology import DIMS, Topology
+from rankscope.datasets.domain.topology import DIMS, Topology
+from rankscope.harness.synthetic_frames import StackDef
 
 ATTN_COMPUTE = ("fwd-qkv", "fwd-core-attn", "fwd-attn-proj")
 MLP_COMPUTE = ("fwd-mlp-fc1", "fwd-mlp-act", "fwd-mlp-fc2")

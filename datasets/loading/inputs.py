@@ -9,33 +9,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, LayoutError
-from .exits import ProcessExit, exits_from_events, read_exit_records
-from .readers.dumpdir import DumpDir, scan_dump_dir
-from .stackset import ProcStacks, from_dump_dir, from_table
-from .store import Store
-from .topology import DIMS, Layout, Topology, parse_order
-
-
-@dataclass(frozen=True)
-class JobInputs:
-    """One job's evidence, in memory."""
-
-    job: str
-    topology: Topology | None  # None when only node metrics / timings without ranks were found
-    procs: tuple[ProcStacks, ...]
-    fr_dumps: tuple[Any, ...] = ()
-    metrics: Any = None  # polars DataFrame or None
-    timings: Any = None
-    notes: tuple[str, ...] = ()
-    source: str = ""
-    memberships: Mapping[str, Sequence[int]] = field(default_factory=dict)
-    exits: tuple[ProcessExit, ...] = ()  # abnormal process exits (hook records or the agent's events)
-    snapshot_times: Mapping[int, float] = field(default_factory=dict)  # snapshot -> wall time (the agent's)
+from rankscope.datasets.domain.inputs import Inputs
+from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
+from rankscope.datasets.readers.dumpdir import DumpDir, from_dump_dir, scan_dump_dir
+from rankscope.datasets.readers.exits import exits_from_events, read_exit_records
+from rankscope.datasets.store.stacks_table import from_table
+from rankscope.datasets.store.store import Store
+from rankscope.spine import InputError, LayoutError
 
 
 def infer_topology(ranks: Sequence[int], nodes: Mapping[int, str], *, layout: Layout | None,
@@ -70,7 +54,7 @@ def _ranks_and_nodes(procs: Sequence[ProcStacks]) -> tuple[list[int], dict[int, 
     return sorted({p.rank for p in procs if p.rank is not None}), nodes
 
 
-def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> JobInputs:
+def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> Inputs:
     dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node)
     procs = from_dump_dir(dd)
     ranks, nodes = _ranks_and_nodes(procs)
@@ -93,7 +77,7 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str
         topo, notes = Topology.from_layout(layout, gpus_per_node=gpus_per_node), []
     else:  # metrics/timings only: the timing analysis builds its topology from the timing columns
         topo, notes = None, []
-    return JobInputs(job or root.name, topo, tuple(procs), tuple(fr), metrics, timings,
+    return Inputs(job or root.name, topo, tuple(procs), tuple(fr), metrics, timings,
                      tuple(dd.notes) + tuple(fr_notes) + tuple(exit_notes) + tuple(notes), str(root),
                      exits=tuple(exits))
 
@@ -117,7 +101,10 @@ def _read_fr(paths: Sequence[Path], notes: list[str]) -> list[Any]:
     the name family covering most ranks wins, pickles (which carry call stacks) on a tie."""
     if not paths:
         return []
-    from .readers.flight_recorder import read_fr_files, select_fr_files  # noqa: PLC0415 (loaded on need)
+    from rankscope.datasets.readers.flight_recorder import (  # noqa: PLC0415 (loaded on need)
+        read_fr_files,
+        select_fr_files,
+    )
 
     chosen = select_fr_files(paths)
     if len(chosen) < len(paths):
@@ -130,7 +117,7 @@ def _read_hook_fr(files: Sequence[tuple[Path, int]], notes: list[str]) -> list[A
     """The hook's Flight Recorder dumps (the rank is known from the identity); a bad one is a note."""
     if not files:
         return []
-    from .readers.flight_recorder import read_fr_file  # noqa: PLC0415
+    from rankscope.datasets.readers.flight_recorder import read_fr_file  # noqa: PLC0415
 
     out, bad = [], []
     for path, rank in files:
@@ -146,14 +133,13 @@ def _read_hook_fr(files: Sequence[tuple[Path, int]], notes: list[str]) -> list[A
 def _read_tables(dd: DumpDir, nodes: Mapping[int, str]) -> tuple[Any, Any]:
     if not dd.metric_files and not dd.timing_files and not dd.step_files:
         return None, None
-    from .readers import tables  # noqa: PLC0415
+    from rankscope.datasets.readers import tables  # noqa: PLC0415
 
     metrics = tables.read_metrics(list(dd.metric_files)) if dd.metric_files else None
     timings = tables.read_timings(list(dd.timing_files)) if dd.timing_files else None
     if dd.step_files:  # the hook's log_step records: per-rank step times
         import polars as pl  # noqa: PLC0415
-
-        from .readers.rundir import read_steps  # noqa: PLC0415
+        from rankscope.datasets.readers.rundir import read_steps  # noqa: PLC0415
 
         steps = read_steps(list(dd.step_files), nodes)
         if steps is not None:
@@ -161,7 +147,7 @@ def _read_tables(dd: DumpDir, nodes: Mapping[int, str]) -> tuple[Any, Any]:
     return metrics, timings
 
 
-def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> JobInputs:
+def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> Inputs:
     store = Store(root)
     jobs = sorted(set(store.jobs("stacks")) | set(store.jobs("collectives")) | set(store.jobs("metrics"))
                   | set(store.jobs("timings")))
@@ -187,7 +173,7 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
     topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
     fr: list[Any] = []
     if store.files("collectives", job=job):
-        from .readers.flight_recorder import fr_from_table  # noqa: PLC0415
+        from rankscope.datasets.readers.fr_table import fr_from_table
 
         fr = list(fr_from_table(store.read_arrow("collectives", job=job)))
     topo: Topology | None
@@ -207,7 +193,7 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
     metrics = store.read("metrics", job=job) if store.files("metrics", job=job) else None
     timings = store.read("timings", job=job) if store.files("timings", job=job) else None
     exits = exits_from_events(store.read("events", job=job)) if store.files("events", job=job) else []
-    return JobInputs(job, topo, tuple(procs), tuple(fr), metrics, timings, tuple(notes), str(root), exits=tuple(exits),
+    return Inputs(job, topo, tuple(procs), tuple(fr), metrics, timings, tuple(notes), str(root), exits=tuple(exits),
                      snapshot_times=snapshot_times)
 
 
@@ -248,8 +234,8 @@ def _snapshot_times(tbl: Any) -> dict[int, float]:
 
 
 def load_inputs(path: str | os.PathLike[str], *, layout: str | Layout | None = None, order: str | None = None,
-                gpus_per_node: int = 8, job: str | None = None) -> JobInputs:
-    """Load a dump directory or a store into :class:`JobInputs` (InputError on bad input)."""
+                gpus_per_node: int = 8, job: str | None = None) -> Inputs:
+    """Load a dump directory or a store into :class:`Inputs` (InputError on bad input)."""
     root = Path(path)
     lay: Layout | None
     if order:
