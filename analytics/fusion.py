@@ -1,7 +1,9 @@
-"""Fuse the stack verdict with the Flight Recorder verdict into one.
+"""Several verdicts into one: the stacks fused with the Flight Recorder, and every source combined.
 
-Each source alone passes through. With both: the more severe decision leads (mismatch > hang >
-fail-slow > ... > healthy > inconclusive); suspect nodes are the union (over-eviction is the safe
+Both follow the one severity order of :class:`~rankscope.analytics.verdict.Severity` (crash > mismatch >
+hang > fail-slow > degraded > imbalance > inconclusive > healthy).
+
+:func:`fuse`: each source alone passes through. With both: the more severe decision leads; suspect nodes are the union (over-eviction is the safe
 side); culprit nodes both sources name are kept and raise the confidence (independent evidence:
 ``1 - (1 - c1)(1 - c2)``); when the sources name different culprits, both are kept, the confidence
 drops and the disagreement is stated in ``reasons`` and ``details["disagreements"]``.
@@ -10,23 +12,30 @@ drops and the disagreement is stated in ``reasons`` and ``details["disagreements
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from rankscope.analytics.verdict import Evidence, Verdict, merge_nodes, rank_ranges
+from rankscope.analytics.verdict import (
+    Evidence,
+    Severity,
+    Verdict,
+    merge_nodes,
+    rank_ranges,
+)
 
-SEVERITY = {"crash": -1, "mismatch": 0, "hang": 1, "fail-slow": 2, "degraded": 3, "imbalance": 4, "healthy": 5,
-            "inconclusive": 6}
 _SOURCE_NAMES = {"stacks": "stacks", "flight_recorder": "Flight Recorder"}
 
 
 def fuse(stack_verdict: Verdict | None, fr_verdict: Verdict | None) -> Verdict:
     """One verdict from the stack and Flight Recorder verdicts (either may be None)."""
     if stack_verdict is None and fr_verdict is None:
-        return Verdict("inconclusive", reasons=("no evidence: neither stacks nor Flight Recorder dumps",))
-    if stack_verdict is None or fr_verdict is None:
-        return _alone(stack_verdict or fr_verdict)  # type: ignore[arg-type]
+        return Verdict(Severity.INCONCLUSIVE, reasons=("no evidence: neither stacks nor Flight Recorder dumps",))
+    if stack_verdict is None:
+        return _alone(fr_verdict)  # type: ignore[arg-type]  # not both None: checked above
+    if fr_verdict is None:
+        return _alone(stack_verdict)
     s, f = stack_verdict, fr_verdict
-    lead, other = (s, f) if SEVERITY.get(s.verdict, 9) <= SEVERITY.get(f.verdict, 9) else (f, s)
+    lead, other = (s, f) if s.verdict.rank <= f.verdict.rank else (f, s)
     disagreements: list[str] = []
     if s.verdict != f.verdict:
         disagreements.append(f"stacks say {s.verdict}, the Flight Recorder says {f.verdict}")
@@ -52,7 +61,7 @@ def fuse(stack_verdict: Verdict | None, fr_verdict: Verdict | None) -> Verdict:
         suspect_nodes, culprit_nodes, culprit_ranks = (), (), ()
         confidence = min(s.confidence, f.confidence) if s.verdict == f.verdict else lead.confidence * 0.7
     else:
-        both_faulty = SEVERITY.get(other.verdict, 9) <= SEVERITY["imbalance"]
+        both_faulty = other.verdict.is_fault
         suspect_nodes = merge_nodes(lead.suspect_nodes, other.suspect_nodes if both_faulty else ())
         if agreed:
             culprit_nodes = agreed
@@ -107,3 +116,26 @@ def _alone(v: Verdict) -> Verdict:
 
 def _name(v: Verdict) -> str:
     return " and ".join(_SOURCE_NAMES.get(s, s) for s in v.sources) or "the other source"
+
+
+def combine(verdicts: Sequence[Verdict]) -> Verdict:
+    """The most severe verdict leads; the others' reasons and evidence are kept beside it."""
+    ordered = sorted(verdicts, key=lambda v: v.verdict.rank)
+    lead = ordered[0]
+    if len(ordered) == 1:
+        return lead
+    reasons = list(lead.reasons)
+    evidence = list(lead.evidence)
+    sources = list(lead.sources)
+    for v in ordered[1:]:
+        reasons.append(f"[{'/'.join(v.sources) or 'other'}] {v.verdict.value}: " + (v.reasons[0] if v.reasons else ""))
+        reasons.extend(v.reasons[1:4])
+        evidence.extend(v.evidence)
+        sources.extend(s for s in v.sources if s not in sources)
+    # a verdict without stacks (crash from exits, perf) still shows the clusters the stacks found
+    clustered = next((v for v in ordered if v.clusters), lead)
+    return lead.with_updates(reasons=tuple(reasons), evidence=tuple(evidence), sources=tuple(sources),
+                             clusters=lead.clusters or clustered.clusters,
+                             n_snapshots=max(v.n_snapshots for v in ordered),
+                             world_size=lead.world_size or max(v.world_size for v in ordered),
+                             details={**lead.details, "other_verdicts": [v.to_dict() for v in ordered[1:]]})

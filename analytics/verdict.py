@@ -9,11 +9,60 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from enum import Enum
 from typing import Any
 
-VERDICTS = ("crash", "hang", "fail-slow", "degraded", "imbalance", "mismatch", "healthy", "inconclusive")
-"""Possible decisions. ``crash`` = a rank died (the first failure is named, the cascade after it is
-not); ``mismatch`` = a code/config fault (collectives disagree), not a machine."""
+from rankscope.spine import InputError
+
+
+class Severity(str, Enum):
+    """The kind of a verdict, most severe first; str-valued, so JSON and comparisons with text are unchanged.
+
+    ``crash``: a rank died (the first failure is named, the cascade after it is not). ``mismatch``:
+    members of a collective disagree, definite evidence of a code/config fault (no machine evicted).
+    ``hang``: ranks stopped. ``fail-slow``: the job advances, slowed by a machine. ``degraded``: a part
+    wears out. ``imbalance``: slowness that is no single machine's. ``inconclusive``: not enough
+    evidence, never hidden behind ``healthy``. ``healthy``: nothing stands out.
+    """
+
+    CRASH = "crash"
+    MISMATCH = "mismatch"
+    HANG = "hang"
+    FAIL_SLOW = "fail-slow"
+    DEGRADED = "degraded"
+    IMBALANCE = "imbalance"
+    INCONCLUSIVE = "inconclusive"
+    HEALTHY = "healthy"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @property
+    def rank(self) -> int:
+        """Position in the one severity order (0 = most severe); the combiner and the fusion both sort by it."""
+        return _ORDER[self]
+
+    @property
+    def is_fault(self) -> bool:
+        """A decision that points at something wrong (everything above ``inconclusive``)."""
+        return self.rank < _ORDER[Severity.INCONCLUSIVE]
+
+
+_ORDER = {s: i for i, s in enumerate(Severity)}
+VERDICTS = tuple(s.value for s in Severity)
+"""Possible decisions, most severe first (:class:`Severity`)."""
+
+
+def severity(kind: str | Severity) -> Severity:
+    """``kind`` as a :class:`Severity`; an unknown kind is an InputError listing the valid ones."""
+    try:
+        return Severity(kind)
+    except ValueError:
+        raise InputError(f"verdict {kind!r} is not one of {', '.join(VERDICTS)}") from None
 
 SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "events")
 
@@ -92,7 +141,7 @@ class SuspectGroup:
 class Verdict:
     """A diagnosis. ``suspect_nodes`` is the set to isolate; ``culprit_nodes`` the likeliest roots in it."""
 
-    verdict: str
+    verdict: Severity
     job: str = ""
     confidence: float = 0.0
     suspect_nodes: tuple[str, ...] = ()
@@ -109,12 +158,12 @@ class Verdict:
     details: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict {self.verdict!r} is not one of {VERDICTS}")
+        object.__setattr__(self, "verdict", severity(self.verdict))
         if not 0.0 <= self.confidence <= 1.0:
-            raise ValueError(f"confidence {self.confidence} is outside 0..1")
+            raise InputError(f"verdict confidence={self.confidence!r} is outside 0..1")
         if not set(self.culprit_nodes) <= set(self.suspect_nodes):
-            raise ValueError("culprit_nodes must be a subset of suspect_nodes")
+            extra = sorted(set(self.culprit_nodes) - set(self.suspect_nodes))
+            raise InputError(f"verdict culprit_nodes {extra[:8]} are not among suspect_nodes")
 
     def with_updates(self, **changes: Any) -> Verdict:
         """A copy with some fields changed (the verdict is frozen)."""
@@ -122,7 +171,7 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "verdict": self.verdict,
+            "verdict": self.verdict.value,
             "job": self.job,
             "confidence": round(float(self.confidence), 3),
             "suspect_nodes": list(self.suspect_nodes),
@@ -142,9 +191,16 @@ class Verdict:
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
+    def to_row(self, *, time: datetime | None = None) -> dict[str, Any]:
+        """This verdict as one row of the store's ``verdicts`` table (the store never imports analytics)."""
+        return {"job": self.job or "unknown", "time": time or datetime.now(timezone.utc),
+                "verdict": self.verdict.value, "confidence": self.confidence,
+                "suspect_nodes": list(self.suspect_nodes), "culprit_nodes": list(self.culprit_nodes),
+                "suspect_ranks": list(self.suspect_ranks), "summary": self.explain(), "verdict_json": self.to_json()}
+
     def explain(self) -> str:
         """The decision in a few sentences."""
-        head = f"{self.verdict.upper()} (confidence {self.confidence:.2f})"
+        head = f"{self.verdict.value.upper()} (confidence {self.confidence:.2f})"
         if self.suspect_nodes:
             head += f": isolate {len(self.suspect_nodes)} node(s) {', '.join(self.suspect_nodes[:8])}"
             if len(self.suspect_nodes) > 8:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.collectors import discovery, stacks
-from rankscope.collectors.config import default_pyspy
+from rankscope.config import default_pyspy
 from rankscope.harness.faultjob import command
 
 PY = sys.executable
@@ -153,7 +153,7 @@ def diagnose(store: Path) -> tuple[dict[str, Any], str]:
     if r.returncode == 0:
         return json.loads(r.stdout), "cli"
     # the CLI is still being wired by the lead: fall back to the stack analysis library call
-    from rankscope.analytics.stack_verdict import diagnose_stacks
+    from rankscope.analytics.stacks.verdict import diagnose_stacks
     from rankscope.datasets.loading.inputs import load_inputs
 
     inp = load_inputs(store, layout="tp=2,pp=2,dp=2", order="tp-cp-ep-dp-pp", gpus_per_node=2, job=None)

@@ -66,7 +66,7 @@ finally:
 """
 _OURS_WRAPPER = """
 import json, sys, time
-from rankscope.analytics.collectives import analyze_collectives, fr_verdict
+from rankscope.analytics.collectives.analysis import analyze_collectives, fr_verdict
 from rankscope.datasets.loading.inputs import infer_topology
 from rankscope.datasets.readers.flight_recorder import read_fr_dir
 from rankscope.datasets.domain.topology import Layout

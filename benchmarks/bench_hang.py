@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rankscope.analytics.stack_verdict import diagnose_stacks
+from rankscope.analytics.stacks.verdict import diagnose_stacks
 from rankscope.datasets.domain.stacks import from_dumps
 from rankscope.datasets.loading.ingest import ingest_inputs
 from rankscope.datasets.loading.inputs import load_inputs

@@ -18,7 +18,7 @@ import json
 import time
 
 import numpy as np
-from rankscope.analytics.perf import counters_to_rates
+from rankscope.analytics.performance.decide import counters_to_rates
 from rankscope.harness.synthetic_metrics import FAULT_KINDS, make_metrics
 from rankscope.models import PeerDistance, PeerMad
 
@@ -81,7 +81,7 @@ def evaluate(make_det, *, machines, seconds, runs_per_kind, faults_per_run, heal
 
 def timings_accuracy(runs: int, seed: int) -> dict:
     """Straggler localisation over seeded timing scenarios (Greyhound reports >99 % accuracy, 0 % FP)."""
-    from rankscope.analytics.stragglers import find_stragglers
+    from rankscope.analytics.performance.stragglers import find_stragglers
     from rankscope.harness.synthetic_metrics import TIMING_SCENARIOS, make_timings
 
     rng = np.random.default_rng(seed)

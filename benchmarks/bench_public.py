@@ -19,8 +19,8 @@ import json
 import time
 
 import numpy as np
-from rankscope.analytics.perf import diagnose_perf
-from rankscope.analytics.stragglers import find_stragglers
+from rankscope.analytics.performance.decide import diagnose_perf
+from rankscope.analytics.performance.stragglers import find_stragglers
 from rankscope.harness import public
 from rankscope.models import make_detector
 from rankscope.spine import InputError

@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 from rankscope.cli.console import handle_errors, out
 
-PRECEDENCE = "Settings: flags > RANKSCOPE_AGENT_<FIELD> env vars > --config file (TOML/JSON) > defaults."
+PRECEDENCE = ("Settings: flags > RANKSCOPE_AGENT_<FIELD> environment variables > --config file (TOML/JSON, an "
+              "[agent] table or top-level keys) > defaults.")
 
 
 def register(app: typer.Typer) -> None:
@@ -17,7 +18,7 @@ def register(app: typer.Typer) -> None:
         store: str = typer.Argument(None, help="Store directory to write to (or RANKSCOPE_AGENT_STORE)."),
         job: str = typer.Option(None, "--job", help="Job name (store partition)."),
         node: str = typer.Option(None, "--node", help="This node's name (default: hostname; the hook's per-rank node wins)."),
-        run_dir: str = typer.Option(None, "--run-dir", help="Directory shared with the in-process hook (RANKSCOPE_RUN_DIR)."),
+        run_dir: str = typer.Option(None, "--run-dir", help="Directory shared with the in-process hook (default: RANKSCOPE_RUN_DIR, as the hook reads it, else /tmp/rankscope-run)."),
         metric_interval_seconds: float = typer.Option(None, "--metric-interval-seconds", help="Sampling interval (default 1)."),
         stall_seconds: float = typer.Option(None, "--stall-seconds", help="No step progress for this long fires a capture (default 600)."),
         slow_factor: float = typer.Option(None, "--slow-factor", help="Fire on a step this many times slower than baseline (0 = off)."),
@@ -31,15 +32,15 @@ def register(app: typer.Typer) -> None:
         trigger: bool = typer.Option(False, "--trigger", help="Ask the agent of --run-dir for a capture and exit."),
     ) -> None:
         """Run until SIGTERM/SIGINT; SIGUSR1 or touching RUN_DIR/trigger captures stacks now."""
-        from rankscope.collectors.config import resolve
         from rankscope.collectors.daemon import exec_daemon
         from rankscope.collectors.trigger import request_capture
+        from rankscope.config import resolve_agent
 
         flags = {k: v for k, v in locals().items()
-                 if k not in ("config", "trigger", "resolve", "exec_daemon", "request_capture")}
+                 if k not in ("config", "trigger", "resolve_agent", "exec_daemon", "request_capture")}
         if trigger and not store:
             flags["store"] = "(not needed to trigger)"
-        cfg = resolve(flags, config_file=config)
+        cfg = resolve_agent(flags, config_file=config)
         if trigger:
             out.print(f"trigger written: {request_capture(cfg.run_dir, rounds=cfg.capture_rounds, trigger_file=cfg.trigger_file)}")
             return

@@ -1,14 +1,14 @@
-"""The one console helper of the CLI: output, errors and exit codes."""
+"""The one console helper of the CLI: output, and the error edge (``rankscope.spine.error_edge``) on every command."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
-from rankscope.spine import RankscopeError
+from rankscope.spine import error_edge
 from rich.console import Console
 
 out = Console(highlight=False, soft_wrap=True)
@@ -17,24 +17,19 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """One clear line on stderr and exit ``code`` (2 = bad input)."""
     print(f"rankscope: error: {message}", file=sys.stderr)
     raise typer.Exit(code)
 
 
 def handle_errors(fn: F) -> F:
-    """Turn rankscope's typed errors (and unreadable files) into one stderr line and exit code 2."""
+    """Run a command inside the spine's error edge: rankscope errors and unreadable files are one stderr
+    line and exit 2, Ctrl-C exit 130, anything else one line and exit 1 (RANKSCOPE_DEBUG=1: traceback)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
+        with error_edge(passthrough=(typer.Exit, typer.Abort)):
             return fn(*args, **kwargs)
-        except RankscopeError as exc:
-            fail(str(exc))
-        except OSError as exc:
-            where = exc.filename or ""
-            fail(f"{where}: {exc.strerror or exc}" if where else str(exc))
-        return None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # wraps() keeps the signature typer reads

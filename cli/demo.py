@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("text", "--format", help="text or json."),
     ) -> None:
         """Generate a job, write its py-spy dumps and manifest, diagnose them, and check the answer."""
-        from rankscope.analytics.diagnose import diagnose
+        from rankscope.analytics import diagnose
         from rankscope.datasets.loading.inputs import load_inputs
         from rankscope.harness.synthetic import generate_job
         from rankscope.reports.text import render_text
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
             job.write_dir(root, fmt="mixed")
             n_files = sum(1 for p in root.rglob("*") if p.is_file())
             inputs = load_inputs(root, layout=layout, gpus_per_node=gpus_per_node, job=f"demo-{fault}")
-            verdict = diagnose(inputs.procs, inputs.topology, job=inputs.job, notes=inputs.notes)
+            verdict = diagnose(inputs)
         t = job.truth
         if fmt == "json":
             out.print(verdict.to_json(indent=2), markup=False)

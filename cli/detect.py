@@ -8,12 +8,14 @@ import typer
 from rankscope.cli.console import fail, handle_errors, out
 from rankscope.cli.options import (
     DEFAULT_ORDER,
+    ConfigOpt,
     Format,
     FormatOpt,
     GpusPerNodeOpt,
     JobOpt,
     LayoutOpt,
     OrderOpt,
+    load_settings,
 )
 
 
@@ -26,18 +28,19 @@ def register(app: typer.Typer) -> None:
         order: OrderOpt = DEFAULT_ORDER,
         gpus_per_node: GpusPerNodeOpt = 8,
         job: JobOpt = None,
-        continuity_seconds: float = typer.Option(240.0, "--continuity-seconds",
+        continuity_seconds: float = typer.Option(None, "--continuity-seconds", show_default="240",
                                                  help="How long a machine must stay unlike its peers."),
         fmt: FormatOpt = Format.text,
+        config: ConfigOpt = None,
     ) -> None:
         """Find the machine that behaves unlike its peers (metrics) or is slower than them (timings)."""
-        from rankscope.analytics.perf import PerfConfig, diagnose_perf
+        from rankscope.analytics import diagnose
         from rankscope.datasets.loading.inputs import load_inputs
         from rankscope.reports.text import render_text
 
-        inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
-        verdict = diagnose_perf(inputs.metrics, inputs.timings, inputs.topology, job=inputs.job,
-                                config=PerfConfig(continuity_seconds=continuity_seconds))
-        if verdict is None:
+        cfg = load_settings(config, {"performance": {"continuity_seconds": continuity_seconds}})
+        inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=cfg.inputs)
+        if inputs.metrics is None and inputs.timings is None:
             fail(f"{path}: no metrics or timings found (files named metrics*/timings*, or a store with those tables)")
-        out.print(verdict.to_json(indent=2) if fmt is Format.json else render_text(verdict), markup=False)  # type: ignore[union-attr]
+        verdict = diagnose(inputs, cfg, sources=("metrics", "timings"))
+        out.print(verdict.to_json(indent=2) if fmt is Format.json else render_text(verdict), markup=False)

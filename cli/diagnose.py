@@ -8,12 +8,14 @@ import typer
 from rankscope.cli.console import handle_errors, out
 from rankscope.cli.options import (
     DEFAULT_ORDER,
+    ConfigOpt,
     Format,
     FormatOpt,
     GpusPerNodeOpt,
     JobOpt,
     LayoutOpt,
     OrderOpt,
+    load_settings,
 )
 
 
@@ -29,18 +31,18 @@ def register(app: typer.Typer) -> None:
         job: JobOpt = None,
         fmt: FormatOpt = Format.text,
         save: bool = typer.Option(False, "--save", help="Append the verdict to the store's verdicts table (store PATH only)."),
+        config: ConfigOpt = None,
     ) -> None:
         """Name the machines to isolate (exit 0, healthy included); bad input exits 2 with one line."""
-        from rankscope.analytics.diagnose import diagnose as run
+        from rankscope.analytics import diagnose as run
         from rankscope.datasets.loading.inputs import load_inputs
         from rankscope.reports.text import render_text
 
-        inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
-        verdict = run(inputs.procs, inputs.topology, job=inputs.job, fr_dumps=inputs.fr_dumps,
-                      metrics=inputs.metrics, timings=inputs.timings, memberships=inputs.memberships,
-                      notes=inputs.notes, exits=inputs.exits, snapshot_times=inputs.snapshot_times)
+        cfg = load_settings(config)
+        inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=cfg.inputs)
+        verdict = run(inputs, cfg)
         if save:
-            from rankscope.datasets.verdicts import save_verdict
+            from rankscope.datasets.store.store import Store
 
-            save_verdict(path, verdict)
+            Store(path).write("verdicts", [verdict.to_row()])
         out.print(verdict.to_json(indent=2) if fmt is Format.json else render_text(verdict), markup=False)

@@ -8,12 +8,14 @@ import typer
 from rankscope.cli.console import handle_errors, out
 from rankscope.cli.options import (
     DEFAULT_ORDER,
+    ConfigOpt,
     Format,
     FormatOpt,
     GpusPerNodeOpt,
     JobOpt,
     LayoutOpt,
     OrderOpt,
+    load_settings,
 )
 
 
@@ -28,18 +30,13 @@ def register(app: typer.Typer) -> None:
         prefix: str = typer.Option(None, "--prefix", help="Only files whose name starts with this prefix."),
         job: JobOpt = None,
         fmt: FormatOpt = Format.text,
+        config: ConfigOpt = None,
     ) -> None:
         """Analyze FR dumps like torchfrtrace (gloo-safe): missing ranks, mismatches, culprit machines."""
-        from rankscope.analytics.collectives import analyze_collectives, fr_verdict
-        from rankscope.datasets.domain.topology import Layout
-        from rankscope.datasets.loading.inputs import infer_topology
-        from rankscope.datasets.readers.flight_recorder import read_fr_dir
+        from rankscope.analytics import diagnose
+        from rankscope.datasets.loading.inputs import load_fr_inputs
 
-        dumps = read_fr_dir(path, prefix=prefix)
-        lay = Layout.parse(layout, order) if layout else None
-        topo, notes = infer_topology([d.rank for d in dumps], {}, layout=lay, gpus_per_node=gpus_per_node,
-                                     where=str(path))
-        verdict = fr_verdict(analyze_collectives(dumps, topo), topo, job=job or "")
-        if notes:
-            verdict = verdict.with_updates(details={**verdict.details, "notes": notes})
+        cfg = load_settings(config)
+        inputs = load_fr_inputs(path, prefix=prefix, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
+        verdict = diagnose(inputs, cfg, sources=("flight_recorder",))
         out.print(verdict.to_json(indent=2) if fmt is Format.json else verdict.explain(), markup=False)

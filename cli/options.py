@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from rankscope.config import Config
 
 
 class Format(str, Enum):
@@ -21,3 +25,13 @@ GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="Ranks per 
 JobOpt = Annotated[Optional[str], typer.Option("--job", help="Job name (selects one job of a store).")]
 FormatOpt = Annotated[Format, typer.Option("--format", help="text for people, json for machines.")]
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+ConfigOpt = Annotated[Optional[Path], typer.Option(
+    "--config", help="TOML or JSON settings file, one table per section ([stacks], [performance], ...); "
+    "precedence: flags > RANKSCOPE_<SECTION>_<FIELD> environment > this file > defaults.")]
+
+
+def load_settings(config: Path | None, flags: dict[str, Any] | None = None) -> Config:
+    """The configuration tree for a command: its flags over the environment over ``--config`` over defaults."""
+    from rankscope.config import load_config
+
+    return load_config(flags, config_file=config)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.collectors import discovery, hook, stacks
-from rankscope.collectors.config import AgentConfig
 from rankscope.collectors.events import (
     DiskWatcher,
     Event,
@@ -42,6 +41,9 @@ from rankscope.collectors.steps import (
 )
 from rankscope.collectors.trigger import Trigger
 from rankscope.collectors.writer import BatchWriter
+from rankscope.config import AgentConfig
+from rankscope.datasets.readers import runfiles as rf
+from rankscope.spine import atomic_write, remove_stale_temps
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,8 @@ class Agent:
         else:
             self.trigger = Trigger(self.cfg.trigger_file, signum=None)
         try:
-            (self.run_dir / "agent.pid").write_text(f"{os.getpid()}\n")
+            remove_stale_temps(self.run_dir)  # what killed writers (hooks, triggers) left behind
+            atomic_write(self.run_dir / rf.AGENT_PID, f"{os.getpid()}\n", durable=False)
         except OSError as exc:
             self._fail("pidfile", exc)
         self._event(Event("agent", f"agent started (pid {os.getpid()}, job {self.cfg.job})", pid=os.getpid()))
@@ -305,13 +308,13 @@ class Agent:
 
     def _exit_record(self, pid: int) -> dict[str, Any]:
         try:
-            return json.loads((self.run_dir / f"pid{pid}.exit.json").read_text())
+            return json.loads((rf.path(self.run_dir, pid, rf.EXIT)).read_text())
         except (OSError, ValueError):
             return {}
 
     def _identity(self, pid: int) -> dict[str, Any]:
         try:
-            return json.loads((self.run_dir / f"pid{pid}.json").read_text())
+            return json.loads((rf.path(self.run_dir, pid, rf.IDENTITY)).read_text())
         except (OSError, ValueError):
             return {}
 
@@ -519,7 +522,7 @@ class Agent:
         done: dict[int, Path] = {}
         while asked and len(done) < len(asked) and time.monotonic() < deadline:
             for pid in asked:
-                path = self.run_dir / f"pid{pid}.fr.json"
+                path = rf.path(self.run_dir, pid, rf.FR)
                 if pid not in done and path.exists() and path.stat().st_mtime >= now - 1:
                     done[pid] = path
             time.sleep(0.05)

@@ -21,10 +21,9 @@ import json
 import os
 import sys
 from dataclasses import asdict
-from typing import Any
 
-from rankscope.collectors.config import FIELDS, AgentConfig, coerce_setting
-from rankscope.spine import RankscopeError
+from rankscope.config import AgentConfig, agent_config_from_json
+from rankscope.spine import ConfigError, error_edge
 
 PROG = "rankscope agent"
 
@@ -45,48 +44,32 @@ def exec_daemon(config: AgentConfig) -> None:
     os.execv(argv[0], argv)
 
 
-def _config(text: str) -> AgentConfig:
-    try:
-        data: Any = json.loads(text)
-    except ValueError as exc:
-        raise RankscopeError(f"agent config JSON is not valid ({exc})") from None
-    if not isinstance(data, dict):
-        raise RankscopeError("agent config JSON must be an object of settings")
-    unknown = sorted(set(data) - set(FIELDS))
-    if unknown:
-        raise RankscopeError(f"agent config JSON: unknown settings {unknown}; valid: {', '.join(FIELDS)}")
-    return AgentConfig(**{k: coerce_setting(k, v, "agent config JSON") for k, v in data.items()})
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run the agent until SIGTERM/SIGINT (or its own stop conditions); print its summary line."""
+    """Run the agent until SIGTERM/SIGINT (or its own stop conditions); print its summary line.
+
+    Errors go through the spine's one error edge, as in the CLI: one line and exit 2 for a bad
+    config or an unreadable file, 130 on Ctrl-C, 1 (one line) for anything else.
+    """
     argv = sys.argv[1:] if argv is None else argv
     # a long-lived daemon: return freed Arrow buffers to the OS (the default pools keep them)
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
-    try:
+    with error_edge():
         if len(argv) != 1:
-            raise RankscopeError(f"usage: python -m {__name__} CONFIG_JSON (or run `rankscope agent --help`)")
-        config = _config(argv[0])
+            raise ConfigError(f"usage: python -m {__name__} CONFIG_JSON (or run `rankscope agent --help`)")
+        config = agent_config_from_json(argv[0])
         from rankscope.collectors.agent import (
             Agent,  # after the config is known good: the import pulls in pyarrow
         )
 
         daemon = Agent(config)
-    except RankscopeError as exc:
-        print(f"rankscope: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"rankscope: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 2
-    said = list(daemon.messages)  # e.g. "GPU metrics unavailable": said once, at start
-    for msg in said:
-        print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
-    report = daemon.run()
-    for msg in report.messages:
-        if msg not in said:
-            print(f"{PROG}: {msg}", file=sys.stderr)
-    print(report.explain(), flush=True)
+        said = list(daemon.messages)  # e.g. "GPU metrics unavailable": said once, at start
+        for msg in said:
+            print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+        report = daemon.run()
+        for msg in report.messages:
+            if msg not in said:
+                print(f"{PROG}: {msg}", file=sys.stderr)
+        print(report.explain(), flush=True)
     return 0
 
 

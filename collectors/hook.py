@@ -42,15 +42,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ENV_RUN_DIR = "RANKSCOPE_RUN_DIR"
+# Both are standard library only (tests/collectors/test_hook_imports.py checks that importing this module
+# loads no third-party package): the run directory's file names, and the atomic write.
+from rankscope.datasets.readers import runfiles as rf
+from rankscope.spine import atomic_write
+
+ENV_RUN_DIR = rf.ENV_RUN_DIR
 ENV_HOOK = "RANKSCOPE_HOOK"
 ENV_NODE = "RANKSCOPE_NODE"
 ENV_MANIFEST = "RANKSCOPE_MANIFEST"
 ENV_RANKS_PER_NODE = "RANKSCOPE_RANKS_PER_NODE"
 ENV_STACK_SIGNAL = "RANKSCOPE_STACK_SIGNAL"
-DEFAULT_RUN_DIR = "/tmp/rankscope-run"
+DEFAULT_RUN_DIR = rf.DEFAULT_RUN_DIR
 DEFAULT_STACK_SIGNAL = "SIGUSR2"
-STACK_REQUEST = "# rankscope: stack requested at "  # datasets.readers.rundir.STACK_REQUEST (kept import-free)
+STACK_REQUEST = rf.STACK_REQUEST
 
 
 class _State:
@@ -118,9 +123,7 @@ def node_name(rank: int | None) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text, durable=False)  # no fsync: a training process must not wait on the disk
 
 
 def _signal_number(value: str | int | None) -> int | None:
@@ -198,7 +201,7 @@ def install(
 
 def _open_files(st: _State, *, dump_on_sigterm: bool = True) -> None:
     assert st.run_dir is not None
-    st.stack_fh = open(st.run_dir / f"pid{st.pid}.stack.txt", "ab", buffering=0)  # noqa: SIM115
+    st.stack_fh = open(rf.path(st.run_dir, st.pid, rf.STACK), "ab", buffering=0)  # noqa: SIM115
     if st.stack_signal is not None:
         faulthandler.register(st.stack_signal, file=st.stack_fh, all_threads=True, chain=False)
     if dump_on_sigterm and threading.current_thread() is threading.main_thread():
@@ -208,12 +211,12 @@ def _open_files(st: _State, *, dump_on_sigterm: bool = True) -> None:
         faulthandler.enable(file=st.stack_fh, all_threads=True)
     if st.identity.get("role") == "child":
         return
-    st.steps_fd = os.open(st.run_dir / f"pid{st.pid}.steps.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    st.steps_fd = os.open(rf.path(st.run_dir, st.pid, rf.STEPS), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
 def _write_identity(st: _State) -> None:
     assert st.run_dir is not None
-    _atomic_write(st.run_dir / f"pid{st.pid}.json", json.dumps(st.identity, default=str))
+    _atomic_write(rf.path(st.run_dir, st.pid, rf.IDENTITY), json.dumps(st.identity, default=str))
 
 
 @_safe
@@ -321,7 +324,7 @@ def _record_exit(tp: Any, value: Any, tb: Any) -> None:
               for f in reversed(traceback.extract_tb(tb))]
     rec = {"pid": st.pid, "rank": st.identity.get("rank"), "role": st.identity.get("role"), "time": time.time(),
            "type": tp.__name__, "message": str(value)[:2000], "frames": frames}
-    _atomic_write(st.run_dir / f"pid{st.pid}.exit.json", json.dumps(rec))
+    _atomic_write(rf.path(st.run_dir, st.pid, rf.EXIT), json.dumps(rec))
 
 
 @_safe
@@ -330,7 +333,7 @@ def _record_normal_exit() -> None:
     st = _state
     if st is None or st.run_dir is None or st.pid != os.getpid():
         return
-    path = st.run_dir / f"pid{st.pid}.exit.json"
+    path = rf.path(st.run_dir, st.pid, rf.EXIT)
     if not path.exists():
         _atomic_write(path, json.dumps({"pid": st.pid, "rank": st.identity.get("rank"), "time": time.time(),
                                         "type": "exit", "message": "normal interpreter exit", "frames": []}))
@@ -343,7 +346,7 @@ def dump_flight_recorder(path: str | os.PathLike[str] | None = None) -> str | No
     if "torch.distributed" not in sys.modules:  # no torch.distributed in this process: nothing recorded
         return None
     import torch._C._distributed_c10d as torch_c
-    target = Path(path) if path else (st.run_dir / f"pid{os.getpid()}.fr.json" if st and st.run_dir else None)
+    target = Path(path) if path else (rf.path(st.run_dir, os.getpid(), rf.FR) if st and st.run_dir else None)
     if target is None:
         return None
     if hasattr(torch_c, "_dump_fr_trace_json"):
@@ -353,11 +356,9 @@ def dump_flight_recorder(path: str | os.PathLike[str] | None = None) -> str | No
     elif hasattr(torch_c, "_dump_fr_trace"):
         import pickle
 
-        target = target.with_suffix(".pkl")
+        target = target.with_suffix(".pkl")  # pid<PID>.fr.pkl (runfiles.FR_PICKLE)
         blob = torch_c._dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False)
-        tmp = target.with_name(f".tmp-{target.name}")
-        tmp.write_bytes(blob if isinstance(blob, bytes) else pickle.dumps(blob))
-        os.replace(tmp, target)
+        atomic_write(target, blob if isinstance(blob, bytes) else pickle.dumps(blob), durable=False)
     else:
         return None
     return str(target)
@@ -365,7 +366,7 @@ def dump_flight_recorder(path: str | os.PathLike[str] | None = None) -> str | No
 
 def _start_control_thread(st: _State) -> None:
     assert st.run_dir is not None
-    ctl = st.run_dir / f"pid{st.pid}.ctl"
+    ctl = rf.path(st.run_dir, st.pid, rf.CTL)
     try:
         if ctl.exists():
             ctl.unlink()
@@ -420,7 +421,7 @@ def _requested_dump() -> None:
 
 def request(run_dir: str | os.PathLike[str], pid: int, command: str) -> bool:
     """Send ``command`` to the hook of ``pid`` through its FIFO without blocking; True if delivered."""
-    ctl = Path(run_dir) / f"pid{pid}.ctl"
+    ctl = rf.path(run_dir, pid, rf.CTL)
     try:
         fd = os.open(ctl, os.O_WRONLY | os.O_NONBLOCK)
     except OSError:

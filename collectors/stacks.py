@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.datasets.domain.stacks import ProcessDump
+from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import cut_dump, failed_dump, to_rows
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
@@ -73,7 +74,7 @@ def pyspy_dump(pid: int, *, timeout_seconds: float = 5.0, pyspy: str = "py-spy")
 
 
 def stack_file(run_dir: str | os.PathLike[str], pid: int) -> Path:
-    return Path(run_dir) / f"pid{pid}.stack.txt"
+    return rf.path(run_dir, pid, rf.STACK)
 
 
 def faulthandler_dump(pid: int, run_dir: str | os.PathLike[str], *, timeout_seconds: float = 2.0,
@@ -116,14 +117,14 @@ def faulthandler_dump(pid: int, run_dir: str | os.PathLike[str], *, timeout_seco
 def _main_thread_id(run_dir: str | os.PathLike[str], pid: int) -> int | None:
     """The main thread id the hook recorded in ``pid<PID>.json``, if any."""
     try:
-        return main_thread_id(json.loads((Path(run_dir) / f"pid{pid}.json").read_text()))
+        return main_thread_id(json.loads((rf.path(run_dir, pid, rf.IDENTITY)).read_text()))
     except (OSError, ValueError):
         return None
 
 
 def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -> tuple[ProcessDump, str]:
     """The last stack a dead process left: its uncaught exception, else its last faulthandler dump."""
-    exit_path = Path(run_dir) / f"pid{pid}.exit.json"
+    exit_path = rf.path(run_dir, pid, rf.EXIT)
     try:
         rec = json.loads(exit_path.read_text())
     except (OSError, ValueError):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.collectors.events import Event
+from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.rundir import step_seconds
 
 METRIC_NAMES = {"loss": "train_loss", "grad_norm": "train_grad_norm", "step_time_seconds": "train_step_time_seconds"}
@@ -48,7 +49,7 @@ class StepTailer:
 
     def skip_existing(self) -> None:
         """Start from the current end of every existing file (ignore steps of earlier runs)."""
-        for path in self.run_dir.glob("pid*.steps.jsonl"):
+        for path in self.run_dir.glob(rf.pattern(rf.STEPS)):
             try:
                 self._offsets[path] = path.stat().st_size
             except OSError:
@@ -56,8 +57,8 @@ class StepTailer:
 
     def poll(self, pids: Iterable[int] | None = None) -> list[StepRecord]:
         """New records since the last poll (from the files of ``pids``, or all files)."""
-        paths = ([self.run_dir / f"pid{p}.steps.jsonl" for p in pids] if pids is not None
-                 else sorted(self.run_dir.glob("pid*.steps.jsonl")))
+        paths = ([rf.path(self.run_dir, p, rf.STEPS) for p in pids] if pids is not None
+                 else sorted(self.run_dir.glob(rf.pattern(rf.STEPS))))
         out: list[StepRecord] = []
         for path in paths:
             try:

@@ -16,6 +16,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from rankscope.datasets.readers import runfiles as rf
+from rankscope.spine import atomic_write
+
 
 class Trigger:
     """Collects trigger requests from a signal handler and a file; :meth:`poll` consumes them."""
@@ -71,8 +74,6 @@ class Trigger:
 
 def request_capture(run_dir: str | os.PathLike[str], *, rounds: int = 1, trigger_file: str | None = None) -> Path:
     """Ask a running agent for a capture by writing its trigger file atomically."""
-    path = Path(trigger_file) if trigger_file else Path(run_dir) / "trigger"
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    tmp.write_text(f"rounds={rounds}\n")
-    os.replace(tmp, path)
+    path = Path(trigger_file) if trigger_file else Path(run_dir) / rf.TRIGGER
+    atomic_write(path, f"rounds={rounds}\n", durable=False)
     return path

@@ -30,6 +30,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from rankscope.spine import atomic_write, atomic_write_with
+
 FAULTS = ("none", "compute_hang", "dataloader_stall", "p2p_stuck", "slow_rank", "crash", "nan")
 """Injectable faults: hang in compute, stuck DataLoader worker, lost activation send, extra delay per
 step, an uncaught exception, NaN gradients."""
@@ -128,9 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:
-        tmp = run_dir / ".tmp-manifest.json"
-        tmp.write_text(json.dumps(manifest(world, args.ranks_per_node), indent=1))
-        os.replace(tmp, run_dir / "manifest.json")
+        atomic_write(run_dir / "manifest.json", json.dumps(manifest(world, args.ranks_per_node), indent=1),
+                     durable=False)
 
     from rankscope.collectors import hook
 
@@ -320,9 +321,8 @@ def _checkpoint(torch: Any, run_dir: Path, rank: int, step: int, model: Any, opt
     """Periodic checkpoint, written atomically (temp file + rename), newest two kept."""
     d = run_dir / "ckpt"
     d.mkdir(exist_ok=True)
-    tmp = d / f".tmp-rank{rank}.pt"
-    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
-    os.replace(tmp, d / f"rank{rank}-step{step}.pt")
+    state = {"step": step, "model": model.state_dict(), "opt": opt.state_dict()}
+    atomic_write_with(d / f"rank{rank}-step{step}.pt", lambda fh: torch.save(state, fh), durable=False)
     old = sorted(d.glob(f"rank{rank}-step*.pt"), key=lambda p: int(p.stem.rsplit("step", 1)[1]))
     for path in old[:-2]:
         path.unlink(missing_ok=True)

@@ -10,7 +10,6 @@ frame tuple per (state, install layout), so 100k ranks take a few seconds.
 
 from __future__ import annotations
 
-import gc
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -31,7 +30,7 @@ from rankscope.harness.synthetic_frames import (
     trainer_stacks,
 )
 from rankscope.harness.synthetic_render import FORMATS, write_job_dir
-from rankscope.spine import InputError
+from rankscope.spine import InputError, paused_gc
 
 FAULTS = ("none", "compute-hang", "collective-hang", "p2p-hang", "dataloader-stall", "checkpoint-stall",
           "crash", "slow-rank")
@@ -251,14 +250,9 @@ def generate_job(
     cat = _Catalog(trainer_stacks(pipelined=lay.pp > 1) + child_stacks(), envs)
     sc = build_scenario(topo, cat.defs, cat.ids, rng, fault=fault, fault_rank=fault_rank, n_snapshots=n_snapshots,
                         dataloader_workers=dataloader_workers, checkpoint_process=with_ckpt)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # millions of small acyclic objects: the cyclic collector would rescan them again and again
-    try:
+    with paused_gc():  # millions of small acyclic objects: the cyclic collector would rescan them again and again
         dumps = _build_dumps(topo, lay, cat, sc, node_env, n_snapshots=n_snapshots, workers=dataloader_workers,
                              with_ckpt=with_ckpt, rng=rng)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     culprits = sc.culprit_ranks
     truth = GroundTruth(
         fault=fault, culprit_ranks=culprits, culprit_nodes=topo.nodes_of(list(culprits)) if culprits else (),

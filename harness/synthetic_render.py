@@ -14,6 +14,7 @@ Formats, from real samples (``shared/data/torch_gloo_hang_probe/pyspy``) and CPy
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 from rankscope.harness.synthetic_frames import ENTRY_CALLERS, InstallEnv, co_name
-from rankscope.spine import InputError
+from rankscope.spine import InputError, atomic_write
 
 if TYPE_CHECKING:
     from rankscope.harness.synthetic import SyntheticJob
@@ -182,10 +183,9 @@ def write_job_dir(job: SyntheticJob, path: str | os.PathLike[str], *, fmt: str =
             fh.write(renderer.render(d.dump, envs[d.node], f))
         rows.append((rel, d.rank, d.node, d.role, d.dump.pid, d.snapshot))
     if manifest:
-        tmp = root / ".manifest.csv.tmp"
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            w = csv.writer(fh, lineterminator="\n")
-            w.writerow(MANIFEST_HEADER)
-            w.writerows(rows)
-        os.replace(tmp, root / "manifest.csv")
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(MANIFEST_HEADER)
+        w.writerows(rows)
+        atomic_write(root / "manifest.csv", buf.getvalue(), durable=False)
     return root

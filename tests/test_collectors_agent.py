@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from rankscope.collectors.agent import Agent
-from rankscope.collectors.config import AgentConfig
+from rankscope.config import AgentConfig
 from rankscope.datasets.store.store import Store
 
 # A "launcher" starting two ranks; each logs 4 steps then waits forever in a named function.

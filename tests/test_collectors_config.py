@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rankscope.collectors.config import AgentConfig, resolve
+from rankscope.config import AgentConfig, resolve_agent
 from rankscope.spine import InputError
 
 
@@ -13,7 +13,7 @@ def test_precedence_flags_env_file_defaults(tmp_path: Path) -> None:
     cfg_file = tmp_path / "agent.toml"
     cfg_file.write_text('[agent]\nstore = "/file/store"\nstall_seconds = 30\ncapture_rounds = 5\njob = "from-file"\n')
     env = {"RANKSCOPE_AGENT_STALL_SECONDS": "20", "RANKSCOPE_AGENT_JOB": "from-env"}
-    cfg = resolve({"job": "from-flag", "metric_interval_seconds": None}, env=env, config_file=cfg_file)
+    cfg = resolve_agent({"job": "from-flag", "metric_interval_seconds": None}, env=env, config_file=cfg_file)
     assert cfg.job == "from-flag"  # flag beats env and file
     assert cfg.stall_seconds == 20.0  # env beats file
     assert cfg.capture_rounds == 5  # file beats default
@@ -25,7 +25,7 @@ def test_precedence_flags_env_file_defaults(tmp_path: Path) -> None:
 def test_config_file_from_env_json_and_bool_coercion(tmp_path: Path) -> None:
     f = tmp_path / "a.json"
     f.write_text('{"store": "s", "gpu": false, "disk_paths": ["/a", "/b"]}')
-    cfg = resolve({}, env={"RANKSCOPE_AGENT_CONFIG": str(f), "RANKSCOPE_AGENT_CAPTURE_FLIGHT_RECORDER": "no"})
+    cfg = resolve_agent({}, env={"RANKSCOPE_AGENT_CONFIG": str(f), "RANKSCOPE_AGENT_CAPTURE_FLIGHT_RECORDER": "no"})
     assert cfg.gpu is False and cfg.capture_flight_recorder is False and cfg.disk_paths == ("/a", "/b")
 
 
@@ -42,16 +42,16 @@ def test_validation_names_the_field(kwargs: dict, field: str) -> None:
 
 def test_bad_inputs_are_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no store"):
-        resolve({}, env={})
+        resolve_agent({}, env={})
     with pytest.raises(InputError, match="RANKSCOPE_AGENT_STALL_SECONDS"):
-        resolve({"store": "s"}, env={"RANKSCOPE_AGENT_STALL_SECONDS": "soon"})
+        resolve_agent({"store": "s"}, env={"RANKSCOPE_AGENT_STALL_SECONDS": "soon"})
     bad = tmp_path / "bad.toml"
     bad.write_text("stall_secs = 3\n")
     with pytest.raises(InputError, match="unknown settings.*stall_secs"):
-        resolve({"store": "s"}, env={}, config_file=bad)
+        resolve_agent({"store": "s"}, env={}, config_file=bad)
     broken = tmp_path / "broken.toml"
     broken.write_text("store = \n")
     with pytest.raises(InputError, match="broken.toml: not valid TOML"):
-        resolve({}, env={}, config_file=broken)
+        resolve_agent({}, env={}, config_file=broken)
     with pytest.raises(InputError, match="cannot read"):
-        resolve({}, env={}, config_file=tmp_path / "missing.toml")
+        resolve_agent({}, env={}, config_file=tmp_path / "missing.toml")

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from rankscope.collectors import stacks
-from rankscope.collectors.config import default_pyspy
 from rankscope.collectors.stall import StallDetector
 from rankscope.collectors.steps import (
     NanWatch,
@@ -21,6 +20,7 @@ from rankscope.collectors.steps import (
     to_timing_rows,
 )
 from rankscope.collectors.trigger import Trigger, request_capture
+from rankscope.config import default_pyspy
 
 SLEEPER = r"""
 import sys, time

@@ -8,13 +8,26 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from rankscope.analytics.crashes import crash_verdict, is_cascade, latest_incident
-from rankscope.analytics.diagnose import diagnose
+from rankscope.analytics import crashes
+from rankscope.analytics import diagnose as run_diagnose
+from rankscope.analytics.crashes import is_cascade, latest_incident
 from rankscope.collectors.stacks import death_signal
 from rankscope.datasets.domain.exits import ProcessExit
+from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.topology import Layout, Topology
 from rankscope.datasets.loading.inputs import load_inputs
 from rankscope.datasets.readers.exits import exits_from_events, read_exit_record
+
+
+def diagnose(procs, topology, **kw):
+    """The one entry point over partial inputs (as the tests build them)."""
+    return run_diagnose(Inputs(job=kw.pop("job", ""), topology=topology, procs=tuple(procs), **kw))
+
+
+def crash_verdict(exits, topology, *, job="", anchor=None):
+    """The crash verdict of ``exits`` (None when no trainer exited abnormally)."""
+    f = crashes.facts(exits, topology, anchor=anchor)
+    return crashes.verdict(f, topology, job=job) if f is not None else None
 
 GLOO_PEER = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
              "[127.0.0.1]:13001. This is typically caused by a remote worker crashing.")

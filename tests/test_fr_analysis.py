@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rankscope.analytics.collectives import analyze_collectives, fr_verdict
+from rankscope.analytics import collectives
 from rankscope.datasets.domain.flight_recorder import FRDump, PGInfo
 from rankscope.datasets.domain.topology import Layout, Topology
 from rankscope.datasets.readers.flight_recorder import read_fr_dir
@@ -21,14 +21,14 @@ LAYOUTS = ("tp=2,pp=4,dp=8", "tp=4,pp=2,dp=8", "tp=8,dp=8", "pp=4,dp=16")
 def test_real_gloo_probe_names_rank_3(probe_dir: Path) -> None:
     """torchfrtrace crashes on these dumps (gloo leaves pg_config empty); rankscope names rank 3."""
     for dumps in (read_fr_dir(probe_dir / "fr"), read_fr_dir(probe_dir / "fr", prefix="fr_hang_rank")):
-        a = analyze_collectives(dumps)
+        a = collectives.facts(dumps)
         assert a.status == "hang" and a.culprit_ranks == (3,) and a.missing_ranks == (3,)
         assert a.stopped_pg == "0" and a.stopped_kind == "world"
         assert a.stalls[0].seq == 6 and a.stalls[0].waiting_ranks == (0, 1, 2)
         assert a.stalls[0].progress[3] == (5, 5, 5) and a.stalls[0].progress[0][::2] == (6, 5)  # enqueued, completed
         assert a.evidence[0].source == "flight_recorder" and a.evidence[0].ranks == (3,)
     topo = Topology.from_layout(Layout.parse("dp=4"), gpus_per_node=1)
-    v = fr_verdict(analyze_collectives(read_fr_dir(probe_dir / "fr"), topo), topo, job="probe")
+    v = collectives.verdict(collectives.facts(read_fr_dir(probe_dir / "fr"), topo), topo, job="probe")
     assert v.verdict == "hang" and v.culprit_nodes == ("node-3",) and v.suspect_nodes == ("node-3",)
     assert v.sources == ("flight_recorder",) and "rank(s) 3 never enqueued" in v.explain()
 
@@ -40,10 +40,10 @@ def test_injected_hang_culprits_are_named_and_only_them(layout: str, fault: str,
     if fault == "p2p_behind" and "pp" not in layout:
         pytest.skip("no pipeline")
     syn = generate_fr(layout, fault=fault, seed=seed, n_culprits=1 + seed)
-    a = analyze_collectives(syn.dumps(), syn.topology)
+    a = collectives.facts(syn.dumps(), syn.topology)
     assert a.status == "hang"
     assert a.culprit_ranks == syn.truth.culprit_ranks
-    v = fr_verdict(a, syn.topology)
+    v = collectives.verdict(a, syn.topology)
     assert v.verdict == "hang" and set(v.culprit_nodes) == set(syn.topology.nodes_of(syn.truth.culprit_ranks))
     assert set(v.culprit_nodes) <= set(v.suspect_nodes)
     if a.stopped_kind in ("tp", "pp"):  # a model-parallel group is the fault domain: isolate it whole
@@ -54,7 +54,7 @@ def test_injected_hang_culprits_are_named_and_only_them(layout: str, fault: str,
 def test_wavefront_prefers_the_model_parallel_group() -> None:
     syn = generate_fr("tp=2,pp=4,dp=8", fault="missing", seed=0, at="tp")
     assert syn.truth.pg_kind == "tp"
-    a = analyze_collectives(syn.dumps(), syn.topology)
+    a = collectives.facts(syn.dumps(), syn.topology)
     assert a.stopped_kind == "tp" and a.stopped_pg == syn.truth.pg_name
     assert len(a.stalls) > 1  # DP and default groups stall too, downstream of the TP stall
 
@@ -63,18 +63,18 @@ def test_wavefront_prefers_the_model_parallel_group() -> None:
                                           ("dtype_mismatch", "dtypes")])
 def test_mismatch_is_a_code_fault_not_a_machine(fault: str, field: str) -> None:
     syn = generate_fr("tp=2,pp=2,dp=8", fault=fault, seed=3)
-    a = analyze_collectives(syn.dumps(), syn.topology)
+    a = collectives.facts(syn.dumps(), syn.topology)
     assert a.status == "mismatch" and a.culprit_ranks == ()
     assert a.mismatch_ranks == syn.truth.culprit_ranks and a.mismatches[0].field == field
     assert a.mismatches[0].majority
-    v = fr_verdict(a, syn.topology)
+    v = collectives.verdict(a, syn.topology)
     assert v.verdict == "mismatch" and v.suspect_nodes == () and v.culprit_ranks == syn.truth.culprit_ranks
     assert "code or configuration fault" in v.explain()
 
 
 def test_a_two_member_mismatch_names_both_without_a_majority() -> None:
     syn = generate_fr("tp=2,dp=2", fault="size_mismatch", seed=0)
-    a = analyze_collectives(syn.dumps(), syn.topology)
+    a = collectives.facts(syn.dumps(), syn.topology)
     assert a.status == "mismatch" and not a.mismatches[0].majority
     assert set(syn.truth.culprit_ranks) < set(a.mismatch_ranks)
 
@@ -82,23 +82,23 @@ def test_a_two_member_mismatch_names_both_without_a_majority() -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_clean_run_has_no_culprit(layout: str) -> None:
     syn = generate_fr(layout, fault="clean", seed=0)
-    a = analyze_collectives(syn.dumps(), syn.topology)
+    a = collectives.facts(syn.dumps(), syn.topology)
     assert a.status == "healthy" and a.culprit_ranks == () and a.mismatches == () and a.stalls == ()
-    assert fr_verdict(a, syn.topology).verdict == "healthy"
+    assert collectives.verdict(a, syn.topology).verdict == "healthy"
 
 
 def test_slow_rank_from_durations() -> None:
     syn = generate_fr("tp=2,pp=4,dp=8", fault="slow", seed=1)
-    a = analyze_collectives(syn.dumps(), syn.topology)
+    a = collectives.facts(syn.dumps(), syn.topology)
     assert a.status == "fail-slow" and a.slow_ranks == syn.truth.culprit_ranks
     assert max(a.slow_scores, key=a.slow_scores.get) == syn.truth.culprit_ranks[0]  # type: ignore[arg-type]
-    assert fr_verdict(a, syn.topology).verdict == "fail-slow"
+    assert collectives.verdict(a, syn.topology).verdict == "fail-slow"
 
 
 @pytest.mark.parametrize("fault", ["missing", "p2p_behind", "size_mismatch"])
 def test_wrapped_ring_buffers(fault: str) -> None:
     syn = generate_fr("tp=2,pp=4,dp=8", fault=fault, seed=2, buffer_entries=5)
-    a = analyze_collectives(syn.dumps(), syn.topology)
+    a = collectives.facts(syn.dumps(), syn.topology)
     got = a.mismatch_ranks if fault.endswith("mismatch") else a.culprit_ranks
     assert got == syn.truth.culprit_ranks
 
@@ -108,10 +108,10 @@ def test_missing_dumps_of_bystanders_and_of_the_culprit() -> None:
     culprit = syn.truth.culprit_ranks[0]
     dumps = syn.dumps()
     bystanders = [d for d in dumps if d.rank % 5 != 0 or d.rank == culprit]
-    a = analyze_collectives(bystanders, syn.topology)
+    a = collectives.facts(bystanders, syn.topology)
     assert a.culprit_ranks == (culprit,)
     dead = [d for d in dumps if d.rank != culprit]  # the culprit's process died: no dump
-    a = analyze_collectives(dead, syn.topology)
+    a = collectives.facts(dead, syn.topology)
     assert a.culprit_ranks == (culprit,) and culprit in a.no_dump_ranks
     assert any(e.kind == "missing-dump" for e in a.evidence)
 
@@ -125,13 +125,13 @@ def _as_gloo(dumps: list[FRDump]) -> list[FRDump]:
 def test_membership_without_pg_config_from_topology_or_memberships() -> None:
     syn = generate_fr("tp=4,pp=2,dp=4", fault="missing", seed=5)
     gloo = _as_gloo(syn.dumps())
-    a = analyze_collectives(gloo, syn.topology)
+    a = collectives.facts(gloo, syn.topology)
     assert a.culprit_ranks == syn.truth.culprit_ranks
     memberships = {}  # what the live hook records: every group's members (here: from the generator)
     for d in syn.raw.values():
         for name, cfg in d["pg_config"].items():
             memberships[name] = [int(x) for x in cfg["ranks"].strip("[]").split(",")]
-    b = analyze_collectives(gloo, None, memberships=memberships)
+    b = collectives.facts(gloo, None, memberships=memberships)
     assert b.culprit_ranks == syn.truth.culprit_ranks
 
 
@@ -145,21 +145,21 @@ def test_split_group_reusing_a_name_keeps_groups_apart() -> None:
                for n, c in d.pg_config.items()}
         entries = tuple(e._replace(pg_name="tp") if e.pg_name == tp_name else e for e in d.entries)
         renamed.append(FRDump(d.rank, entries, d.version, cfg, {}, source_file=d.source_file))
-    a = analyze_collectives(renamed, syn.topology)
+    a = collectives.facts(renamed, syn.topology)
     assert a.status == "healthy" and a.mismatches == ()
 
 
 def test_bad_input() -> None:
     with pytest.raises(InputError, match="no Flight Recorder dumps"):
-        analyze_collectives([])
+        collectives.facts([])
     syn = generate_fr("dp=8", fault="clean", steps=1)
     with pytest.raises(InputError, match="topology has 4 ranks"):
-        analyze_collectives(syn.dumps(), Topology.from_layout(Layout.parse("dp=4"), gpus_per_node=4))
+        collectives.facts(syn.dumps(), Topology.from_layout(Layout.parse("dp=4"), gpus_per_node=4))
 
 
 def test_result_is_frozen_and_serializable() -> None:
     import json
-    a = analyze_collectives(generate_fr("tp=2,dp=4", fault="missing").dumps())
+    a = collectives.facts(generate_fr("tp=2,dp=4", fault="missing").dumps())
     json.dumps(a.to_dict())
     assert a.explain().startswith("Flight Recorder: HANG")
     with pytest.raises(AttributeError):
@@ -191,7 +191,7 @@ def test_agrees_with_torchfrtrace_where_it_names_a_culprit(tmp_path: Path) -> No
         syn.write(d)
         rc, missing, culprits, text = _torchfrtrace(d)
         assert rc == 0, text[-500:]
-        a = analyze_collectives(read_fr_dir(d), syn.topology)
+        a = collectives.facts(read_fr_dir(d), syn.topology)
         if fault == "clean":
             assert not missing and not culprits and a.status == "healthy"
         elif fault == "size_mismatch":
@@ -214,5 +214,5 @@ def test_a_member_that_never_used_the_group_is_missing_from_it() -> None:
             d = replace(d, pg_config={n: c for n, c in d.pg_config.items() if n != tp},
                         pg_status={n: s for n, s in d.pg_status.items() if n != tp})
         dumps.append(d)
-    a = analyze_collectives(dumps, syn.topology)
+    a = collectives.facts(dumps, syn.topology)
     assert a.culprit_ranks == (culprit,) and a.stopped_kind == "tp"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rankscope.analytics.collectives import analyze_collectives, fr_verdict
+from rankscope.analytics import collectives
 from rankscope.analytics.fusion import fuse
 from rankscope.analytics.verdict import Evidence, Verdict
 from rankscope.datasets.domain.topology import Layout, Topology
@@ -22,7 +22,7 @@ def _stacks(verdict: str = "hang", suspects: tuple[str, ...] = (), culprits: tup
 
 def _probe_fr(probe_dir: Path) -> Verdict:
     topo = Topology.from_layout(Layout.parse("dp=4"), gpus_per_node=1)
-    return fr_verdict(analyze_collectives(read_fr_dir(probe_dir / "fr"), topo), topo, job="probe")
+    return collectives.verdict(collectives.facts(read_fr_dir(probe_dir / "fr"), topo), topo, job="probe")
 
 
 def test_agreement_raises_confidence_and_records_support(probe_dir: Path) -> None:
@@ -62,7 +62,7 @@ def test_single_source_passes_through(probe_dir: Path) -> None:
 
 def test_fr_mismatch_leads_and_evicts_nothing() -> None:
     syn = generate_fr("tp=2,pp=2,dp=8", fault="size_mismatch", seed=3)
-    fr = fr_verdict(analyze_collectives(syn.dumps(), syn.topology), syn.topology)
+    fr = collectives.verdict(collectives.facts(syn.dumps(), syn.topology), syn.topology)
     st = _stacks(suspects=("node-0",), culprits=("node-0",), ranks=(0,))
     v = fuse(st, fr)
     assert v.verdict == "mismatch" and v.suspect_nodes == () and v.culprit_nodes == ()
@@ -82,7 +82,7 @@ def test_healthy_stacks_and_hung_fr_keep_the_hang_with_less_confidence(probe_dir
 
 def test_synthetic_hang_both_sources_agree() -> None:
     syn = generate_fr("tp=2,pp=4,dp=8", fault="missing", seed=0, at="tp")
-    fr = fr_verdict(analyze_collectives(syn.dumps(), syn.topology), syn.topology, job="j")
+    fr = collectives.verdict(collectives.facts(syn.dumps(), syn.topology), syn.topology, job="j")
     culprit = syn.truth.culprit_ranks[0]
     group = syn.topology.group_of("tp", culprit)
     st = _stacks(suspects=group.nodes, culprits=(syn.topology.node_of(culprit),), ranks=(culprit,))

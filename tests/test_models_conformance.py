@@ -158,7 +158,7 @@ def test_importing_detectors_needs_neither_torch_nor_sklearn():
     import subprocess
     import sys
 
-    code = ("import sys, rankscope.models, rankscope.analytics.perf; "
+    code = ("import sys, rankscope.models, rankscope.analytics.performance.decide; "
             "print(int('torch' in sys.modules), int('sklearn' in sys.modules))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.split() == ["0", "0"]

@@ -7,14 +7,18 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-from rankscope.analytics.perf import (
-    PerfConfig,
-    counters_to_rates,
-    diagnose_perf,
-    metric_cubes,
-)
+from rankscope.analytics import performance
+from rankscope.analytics.performance.metrics import counters_to_rates, metric_cubes
+from rankscope.config import PerfConfig
 from rankscope.harness.synthetic_metrics import FAULT_KINDS, make_metrics, make_timings
 from rankscope.spine import InputError
+
+
+def diagnose_perf(metrics, timings, topology, *, job="", config=None):
+    """The metrics-and-timings verdict (None without either)."""
+    f = performance.facts(metrics, timings, topology, config=config)
+    return performance.verdict(f, topology, job=job) if f is not None else None
+
 
 DRIVER = {
     "gpu-throttle": "gpu_sm_clock_hertz",

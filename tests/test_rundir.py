@@ -6,10 +6,16 @@ import json
 import os
 from pathlib import Path
 
-from rankscope.analytics.diagnose import diagnose
+from rankscope.analytics import diagnose as run_diagnose
+from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import Frame
 from rankscope.datasets.loading.inputs import load_inputs
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
+
+
+def diagnose(procs, topology, **kw):
+    """The one entry point over partial inputs (as the tests build them)."""
+    return run_diagnose(Inputs(job=kw.pop("job", ""), topology=topology, procs=tuple(procs), **kw))
 
 WAIT = """Thread 0x00007f00000000c1 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 327 in wait
@@ -155,7 +161,7 @@ def test_a_dump_cut_off_before_the_main_thread_is_no_evidence() -> None:
 
 
 def test_hook_control_thread_is_idle_not_a_busy_thread() -> None:
-    from rankscope.analytics.frames import classify
+    from rankscope.analytics.stacks.frames import classify
 
     (dump,) = parse_traceback_text(WAIT)
     hook_thread = next(t for t in dump.threads if t.frames[0].function == "_control_loop")

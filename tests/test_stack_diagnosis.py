@@ -4,10 +4,24 @@ culprit's minimal group, healthy jobs get no suspects; plus the real gloo probe.
 from __future__ import annotations
 
 import pytest
-from rankscope.analytics.stack_verdict import StackConfig, diagnose_stacks
+from rankscope.analytics import diagnose as run_diagnose
+from rankscope.analytics import stacks
+from rankscope.config import StackConfig
+from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import from_dumps
 from rankscope.datasets.loading.inputs import load_inputs
 from rankscope.harness.synthetic import FAULTS, generate_job
+from rankscope.spine import ConfigError
+
+
+def diagnose_stacks(procs, topology, *, job="", config=None):
+    """The stack-only verdict."""
+    return stacks.verdict(stacks.facts(procs, topology, config=config), topology, job=job)
+
+
+def diagnose(procs, topology, **kw):
+    """The one entry point over partial inputs (as the tests build them)."""
+    return run_diagnose(Inputs(job=kw.pop("job", ""), topology=topology, procs=tuple(procs), **kw))
 
 LAYOUTS = [("tp=4,pp=2,dp=4", 4), ("tp=2,cp=2,pp=2,dp=4", 8), ("tp=1,pp=4,dp=8", 4), ("tp=4,dp=8", 8)]
 
@@ -78,8 +92,8 @@ def test_static_snapshots_are_a_hang_and_moving_ones_are_not():
 
 
 def test_config_is_validated():
-    with pytest.raises(ValueError, match="dominance"):
-        StackConfig(dominance=0)
+    with pytest.raises(ConfigError, match="dominance"):
+        StackConfig(dominance_fraction=0)
 
 
 def test_real_gloo_probe_names_node_3(probe_dir):
@@ -134,8 +148,7 @@ def test_a_collective_waiting_on_a_stuck_pipeline_transfer_blames_the_transfer(t
 
 def test_frozen_stacks_while_steps_complete_are_fail_slow_not_a_hang(tmp_path):
     import polars as pl
-    from rankscope.analytics.diagnose import diagnose
-
+    
     wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "main@/job/train.py:201", "<module>@/job/train.py:332")
     slow = _fh("sleep@/job/train.py:105", "main@/job/train.py:172", "<module>@/job/train.py:332")
     for snap in (0, 1):

@@ -72,7 +72,10 @@ def test_not_a_store(tmp_path):
 
 
 def test_stacks_round_trip_through_the_store(tmp_path):
-    from rankscope.analytics.stack_verdict import diagnose_stacks
+    from rankscope.analytics import stacks
+
+    def diagnose_stacks(procs, topology):
+        return stacks.verdict(stacks.facts(procs, topology), topology)
     from rankscope.datasets.domain.stacks import from_dumps
     from rankscope.datasets.store.stacks_table import from_table, to_table
     from rankscope.harness.synthetic import generate_job

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
-from rankscope.analytics.stragglers import StragglerConfig, find_stragglers
+from rankscope.analytics.performance.stragglers import find_stragglers
+from rankscope.config import StragglerConfig
 from rankscope.datasets.domain.topology import Layout, Topology
 from rankscope.harness.synthetic_metrics import make_timings
 from rankscope.spine import InputError
@@ -85,7 +86,7 @@ def test_report_is_serializable():
 
 
 def test_waiting_in_collectives_is_not_blamed():
-    from rankscope.analytics.stragglers import is_comm_op
+    from rankscope.analytics.performance.stragglers import is_comm_op
 
     assert is_comm_op("dp-allreduce") and is_comm_op("pp_send") and not is_comm_op("backward")
     df, topo, truth = make_timings("tp=2,pp=4,dp=8", scenario="slow-machine", seed=6)

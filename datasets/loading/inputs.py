@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rankscope.config import InputsConfig
 from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
@@ -147,7 +148,8 @@ def _read_tables(dd: DumpDir, nodes: Mapping[int, str]) -> tuple[Any, Any]:
     return metrics, timings
 
 
-def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> Inputs:
+def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None,
+                series_gap_seconds: float) -> Inputs:
     store = Store(root)
     jobs = sorted(set(store.jobs("stacks")) | set(store.jobs("collectives")) | set(store.jobs("metrics"))
                   | set(store.jobs("timings")))
@@ -163,7 +165,7 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
     procs = from_table(stacks_tbl)
     snapshot_times = _snapshot_times(stacks_tbl)
     notes: list[str] = []
-    latest = latest_series(snapshot_times)
+    latest = latest_series(snapshot_times, series_gap_seconds)
     if len(latest) < len(snapshot_times):  # the agent's store keeps every capture: diagnose the latest
         older = len(snapshot_times) - len(latest)
         procs = [p for p in procs if p.snapshot in latest or p.snapshot not in snapshot_times]
@@ -197,10 +199,7 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
                      snapshot_times=snapshot_times)
 
 
-SERIES_GAP_S = 120.0  # captures further apart than this are separate incidents (rounds are 10 s apart)
-
-
-def latest_series(snapshot_times: Mapping[int, float], gap_s: float = SERIES_GAP_S) -> set[int]:
+def latest_series(snapshot_times: Mapping[int, float], gap_s: float = InputsConfig().series_gap_seconds) -> set[int]:
     """The snapshots of the latest capture series: back from the newest while consecutive snapshots
     are at most ``gap_s`` apart (a fail-slow series is 5 rounds 10 s apart)."""
     order = sorted(snapshot_times, key=lambda s: snapshot_times[s])
@@ -234,7 +233,7 @@ def _snapshot_times(tbl: Any) -> dict[int, float]:
 
 
 def load_inputs(path: str | os.PathLike[str], *, layout: str | Layout | None = None, order: str | None = None,
-                gpus_per_node: int = 8, job: str | None = None) -> Inputs:
+                gpus_per_node: int = 8, job: str | None = None, config: InputsConfig | None = None) -> Inputs:
     """Load a dump directory or a store into :class:`Inputs` (InputError on bad input)."""
     root = Path(path)
     lay: Layout | None
@@ -249,5 +248,18 @@ def load_inputs(path: str | os.PathLike[str], *, layout: str | Layout | None = N
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
     if Store.is_store(root):
-        return _from_store(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
+        return _from_store(root, layout=lay, gpus_per_node=gpus_per_node, job=job,
+                           series_gap_seconds=(config or InputsConfig()).series_gap_seconds)
     return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
+
+
+def load_fr_inputs(path: str | os.PathLike[str], *, prefix: str | None = None, layout: str | None = None,
+                   order: str | None = None, gpus_per_node: int = 8, job: str | None = None) -> Inputs:
+    """A directory of Flight Recorder dumps alone (or one file), with the topology their ranks imply."""
+    from rankscope.datasets.readers.flight_recorder import read_fr_dir
+
+    dumps = read_fr_dir(path, prefix=prefix)
+    lay = Layout.parse(layout, order or "tp-cp-ep-dp-pp") if layout else None
+    topo, notes = infer_topology([d.rank for d in dumps], {}, layout=lay, gpus_per_node=gpus_per_node,
+                                 where=str(path))
+    return Inputs(job or "", topo, (), tuple(dumps), notes=tuple(notes), source=str(path))

@@ -19,7 +19,6 @@ Rules (what ``rankscope diagnose PATH`` accepts):
 from __future__ import annotations
 
 import csv
-import gc
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, from_dump
+from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import failed_dump
 from rankscope.datasets.readers.faulthandler import (
     looks_like_traceback,
@@ -36,14 +36,13 @@ from rankscope.datasets.readers.faulthandler import (
 from rankscope.datasets.readers.flight_recorder import is_fr_file
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
-from rankscope.datasets.readers.rundir import HOOK_FILE, HookProcess, coords_of, resolve
+from rankscope.datasets.readers.rundir import HookProcess, coords_of, resolve
 from rankscope.datasets.store.schemas import ROLES
-from rankscope.spine import InputError
+from rankscope.spine import InputError, paused_gc
 
 MANIFEST = "manifest.csv"
 # the run directory's other files: the launcher's rank -> node map the hook reads (RANKSCOPE_MANIFEST),
 # the agent's pid file and its trigger file
-HOOK_AUX = frozenset({"manifest.json", "agent.pid", "trigger"})
 _RANK = re.compile(r"rank[-_]?(\d+)", re.I)
 _SNAPSHOT_DIR = re.compile(r"^snap(?:shot)?[-_]?(\d+)$", re.I)
 _STACK_SUFFIXES = (".txt", ".json")
@@ -188,13 +187,8 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int = 8) -> Du
     The cyclic garbage collector is paused meanwhile: parsing allocates millions of small acyclic
     objects, and its full collections would make reading 100,000 files superlinear.
     """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         return _scan(path, gpus_per_node=gpus_per_node)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
@@ -212,10 +206,10 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
     ignored = []
     hooked: dict[tuple[str, int], HookProcess] = {}
     for path, rel, snap in _walk(root):
-        if rel == MANIFEST or rel.rsplit("/", 1)[-1] in HOOK_AUX:  # identities carry what these say
+        if rel == MANIFEST or rel.rsplit("/", 1)[-1] in rf.AUX:  # identities carry what these say
             continue
         fname = rel.rsplit("/", 1)[-1]
-        hm = HOOK_FILE.match(fname) if manifest is None else None
+        hm = rf.HOOK_FILE.match(fname) if manifest is None else None
         if hm is not None:
             hp = hooked.setdefault((rel[: len(rel) - len(fname)], int(hm.group(1))), HookProcess(int(hm.group(1))))
             hp.files[hm.group(2)] = path
@@ -327,23 +321,23 @@ def _add_hook_processes(hooked: dict[tuple[str, int], HookProcess], files: list[
             files.append(DumpFile(p.stack_rel, snap, p.rank, p.node, p.role, p.pid, (p.dump,)))
         for pid, hp in procs.items():
             if pid not in keep:
-                if "json" not in hp.files and "exit.json" in hp.files:  # an exit record names its own rank
-                    if run_start is not None and _record_time(hp.files["exit.json"]) < run_start:
+                if rf.IDENTITY not in hp.files and rf.EXIT in hp.files:  # an exit record names its own rank
+                    if run_start is not None and _record_time(hp.files[rf.EXIT]) < run_start:
                         stale_exits += 1  # from a run before the processes found here started
                     else:
-                        exits.append(Path(hp.files["exit.json"]))
+                        exits.append(Path(hp.files[rf.EXIT]))
                 continue
-            if "exit.json" in hp.files:
-                exits.append(Path(hp.files["exit.json"]))
-            if "fr.json" in hp.files and by_pid[pid].role == "trainer":
-                fr.append((Path(hp.files["fr.json"]), by_pid[pid].rank))
-            if "steps.jsonl" in hp.files:
-                steps.append((hp.files["steps.jsonl"], hp.rel["steps.jsonl"]))
+            if rf.EXIT in hp.files:
+                exits.append(Path(hp.files[rf.EXIT]))
+            if rf.FR in hp.files and by_pid[pid].role == "trainer":
+                fr.append((Path(hp.files[rf.FR]), by_pid[pid].rank))
+            if rf.STEPS in hp.files:
+                steps.append((hp.files[rf.STEPS], hp.rel[rf.STEPS]))
         if stale_exits:
             notes.append(f"run directory: {stale_exits} exit record(s) from before this run started ignored")
         coords = coords or coords_of(resolved)
         if not resolved:
-            ignored.extend(rel for hp in procs.values() for k, rel in hp.rel.items() if k not in ("ctl", "exit.json"))
+            ignored.extend(rel for hp in procs.values() for k, rel in hp.rel.items() if k not in (rf.CTL, rf.EXIT))
     return named, coords
 
 
@@ -370,14 +364,6 @@ def assign_roles(df: DumpFile) -> list[tuple[ProcessDump, str]]:
 
 def from_dump_dir(dd: DumpDir) -> list[ProcStacks]:
     """Every process of a scanned dump directory (GC paused: see ``scan_dump_dir``)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        out = []
-        for f in dd.files:
-            for proc, role in assign_roles(f):
-                out.append(from_dump(proc, snapshot=f.snapshot, rank=f.rank, node=f.node, role=role, pid=f.pid))
-        return out
-    finally:
-        if enabled:
-            gc.enable()
+    with paused_gc():
+        return [from_dump(proc, snapshot=f.snapshot, rank=f.rank, node=f.node, role=role, pid=f.pid)
+                for f in dd.files for proc, role in assign_roles(f)]

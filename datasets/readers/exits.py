@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.datasets.domain.exits import ProcessExit
+from rankscope.spine import ParseError
 
 EXIT_SUFFIX = ".exit.json"
 
@@ -31,20 +32,20 @@ def _where(frames: Any) -> str:
 
 def read_exit_record(path: str | os.PathLike[str], *, node: str = "") -> ProcessExit | None:
     """The abnormal exit in one hook ``*.exit.json`` file; None for a normal exit or a record without
-    a rank. Raises ValueError (with the reason) when the file is not an exit record."""
+    a rank. Raises ParseError (naming the file and the reason) when the file is not an exit record."""
     p = Path(path)
     try:
         rec = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"{p}: unreadable exit record ({exc})") from None
+        raise ParseError(p, f"unreadable exit record ({exc})") from None
     if not isinstance(rec, dict) or "type" not in rec or "time" not in rec:
-        raise ValueError(f"{p}: not an exit record (expected 'type' and 'time' keys)")
+        raise ParseError(p, "not an exit record (expected 'type' and 'time' keys)")
     if rec["type"] == "exit" or rec.get("rank") is None:
         return None
     try:
         rank, when = int(rec["rank"]), float(rec["time"])
     except (TypeError, ValueError):
-        raise ValueError(f"{p}: rank {rec.get('rank')!r} / time {rec.get('time')!r} are not numbers") from None
+        raise ParseError(p, f"rank {rec.get('rank')!r} / time {rec.get('time')!r} are not numbers") from None
     return ProcessExit(rank, when, str(rec["type"]), str(rec.get("message", "")), _where(rec.get("frames")),
                        node, rec.get("pid"), str(rec.get("role") or "trainer"), "hook", str(p))
 
@@ -57,7 +58,7 @@ def read_exit_records(paths: Iterable[str | os.PathLike[str]], *, nodes: dict[in
     for path in paths:
         try:
             e = read_exit_record(path)
-        except ValueError as exc:
+        except ParseError as exc:
             bad.append(str(exc))
             continue
         if e is not None:

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
+from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import cut_dump, failed_dump
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 
-HOOK_FILE = re.compile(r"^pid(\d+)\.(json|stack\.txt|exit\.json|steps\.jsonl|fr\.json|ctl)$")
 _ROLES = {"trainer": "trainer", "dataloader": "dataloader", "checkpoint": "checkpoint"}
 
 
@@ -91,7 +91,7 @@ def exception_dump(rec: Any, pid: int, source: str) -> ProcessDump | None:
 
 
 _FH_HEADER = re.compile(r"^(?:Current thread|Thread) (0[xX][0-9a-fA-F]*)")  # a cut header has a short id
-STACK_REQUEST = "# rankscope: stack requested at "  # + epoch seconds: the hook's line before a requested dump
+STACK_REQUEST = rf.STACK_REQUEST
 _REQUEST = re.compile(r"^# rankscope: stack requested at (\d+(?:\.\d*)?)\s*$")
 
 
@@ -214,15 +214,15 @@ def process_dump(proc: HookProcess, *, main_thread_id: int | None = None,
                  started: float | None = None) -> ProcessDump:
     """The stack a hooked process left: its uncaught exception, else its last faulthandler dump
     (``main_thread_id`` and ``started`` from its identity)."""
-    exit_path = proc.files.get("exit.json")
+    exit_path = proc.files.get(rf.EXIT)
     if exit_path:
         try:
-            dump = exception_dump(_load_json(exit_path), proc.pid, proc.rel["exit.json"])
+            dump = exception_dump(_load_json(exit_path), proc.pid, proc.rel[rf.EXIT])
         except (OSError, UnicodeDecodeError, ValueError):
             dump = None
         if dump is not None:
             return dump
-    stack_path, rel = proc.files.get("stack.txt"), proc.rel.get("stack.txt", f"pid{proc.pid}.stack.txt")
+    stack_path, rel = proc.files.get(rf.STACK), proc.rel.get(rf.STACK, rf.name(proc.pid, rf.STACK))
     text = ""
     if stack_path:
         try:
@@ -234,7 +234,7 @@ def process_dump(proc: HookProcess, *, main_thread_id: int | None = None,
         return cut_dump(rel, proc.pid, "the hook wrote no stack for this process: no evidence either way (it was "
                         "stopped before faulthandler wrote, or never asked: send it RANKSCOPE_STACK_SIGNAL, "
                         "SIGUSR2 by default, or run the agent)")
-    steps = proc.files.get("steps.jsonl")
+    steps = proc.files.get(rf.STEPS)
     return last_faulthandler_dump(text, proc.pid, rel, last_step=lambda: last_step_time(steps),
                                   main_thread_id=main_thread_id, not_before=started) or \
         cut_dump(rel, proc.pid, "its stack file holds no dump: no evidence either way")
@@ -246,10 +246,10 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
     newest: dict[tuple[int, str, int], RunDirProcess] = {}
     no_identity, no_rank, silent_children, identities = [], 0, 0, 0
     for pid, proc in sorted(procs.items()):
-        ident = identity(proc.files["json"]) if "json" in proc.files else None
+        ident = identity(proc.files[rf.IDENTITY]) if rf.IDENTITY in proc.files else None
         if ident is None:
-            if "stack.txt" in proc.files:  # (an exit record alone still counts: it names its rank)
-                no_identity.append(proc.rel["stack.txt"])
+            if rf.STACK in proc.files:  # (an exit record alone still counts: it names its rank)
+                no_identity.append(proc.rel[rf.STACK])
             continue
         identities += 1
         if ident.get("rank") is None:
@@ -270,7 +270,7 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
         if role != "trainer" and dump.status in ("failed", "cut"):
             silent_children += 1  # a worker that wrote no stack is no evidence either way
             continue
-        rp = RunDirProcess(pid, rank, node, role, started, proc.rel.get("stack.txt", f"pid{pid}.stack.txt"),
+        rp = RunDirProcess(pid, rank, node, role, started, proc.rel.get(rf.STACK, rf.name(pid, rf.STACK)),
                            dump, ident)
         key = (rank, role, pid if role != "trainer" else -1)  # one trainer per rank; children stay apart
         cur = newest.get(key)

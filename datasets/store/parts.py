@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from rankscope.datasets.store.schemas import TableSpec
-from rankscope.spine import InputError
+from rankscope.spine import InputError, atomic_write_with
 
 _PART_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -49,26 +47,10 @@ def conform(rows: Rows, spec: TableSpec) -> pa.Table:
 
 
 def atomic_write_parquet(tbl: pa.Table, path: Path) -> None:
-    """Write ``tbl`` to ``path`` so that ``path`` either does not exist or is complete."""
+    """Write ``tbl`` to ``path`` so that ``path`` either does not exist or is complete (zstd, fsynced)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{uuid.uuid4().hex}.parquet"
-    try:
-        with open(tmp, "wb") as fh:
-            pq.write_table(tbl, fh, compression="zstd")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    atomic_write_with(path, lambda fh: pq.write_table(tbl, fh, compression="zstd"))
+
 
 
 Rows = Any  # a pyarrow Table, a polars DataFrame, or a sequence of row mappings

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
-from rankscope.spine import InputError
+from rankscope.spine import InputError, StoreError
 
 TIME = pa.timestamp("us", tz="UTC")
 
@@ -42,7 +42,7 @@ class TableSpec:
     def __post_init__(self) -> None:
         for col in self.partition_by:
             if col not in self.schema.names:
-                raise ValueError(f"table {self.name}: partition column {col!r} not in schema")
+                raise StoreError(f"table {self.name}: partition column {col!r} not in schema")
 
 
 STACKS = TableSpec(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 
 import pyarrow as pa
 from rankscope.datasets.domain.stacks import Frame, ProcStacks, ThreadDump
+from rankscope.spine import paused_gc
 
 
 def from_table(tbl: pa.Table) -> list[ProcStacks]:
@@ -15,13 +15,8 @@ def from_table(tbl: pa.Table) -> list[ProcStacks]:
     Frames are decoded once per distinct stack (rows are keyed by a hash of their frames list,
     computed columnar by polars), so a 100,000-rank hang decodes a handful of stacks.
     """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         return _from_table(tbl)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _from_table(tbl: pa.Table) -> list[ProcStacks]:

@@ -6,8 +6,9 @@ Layout::
     ROOT/<table>/job=<job>/part-<utc>-<uuid>.parquet
 
 Every write goes to a hidden temporary file in the same directory, is fsynced, then renamed into
-place (``os.replace``), so a reader (or a ``kill -9`` of the writer) never sees a partial file:
-readers only look at ``part-*.parquet``. Files are never rewritten. Tables are read lazily with
+place (``rankscope.spine.atomic_write_with``), so a reader (or a ``kill -9`` of the writer) never sees a
+partial file: readers only look at ``part-*.parquet``; temp files a killed writer left are removed
+(after an hour) by the next write to that partition. Files are never rewritten. Tables are read lazily with
 polars (:meth:`Store.scan`) or queried with DuckDB (:meth:`Store.sql`), where every table is a view.
 """
 
@@ -30,7 +31,7 @@ from rankscope.datasets.store.parts import (
     conform,
 )
 from rankscope.datasets.store.schemas import TABLES, TableSpec, table
-from rankscope.spine import InputError, StoreError
+from rankscope.spine import InputError, StoreError, atomic_write, remove_stale_temps
 
 MARKER = "rankscope-store.json"
 FORMAT_VERSION = 1
@@ -52,9 +53,7 @@ class Store:
             if not create:
                 raise StoreError(f"{self.root}: not a rankscope store (no {MARKER})")
             self.root.mkdir(parents=True, exist_ok=True)
-            tmp = self.root / f".tmp-{uuid.uuid4().hex}.json"
-            tmp.write_text(json.dumps({"format": "rankscope-store", "version": FORMAT_VERSION}) + "\n")
-            os.replace(tmp, marker)
+            atomic_write(marker, json.dumps({"format": "rankscope-store", "version": FORMAT_VERSION}) + "\n")
         try:
             meta = json.loads(marker.read_text())
             version = int(meta["version"])
@@ -63,6 +62,7 @@ class Store:
         if version > FORMAT_VERSION:
             raise StoreError(f"{marker}: store format {version} is newer than this rankscope ({FORMAT_VERSION})")
         self._checked: dict[Path, tuple[int, int]] = {}
+        self._swept: set[Path] = set()  # partition directories cleared of temp files killed writers left
 
     @staticmethod
     def is_store(path: str | os.PathLike[str]) -> bool:
@@ -83,6 +83,9 @@ class Store:
                 subdir = subdir / f"{col}={value}"
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
             path = subdir / f"part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
+            if subdir not in self._swept:
+                remove_stale_temps(subdir)
+                self._swept.add(subdir)
             atomic_write_parquet(part, path)
             written.append(path)
         return written

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from rankscope.analytics.frames import classify, display, signature
+from rankscope.analytics.stacks.frames import classify, display, signature
 from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.spine import InputError
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool =
     rank -> dp index.
     """
     if not 0.0 < dominance <= 1.0:
-        raise ValueError(f"dominance={dominance} must be in (0, 1]")
+        raise InputError(f"dominance={dominance!r} must be in (0, 1]")
     groups: dict[tuple[str, ...] | None, list[int]] = {}
     empty: tuple = ()
     keys: list[tuple[str, ...] | None] = []

@@ -5,11 +5,11 @@ peer" within a second, NCCL's watchdog aborts the communicator after its timeout
 SIGTERMs the rest. Reading every rank's traceback, the root cause drowns in the cascade. The rule
 here is the one people apply by hand (and torchrun's "first observed failure"), made explicit:
 
-1. Keep the latest incident: abnormal exits at most ``incident_window_s`` (1 h, longer than any
+1. Keep the latest incident: abnormal exits at most ``incident_window_seconds`` (1 h, longer than any
    collective timeout) before the last one, the earliest exit per rank.
 2. An exit whose error says a *peer* failed (connection closed or reset by peer, communicator
    aborted, collective timeout, broken pipe, ...) is a **cascade**; the others are **primary**.
-3. The culprit is the earliest primary exit (plus any other primary within ``tie_s``, as clocks of
+3. The culprit is the earliest primary exit (plus any other primary within ``tie_seconds``, as clocks of
    different hosts differ by milliseconds). With no primary at all, the earliest exit, at lower
    confidence. A rank that vanished without a record (SIGKILL, the OOM killer) is primary.
 4. The same primary error on many ranks (``widespread_fraction`` of the world, at least 2) is a
@@ -22,16 +22,18 @@ Pure: :class:`~rankscope.datasets.domain.exits.ProcessExit` records and a topolo
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rankscope.analytics.verdict import (
     Evidence,
+    Severity,
     SuspectGroup,
     Verdict,
     merge_nodes,
     rank_ranges,
 )
+from rankscope.config import CrashConfig
 from rankscope.datasets.domain.exits import ProcessExit
 from rankscope.datasets.domain.topology import Topology
 
@@ -51,13 +53,6 @@ CASCADE_PATTERNS = (
 )
 _CASCADE = re.compile("|".join(f"(?:{p})" for p in CASCADE_PATTERNS), re.I)
 _NUMBERS = re.compile(r"\d+")
-
-
-@dataclass(frozen=True)
-class CrashConfig:
-    incident_window_s: float = 3600.0
-    tie_s: float = 0.1
-    widespread_fraction: float = 0.25
 
 
 _STOPS = frozenset({"KeyboardInterrupt"})  # someone stopped the job on purpose: not a machine's fault
@@ -99,106 +94,133 @@ def latest_incident(exits: Sequence[ProcessExit], window_s: float, *,
     return sorted(first_per_rank.values(), key=lambda e: (e.time, e.rank))
 
 
-def crash_verdict(exits: Sequence[ProcessExit], topology: Topology | None, *, job: str = "",
-                  config: CrashConfig | None = None, anchor: float | None = None) -> Verdict | None:
-    """The crash verdict of the latest incident in ``exits`` (near ``anchor`` when given), or None
-    when no trainer exited abnormally. ``details["crash"]["n_primary"] == 0`` means every failure
-    reported a lost peer or a deliberate stop: context for another verdict, not a cause."""
+@dataclass(frozen=True)
+class CrashFacts:
+    """The latest incident's exits, split into primary failures and their cascade, before a decision."""
+
+    incident: tuple[ProcessExit, ...]  # earliest exit per rank, oldest first
+    primary: tuple[ProcessExit, ...]
+    cascade: tuple[ProcessExit, ...]
+    world: int
+    node_of_rank: Mapping[int, str]
+    widespread: tuple[ProcessExit, ...]  # the same primary error on many ranks (a code fault), or ()
+    culprits: tuple[ProcessExit, ...]  # the first failure (and ties), when not widespread
+
+    def node_of(self, e: ProcessExit) -> str:
+        return self.node_of_rank[e.rank]
+
+    @property
+    def n_primary(self) -> int:
+        return len(self.primary)
+
+
+def facts(exits: Sequence[ProcessExit], topology: Topology | None, *, config: CrashConfig | None = None,
+          anchor: float | None = None) -> CrashFacts | None:
+    """The latest incident in ``exits`` (near ``anchor`` when given), or None when no trainer exited abnormally."""
     cfg = config or CrashConfig()
-    incident = latest_incident(exits, cfg.incident_window_s, anchor=anchor)
+    incident = latest_incident(exits, cfg.incident_window_seconds, anchor=anchor)
     if not incident:
         return None
     world = topology.world_size if topology is not None else max(e.rank for e in incident) + 1
     incident = [e for e in incident if 0 <= e.rank < world]
     if not incident:
         return None
-
-    def node_of(e: ProcessExit) -> str:
-        if topology is not None:
-            return topology.node_names[int(topology.node_index[e.rank])]
-        return e.node or f"rank-{e.rank}"
-
-    primary = [e for e in incident if not is_cascade(e)]
-    cascade = [e for e in incident if is_cascade(e)]
-    t0 = incident[0].time
-    evidence: list[Evidence] = []
-    reasons: list[str] = []
-
+    node_of = {e.rank: (topology.node_names[int(topology.node_index[e.rank])] if topology is not None
+                        else e.node or f"rank-{e.rank}") for e in incident}
+    primary = tuple(e for e in incident if not is_cascade(e))
+    cascade = tuple(e for e in incident if is_cascade(e))
     by_sig: dict[str, list[ProcessExit]] = {}
     for e in primary:
         by_sig.setdefault(_signature(e), []).append(e)
     widespread = [g for g in by_sig.values()
                   if len(g) >= max(2, cfg.widespread_fraction * world) and g[0].kind != "vanished"]
-    if widespread:
-        g = max(widespread, key=len)
-        ranks = tuple(sorted(e.rank for e in g))
-        reasons.append(f"{len(g)} of {world} ranks failed with the same error ({g[0].describe()}): a code, data "
-                       "or configuration fault, not a machine; nothing to evict.")
-        evidence.append(Evidence("events", "widespread-crash", g[0].describe(), ranks,
-                                 merge_nodes([node_of(e) for e in g])))
-        return Verdict("crash", job=job, confidence=0.8, suspect_ranks=tuple(sorted(e.rank for e in incident)),
-                       culprit_ranks=ranks, reasons=tuple(reasons), evidence=tuple(evidence), sources=("events",),
-                       world_size=world, details={"crash": _details(incident, primary, cascade, t0, node_of)})
+    pool = primary or tuple(incident)
+    culprits = tuple(e for e in pool if e.time - pool[0].time <= cfg.tie_seconds)
+    return CrashFacts(tuple(incident), primary, cascade, world, node_of,
+                      tuple(max(widespread, key=len)) if widespread else (), culprits)
 
-    pool = primary or incident
-    first = pool[0]
-    culprits = [e for e in pool if e.time - first.time <= cfg.tie_s]
-    nodes = merge_nodes([node_of(e) for e in culprits])
-    ranks = tuple(sorted(e.rank for e in culprits))
-    later = [e for e in incident if e not in culprits]
+
+def verdict(f: CrashFacts, topology: Topology | None, *, job: str = "") -> Verdict:
+    """``crash``: a code fault when the same error is widespread, else the first failure's machine.
+    ``details["crash"]["n_primary"] == 0`` means every failure reported a lost peer or a deliberate stop:
+    context for another verdict, not a cause."""
+    if f.widespread:
+        return _widespread(f, job)
+    return _first_failure(f, topology, job)
+
+
+def _details(f: CrashFacts) -> dict[str, object]:
+    t0 = f.incident[0].time
+    prim = {id(e) for e in f.primary}
+    return {
+        "first_failure_time": t0,
+        "exits": [{"rank": e.rank, "node": f.node_of(e), "after_s": round(e.time - t0, 3),
+                   "kind": e.kind, "message": " ".join(e.message.split())[:300], "where": e.where,
+                   "cause": "primary" if id(e) in prim else "cascade", "time_source": e.time_source}
+                  for e in f.incident],
+        "n_primary": len(f.primary),
+        "n_cascade": len(f.cascade),
+    }
+
+
+def _widespread(f: CrashFacts, job: str) -> Verdict:
+    g = f.widespread
+    ranks = tuple(sorted(e.rank for e in g))
+    reasons = (f"{len(g)} of {f.world} ranks failed with the same error ({g[0].describe()}): a code, data "
+               "or configuration fault, not a machine; nothing to evict.",)
+    evidence = (Evidence("events", "widespread-crash", g[0].describe(), ranks, merge_nodes([f.node_of(e) for e in g])),)
+    return Verdict(Severity.CRASH, job=job, confidence=0.8, suspect_ranks=tuple(sorted(e.rank for e in f.incident)),
+                   culprit_ranks=ranks, reasons=reasons, evidence=evidence, sources=("events",),
+                   world_size=f.world, details={"crash": _details(f)})
+
+
+def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
+    """The confidence and the reasons of a first-failure verdict."""
+    first, culprits, cascade = f.culprits[0], f.culprits, f.cascade
+    later = [e for e in f.incident if e not in culprits]
     gap = (later[0].time - first.time) if later else None
-    if primary:
+    if f.primary:
         confidence = 0.95 if (gap is None or gap >= 0.5) and len(culprits) == 1 else 0.8
         if first.time_source == "detected" and later:
             confidence = min(confidence, 0.8)  # its time is when the agent noticed, not when it died
-        lead = f"Rank {first.rank} on {node_of(first)} failed first: {first.describe()}."
+        reasons = [f"Rank {first.rank} on {f.node_of(first)} failed first: {first.describe()}."]
     else:
         confidence = 0.5
-        lead = (f"Every failure reports a lost peer; the earliest is rank {first.rank} on {node_of(first)} "
-                f"({first.describe()}). The root cause left no record here (its process may have been killed).")
-    reasons.append(lead)
+        reasons = [f"Every failure reports a lost peer; the earliest is rank {first.rank} on {f.node_of(first)} "
+                   f"({first.describe()}). The root cause left no record here (its process may have been killed)."]
     for e in culprits[1:]:
-        reasons.append(f"Rank {e.rank} on {node_of(e)} failed at the same moment: {e.describe()}.")
-    if cascade and primary:
+        reasons.append(f"Rank {e.rank} on {f.node_of(e)} failed at the same moment: {e.describe()}.")
+    if cascade and f.primary:
         lo, hi = min(e.time for e in cascade) - first.time, max(e.time for e in cascade) - first.time
         when = f"{lo:.1f}-{hi:.1f} s later" if lo >= 0 else f"between {-lo:.1f} s before and {hi:.1f} s after it"
         reasons.append(f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {when} "
                        f"with errors that report a lost peer ({_short_kind(cascade[0])}): a cascade, not separate faults.")
-    others = [e for e in primary if e not in culprits]
+    others = [e for e in f.primary if e not in culprits]
     if others:
         reasons.append(f"{len(others)} later failure(s) not recognised as a cascade: ranks "
                        f"{rank_ranges(e.rank for e in others)} (first: {others[0].describe()}).")
-    for e in culprits:
-        evidence.append(Evidence("events", "first-failure" if primary else "earliest-failure", e.describe(),
-                                 (e.rank,), (node_of(e),)))
-    if cascade:
-        evidence.append(Evidence("events", "cascade-failure", _short_kind(cascade[0]),
-                                 tuple(e.rank for e in cascade), merge_nodes([node_of(e) for e in cascade]), 0.2))
+    return confidence, reasons
+
+
+def _first_failure(f: CrashFacts, topology: Topology | None, job: str) -> Verdict:
+    confidence, reasons = _first_failure_words(f)
+    nodes = merge_nodes([f.node_of(e) for e in f.culprits])
+    ranks = tuple(sorted(e.rank for e in f.culprits))
+    evidence = [Evidence("events", "first-failure" if f.primary else "earliest-failure", e.describe(),
+                         (e.rank,), (f.node_of(e),)) for e in f.culprits]
+    if f.cascade:
+        evidence.append(Evidence("events", "cascade-failure", _short_kind(f.cascade[0]),
+                                 tuple(e.rank for e in f.cascade), merge_nodes([f.node_of(e) for e in f.cascade]), 0.2))
     group = None
     if topology is not None:
         idx = tuple(sorted({int(topology.node_index[r]) for r in ranks}))
         group_ranks = tuple(int(r) for r in topology.ranks if int(topology.node_index[r]) in idx)
         group = SuspectGroup("node", idx, group_ranks, nodes)
-    return Verdict("crash", job=job, confidence=confidence, suspect_nodes=nodes, culprit_nodes=nodes,
+    return Verdict(Severity.CRASH, job=job, confidence=confidence, suspect_nodes=nodes, culprit_nodes=nodes,
                    suspect_ranks=ranks, culprit_ranks=ranks, reasons=tuple(reasons), suspect_group=group,
-                   evidence=tuple(evidence), sources=("events",), world_size=world,
-                   details={"crash": _details(incident, primary, cascade, t0, node_of)})
+                   evidence=tuple(evidence), sources=("events",), world_size=f.world, details={"crash": _details(f)})
 
 
 def _short_kind(e: ProcessExit) -> str:
     m = _CASCADE.search(f"{e.kind}: {e.message}")
     return f"{e.kind}: ...{m.group(0)}..." if m else e.kind
-
-
-def _details(incident: Sequence[ProcessExit], primary: Sequence[ProcessExit], cascade: Sequence[ProcessExit],
-             t0: float, node_of: Callable[[ProcessExit], str]) -> dict[str, object]:
-    prim = {id(e) for e in primary}
-    return {
-        "first_failure_time": t0,
-        "exits": [{"rank": e.rank, "node": node_of(e), "after_s": round(e.time - t0, 3),
-                   "kind": e.kind, "message": " ".join(e.message.split())[:300], "where": e.where,
-                   "cause": "primary" if id(e) in prim else "cascade", "time_source": e.time_source}
-                  for e in incident],
-        "n_primary": len(primary),
-        "n_cascade": len(cascade),
-    }

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankscope.analytics.verdict import Evidence, rank_ranges
+from rankscope.analytics.verdict import Evidence, Severity, rank_ranges
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Mismatch:
 class CollectiveAnalysis:
     """What the Flight Recorder dumps say. ``status``: hang | mismatch | fail-slow | healthy | inconclusive."""
 
-    status: str
+    status: Severity
     world_size: int
     dumped_ranks: tuple[int, ...]
     culprit_ranks: tuple[int, ...] = ()
@@ -91,7 +91,7 @@ class CollectiveAnalysis:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "status": self.status, "world_size": self.world_size, "n_dumps": len(self.dumped_ranks),
+            "status": self.status.value, "world_size": self.world_size, "n_dumps": len(self.dumped_ranks),
             "culprit_ranks": list(self.culprit_ranks), "missing_ranks": list(self.missing_ranks),
             "stopped_pg": self.stopped_pg, "stopped_kind": self.stopped_kind, "stopped_index": self.stopped_index,
             "stopped_members": rank_ranges(self.stopped_members),
@@ -106,7 +106,7 @@ class CollectiveAnalysis:
         }
 
     def explain(self) -> str:
-        head = f"Flight Recorder: {self.status.upper()}"
+        head = f"Flight Recorder: {self.status.value.upper()}"
         if self.culprit_ranks:
             head += f"; culprit rank(s) {rank_ranges(self.culprit_ranks)}"
         if self.stopped_pg is not None:

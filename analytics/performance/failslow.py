@@ -1,9 +1,14 @@
-"""Several snapshots of one job: is it progressing, and if so, which group keeps it waiting?
+"""Fail-slow from stacks and steps: the classifiers that tell a slow job from a hung or healthy one.
 
-Progress: a rank whose stack (with line numbers) changes between consecutive snapshots is
-moving; when most ranks move, the job is not hung. Fail-slow (ByteRobust's MFU-decline mode,
-every 10 s for 5 rounds): each round flags the parallel group holding the most outlier ranks
-(ties go to the smaller group); after all rounds the group flagged most often is the degrader.
+The other fail-slow evidence lives beside this module: metric outliers among peers (:mod:`.metrics`)
+and timing stragglers (:mod:`.stragglers`), folded into one verdict by :mod:`.verdict`.
+
+- Rounds of stack snapshots (ByteRobust's MFU-decline mode, every 10 s for 5 rounds): each round
+  flags the parallel group holding significantly more outlier ranks than chance; after all rounds
+  the group flagged most often is the degrader (:func:`degrader`), and a rank running its own code
+  in far more rounds than chance is the slow rank inside it.
+- Steps overrule a stack "hang" (:func:`steps_overrule`): stacks that look frozen while the step
+  records show steps completing between the snapshots are a slow job, not a hung one.
 """
 
 from __future__ import annotations
@@ -11,47 +16,25 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
-from rankscope.analytics.frames import signature
-from rankscope.analytics.localize import SnapshotAnalysis, cover
-from rankscope.analytics.verdict import SuspectGroup
-from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.analytics.faultdomain import cover
+from rankscope.analytics.verdict import Severity, SuspectGroup, Verdict
 from rankscope.datasets.domain.topology import KINDS, Topology
 
 
-@dataclass(frozen=True)
-class Progress:
-    """How many ranks' stacks changed between consecutive snapshots."""
-
-    n_snapshots: int
-    compared: int  # rank-pairs compared
-    changed: int
+class Round(Protocol):
+    """What a vote needs of one snapshot (the stacks' ``Round`` is one)."""
 
     @property
-    def fraction_changed(self) -> float:
-        return self.changed / self.compared if self.compared else 0.0
+    def snapshot(self) -> int: ...
 
     @property
-    def progressing(self) -> bool:
-        return self.compared > 0 and self.fraction_changed > 0.5
+    def outlier_ranks(self) -> tuple[int, ...]: ...
 
-
-def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]]) -> Progress:
-    """Compare each trainer's main-thread stack (with lines) across consecutive snapshots."""
-    snaps = sorted(by_snapshot)
-    prev: dict[int, tuple[str, ...]] | None = None
-    compared = changed = 0
-    for s in snaps:
-        cur = {p.rank: signature(p.main, lines=True) for p in by_snapshot[s]
-               if p.role == "trainer" and p.rank is not None and p.status not in ("failed", "cut")}
-        if prev is not None:
-            for r, sig in cur.items():
-                if r in prev:
-                    compared += 1
-                    changed += sig != prev[r]
-        prev = cur
-    return Progress(len(snaps), compared, changed)
+    @property
+    def busy_ranks(self) -> tuple[int, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -95,7 +78,7 @@ def _groups(topology: Topology) -> list[tuple[str, np.ndarray, np.ndarray]]:
     return out
 
 
-def flag_round(a: SnapshotAnalysis, topology: Topology, *, alpha: float = 0.01) -> RoundFlag | None:
+def flag_round(a: Round, topology: Topology, *, alpha: float = 0.01) -> RoundFlag | None:
     """The group holding significantly more outliers than chance in one round, if any.
 
     "Most outliers" is measured against the round's outlier rate: a group's count is tested with a
@@ -137,7 +120,7 @@ def _members(topology: Topology, kind: str, group: int) -> tuple[tuple[int, ...]
     return g.ranks, g.nodes
 
 
-def degrader(rounds: Sequence[SnapshotAnalysis], topology: Topology, *, alpha: float = 0.01,
+def degrader(rounds: Sequence[Round], topology: Topology, *, alpha: float = 0.01,
              min_votes: int = 1) -> Degrader | None:
     """Vote over rounds, and find the ranks that persistently keep the others waiting.
 
@@ -193,3 +176,29 @@ def degrader(rounds: Sequence[SnapshotAnalysis], topology: Topology, *, alpha: f
         return None
     return Degrader(group, n, len(rounds), tuple(flags), culprits, {r: counts[r] for r in culprits},
                     voted[0] if voted else None)
+
+
+def steps_overrule(v: Verdict, timings: Any, snapshot_times: Mapping[int, float]) -> Verdict:
+    """A "hang" over several snapshots while steps kept completing between them is fail-slow.
+
+    Stacks sampled seconds apart can look frozen when every sample catches the same slow rank in
+    the same place (a rank that sleeps or spins 2 s per step) while the job still advances; the
+    step records settle it.
+    """
+    import polars as pl  # noqa: PLC0415
+
+    times = sorted(t for t in snapshot_times.values() if t is not None)
+    if len(times) < 2 or not {"start_s", "duration_s", "step"} <= set(timings.columns):
+        return v
+    t0, t1 = times[0], times[-1]
+    done = timings.filter(pl.col("start_s").is_not_null()).with_columns(
+        (pl.col("start_s") + pl.col("duration_s")).alias("end_s")).filter(
+        (pl.col("end_s") > t0) & (pl.col("end_s") <= t1))
+    if done.height == 0:
+        return v
+    steps = done.get_column("step").n_unique()
+    reason = (f"The stacks look the same in every snapshot, but {steps} step(s) completed between the first and "
+              f"the last snapshot ({t1 - t0:.0f} s apart): the job is slow, not hung; the outliers are where it "
+              "waits on the slow rank(s).")
+    return v.with_updates(verdict=Severity.FAIL_SLOW, reasons=(reason, *v.reasons),
+                          details={**v.details, "steps_during_snapshots": steps})

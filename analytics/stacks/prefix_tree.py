@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rankscope.analytics.clustering import Cluster
+from rankscope.analytics.stacks.clustering import Cluster
 from rankscope.analytics.verdict import rank_ranges
 
 

@@ -13,45 +13,25 @@ Decision procedure:
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from rankscope.analytics.clustering import Cluster
-from rankscope.analytics.failslow import Degrader, Progress, degrader, progress
-from rankscope.analytics.localize import (
-    SnapshotAnalysis,
-    analyze_snapshot,
-    cover,
-    culprits,
-)
-from rankscope.analytics.prefix_tree import build
+from rankscope.analytics.faultdomain import cover
+from rankscope.analytics.performance.failslow import Degrader, degrader
+from rankscope.analytics.stacks.clustering import Cluster
+from rankscope.analytics.stacks.culprits import culprits
+from rankscope.analytics.stacks.facts import Progress, StackFacts
+from rankscope.analytics.stacks.prefix_tree import build
+from rankscope.analytics.stacks.snapshot import SnapshotAnalysis
 from rankscope.analytics.verdict import (
     ClusterSummary,
     Evidence,
+    Severity,
     SuspectGroup,
     Verdict,
     rank_ranges,
 )
-from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.config import Limits, StackConfig
 from rankscope.datasets.domain.topology import Topology
-
-
-@dataclass(frozen=True, kw_only=True)
-class StackConfig:
-    """Knobs of the stack analysis."""
-
-    lines: bool = False  # compare line numbers too when clustering
-    dominance: float = 0.5  # a cluster at least this fraction of the largest is healthy
-    max_cover_fraction: float = 0.5  # a fault domain larger than this share of nodes is no domain
-    min_flag_fraction: float = 0.6  # fail-slow: degrader flagged in at least this share of rounds
-    max_missing_fraction: float = 0.5  # more missing dumps than this -> inconclusive
-
-    def __post_init__(self) -> None:
-        for name in ("dominance", "max_cover_fraction", "min_flag_fraction", "max_missing_fraction"):
-            v = getattr(self, name)
-            if not 0.0 < v <= 1.0:
-                raise ValueError(f"StackConfig.{name}={v} must be in (0, 1]")
 
 
 def _summaries(clusters: Sequence[Cluster], topology: Topology, snapshot: int,
@@ -81,29 +61,22 @@ def _dominant_words(a: SnapshotAnalysis) -> str:
     return f"{top.state} in {top.state_frame}{more}"
 
 
-def diagnose_stacks(procs: Sequence[ProcStacks], topology: Topology, *, job: str = "",
-                    config: StackConfig | None = None) -> Verdict:
-    """The stack-only verdict for one job."""
-    cfg = config or StackConfig()
-    by_snap: dict[int, list[ProcStacks]] = defaultdict(list)
-    for p in procs:
-        by_snap[p.snapshot].append(p)
-    if not by_snap:
-        return Verdict("inconclusive", job=job, confidence=0.0, reasons=("no stack dumps",),
+def verdict(facts: StackFacts, topology: Topology, *, job: str = "") -> Verdict:
+    """The stack-only verdict: a hang (or no fault) for a job that does not progress, fail-slow rounds for
+    one that does."""
+    if facts.progress is not None and facts.progress.progressing:
+        return _failslow_verdict(facts.analyses, topology, facts.progress, job, facts.config, facts.limits)
+    if not facts.analyses:
+        return Verdict(Severity.INCONCLUSIVE, job=job, confidence=0.0, reasons=("no stack dumps",),
                        world_size=topology.world_size, sources=("stacks",))
-    snaps = sorted(by_snap)
-    prog = progress(by_snap) if len(snaps) > 1 else None
-    analyses = [analyze_snapshot(by_snap[s], topology, snapshot=s, lines=cfg.lines, dominance=cfg.dominance)
-                for s in (snaps if prog is not None and prog.progressing else snaps[-1:])]
-    if prog is not None and prog.progressing:
-        return _failslow_verdict(analyses, topology, prog, job, cfg)
-    return _hang_verdict(analyses[-1], topology, prog, job, cfg, len(snaps))
+    return _hang_verdict(facts.analyses[-1], topology, facts.progress, job, facts.config, facts.limits,
+                         facts.n_snapshots)
 
 
 def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None, job: str,
-                  cfg: StackConfig, n_snaps: int) -> Verdict:
+                  cfg: StackConfig, limits: Limits, n_snaps: int) -> Verdict:
     total = topology.world_size
-    clusters = _summaries(a.clusters, topology, a.snapshot) + _missing_summary(a, topology, len(a.clusters))
+    clusters = _summaries(a.clusters, topology, a.snapshot, limits.max_reported_clusters) + _missing_summary(a, topology, len(a.clusters))
     tree = build([c for c in a.clusters if c.role == "trainer"])
     details: dict = {"prefix_tree": tree.to_dict()[:200], "dominant_fraction": round(a.dominant_fraction, 4)}
     reasons = []
@@ -112,13 +85,13 @@ def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None
                        f"between snapshots ({prog.fraction_changed:.0%}), so the job is not progressing.")
     common = dict(job=job, clusters=clusters, world_size=total, n_snapshots=n_snaps, sources=("stacks",))
     if a.n_trainers == 0:
-        return Verdict("inconclusive", confidence=0.0, reasons=tuple(reasons) + ("no trainer stack dumps",),
+        return Verdict(Severity.INCONCLUSIVE, confidence=0.0, reasons=tuple(reasons) + ("no trainer stack dumps",),
                        details=details, **common)
     if len(a.missing_ranks) > cfg.max_missing_fraction * total:
         reasons.append(f"dumps are missing for {len(a.missing_ranks)} of {total} ranks "
                        f"({rank_ranges(a.missing_ranks)[:200]}): too few to localize; check the layout "
                        "(--layout, --gpus-per-node) and that every node's dumps were collected.")
-        return Verdict("inconclusive", confidence=0.2, reasons=tuple(reasons), details=details, **common)
+        return Verdict(Severity.INCONCLUSIVE, confidence=0.2, reasons=tuple(reasons), details=details, **common)
     healthy = a.healthy_trainers
     reasons.append(f"{healthy} of {total} ranks share the dominant stack(s): {_dominant_words(a)}.")
     if not a.outlier_ranks and a.cut:
@@ -127,13 +100,13 @@ def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None
         reasons.append(f"No outlier among the ranks with a stack, but {len(a.cut)} rank(s) left no usable stack "
                        f"(cut off or never written as they stopped): {rank_ranges(a.cut)[:200]}. If the job was "
                        "stuck, look at them first (killed outright? the kernel log, the exit records).")
-        return Verdict("inconclusive", confidence=0.3, suspect_ranks=a.cut, reasons=tuple(reasons), details=details, evidence=_evidence(a, topology, ()), **common)
+        return Verdict(Severity.INCONCLUSIVE, confidence=0.3, suspect_ranks=a.cut, reasons=tuple(reasons), details=details, evidence=_evidence(a, topology, (), limits.max_evidence_items), **common)
     if not a.outlier_ranks:
         reasons.append("No outlier: every rank is in a healthy state. If the job is stuck, the cause is not "
                        "visible as a machine-specific stack (all ranks wait alike); take several snapshots "
                        "to tell a hang from progress, and check the network and the Flight Recorder.")
         conf = 0.5 + 0.4 * a.dominant_fraction
-        return Verdict("healthy", confidence=round(min(conf, 0.95), 3), reasons=tuple(reasons),
+        return Verdict(Severity.HEALTHY, confidence=round(min(conf, 0.95), 3), reasons=tuple(reasons),
                        details=details, **common)
     n_out_clusters = sum(1 for c in clusters if not c.healthy)
     reasons.append(f"{len(a.outlier_ranks)} outlier rank(s) in {n_out_clusters} cluster(s): "
@@ -141,8 +114,8 @@ def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None
     group = cover(a.outlier_ranks, topology, max_fraction=cfg.max_cover_fraction)
     if group is None:
         reasons.append("The outliers are spread over most of the job's nodes: no single fault domain to isolate.")
-        return Verdict("inconclusive", confidence=0.25, suspect_ranks=a.outlier_ranks, reasons=tuple(reasons),
-                       details=details, evidence=_evidence(a, topology, ()), **common)
+        return Verdict(Severity.INCONCLUSIVE, confidence=0.25, suspect_ranks=a.outlier_ranks, reasons=tuple(reasons),
+                       details=details, evidence=_evidence(a, topology, (), limits.max_evidence_items), **common)
     culprit_ranks, strong = culprits(a, topology)
     suspects = set(group.nodes)
     culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in suspects)
@@ -165,7 +138,7 @@ def _hang_verdict(a: SnapshotAnalysis, topology: Topology, prog: Progress | None
         "hang", confidence=round(max(0.05, min(conf, 0.99)), 3), suspect_nodes=group.nodes,
         culprit_nodes=culprit_nodes, suspect_ranks=a.outlier_ranks, culprit_ranks=tuple(culprit_ranks),
         reasons=tuple(reasons), suspect_group=group, details=details,
-        evidence=_evidence(a, topology, culprit_ranks), **common,
+        evidence=_evidence(a, topology, culprit_ranks, limits.max_evidence_items), **common,
     )
 
 
@@ -200,11 +173,11 @@ def _evidence(a: SnapshotAnalysis, topology: Topology, culprit_ranks: Sequence[i
 
 
 def _failslow_verdict(rounds: Sequence[SnapshotAnalysis], topology: Topology, prog: Progress, job: str,
-                      cfg: StackConfig) -> Verdict:
+                      cfg: StackConfig, limits: Limits) -> Verdict:
     reasons = [f"{prog.n_snapshots} snapshots: {prog.changed} of {prog.compared} rank stacks changed between "
                f"snapshots ({prog.fraction_changed:.0%}), so the job progresses (not a hang)."]
     last = rounds[-1]
-    clusters = _summaries(last.clusters, topology, last.snapshot)
+    clusters = _summaries(last.clusters, topology, last.snapshot, limits.max_reported_clusters)
     common = dict(job=job, clusters=clusters, world_size=topology.world_size, n_snapshots=len(rounds),
                   sources=("stacks",))
     min_votes = max(1, math.ceil(cfg.min_flag_fraction * len(rounds)))
@@ -215,7 +188,7 @@ def _failslow_verdict(rounds: Sequence[SnapshotAnalysis], topology: Topology, pr
                            f"{d.group.indices[0]}) was flagged in {d.flags} of {d.rounds} rounds.")
         else:
             reasons.append("No outlier in any round.")
-        return Verdict("healthy", confidence=0.7, reasons=tuple(reasons),
+        return Verdict(Severity.HEALTHY, confidence=0.7, reasons=tuple(reasons),
                        details={"rounds": _rounds_dict(d)}, **common)
     culprit_nodes = tuple(n for n in topology.nodes_of(d.culprit_ranks) if n in d.nodes) if d.culprit_ranks else ()
     if d.voted is not None and d.flags >= min_votes:
@@ -234,7 +207,7 @@ def _failslow_verdict(rounds: Sequence[SnapshotAnalysis], topology: Topology, pr
                               (r,), (topology.node_of(r),), d.culprit_counts[r] / d.rounds)
                      for r in d.culprit_ranks)
     conf = 0.4 + 0.5 * d.flags / d.rounds + (0.05 if d.culprit_ranks else 0.0)
-    return Verdict("fail-slow", confidence=round(min(conf, 0.99), 3), suspect_nodes=d.nodes,
+    return Verdict(Severity.FAIL_SLOW, confidence=round(min(conf, 0.99), 3), suspect_nodes=d.nodes,
                    culprit_nodes=culprit_nodes, suspect_ranks=suspect_ranks, culprit_ranks=d.culprit_ranks,
                    reasons=tuple(reasons), suspect_group=d.group,
                    evidence=evidence, details={"rounds": _rounds_dict(d)}, **common)

@@ -7,17 +7,21 @@ the missing ranks' nodes. A mismatch names ranks but no node: it is a code/confi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
-from rankscope.analytics.collectives_result import CollectiveAnalysis
-from rankscope.analytics.verdict import SuspectGroup, Verdict, merge_nodes, rank_ranges
+from rankscope.analytics.collectives.result import CollectiveAnalysis
+from rankscope.analytics.faultdomain import node_lookup
+from rankscope.analytics.verdict import (
+    Severity,
+    SuspectGroup,
+    Verdict,
+    merge_nodes,
+    rank_ranges,
+)
 from rankscope.datasets.domain.topology import Topology
 
 MODEL_PARALLEL = ("tp", "cp", "ep", "pp", "mp")
 
 
-def fr_verdict(analysis: CollectiveAnalysis, topology: Topology | None, job: str = "") -> Verdict:
+def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str = "") -> Verdict:
     """The verdict the Flight Recorder evidence alone supports (source ``flight_recorder``)."""
     a = analysis
     details = {"flight_recorder": {k: v for k, v in a.to_dict().items() if k not in ("evidence", "reasons")}}
@@ -26,13 +30,13 @@ def fr_verdict(analysis: CollectiveAnalysis, topology: Topology | None, job: str
     nodes = node_lookup(topology)
     if a.status == "mismatch":
         ranks = a.mismatch_ranks
-        return Verdict("mismatch", suspect_ranks=ranks, culprit_ranks=ranks, **common)  # type: ignore[arg-type]
+        return Verdict(Severity.MISMATCH, suspect_ranks=ranks, culprit_ranks=ranks, **common)  # type: ignore[arg-type]
     if a.status in ("healthy", "inconclusive"):
         return Verdict(a.status, suspect_ranks=a.missing_ranks, **common)  # type: ignore[arg-type]
     if a.status == "fail-slow":
         n = nodes(a.slow_ranks)
         group = SuspectGroup("node", (), a.slow_ranks, n) if n else None
-        return Verdict("fail-slow", suspect_nodes=n, culprit_nodes=n, suspect_ranks=a.slow_ranks,
+        return Verdict(Severity.FAIL_SLOW, suspect_nodes=n, culprit_nodes=n, suspect_ranks=a.slow_ranks,
                        culprit_ranks=a.slow_ranks, suspect_group=group, **common)  # type: ignore[arg-type]
     # hang
     culprits = a.culprit_ranks
@@ -60,21 +64,11 @@ def fr_verdict(analysis: CollectiveAnalysis, topology: Topology | None, job: str
     if culprits and suspect_nodes:
         reasons = reasons + (f"Isolate {len(suspect_nodes)} node(s) ({_words(kind)}); culprit rank(s) "
                              f"{rank_ranges(culprits)[:200]} on {', '.join(culprit_nodes[:8])}.",)
-    return Verdict("hang", suspect_nodes=suspect_nodes, culprit_nodes=culprit_nodes, suspect_ranks=suspect_ranks,
+    return Verdict(Severity.HANG, suspect_nodes=suspect_nodes, culprit_nodes=culprit_nodes, suspect_ranks=suspect_ranks,
                    culprit_ranks=culprits, suspect_group=group,
                    **{**common, "reasons": reasons})  # type: ignore[arg-type]
 
 
-def node_lookup(topology: Topology | None):  # type: ignore[no-untyped-def]
-    """A function ranks -> their nodes (empty without a topology)."""
-
-    def nodes(ranks: Sequence[int]) -> tuple[str, ...]:
-        """Nodes of ``ranks`` in node order (as Topology.nodes_of, without np.unique's numpy.ma import)."""
-        if topology is None or not ranks:
-            return ()
-        idx = topology.node_index[np.asarray([r for r in ranks if r < topology.world_size], dtype=np.int64)]
-        return tuple(topology.node_names[i] for i in sorted(set(idx.tolist())))
-    return nodes
 
 
 def _words(kind: str) -> str:

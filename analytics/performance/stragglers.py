@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from rankscope.analytics.performance.episodes import Episode, episodes, noise
+from rankscope.config import StragglerConfig
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology
 from rankscope.spine import InputError
 
@@ -35,26 +37,6 @@ def is_comm_op(op: str) -> bool:
     """True for collective / point-to-point / wait ops (by name)."""
     low = op.lower()
     return any(w in low for w in COMM_WORDS)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StragglerConfig:
-    """Thresholds of the straggler analysis (ratios are durations over the peers' median)."""
-
-    min_slowdown_ratio: float = 1.25
-    min_episode_steps: int = 5
-    min_significance: float = 5.0
-    intermittent_fraction: float = 0.05
-
-    def __post_init__(self) -> None:
-        if not self.min_slowdown_ratio > 1.0:
-            raise InputError(f"min_slowdown_ratio={self.min_slowdown_ratio!r} must be above 1 (e.g. 1.2)")
-        if not isinstance(self.min_episode_steps, int) or self.min_episode_steps < 1:
-            raise InputError(f"min_episode_steps={self.min_episode_steps!r} must be a positive integer")
-        if self.min_significance <= 0:
-            raise InputError(f"min_significance={self.min_significance!r} must be positive")
-        if not 0 < self.intermittent_fraction < 1:
-            raise InputError(f"intermittent_fraction={self.intermittent_fraction!r} must be in (0, 1)")
 
 
 @dataclass(frozen=True)
@@ -173,67 +155,12 @@ def topology_for(timings: pl.DataFrame, topology: Topology | None, notes: list[s
 
 # -- episodes -----------------------------------------------------------------------------------
 
-def _rolling_median(x: np.ndarray, k: int) -> np.ndarray:
-    """Trailing rolling median along axis 0 (NaN-aware); the first k-1 rows use what they have."""
-    if k <= 1 or x.shape[0] < k:
-        return x.copy() if k <= 1 else np.full_like(x, np.nan)
-    pad = np.concatenate([np.full((k - 1,) + x.shape[1:], np.nan), x])
-    win = np.lib.stride_tricks.sliding_window_view(pad, k, axis=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(win, axis=-1)
 
 
-@dataclass(frozen=True)
-class _Episode:
-    start: int
-    end: int
-    ratio: float
-    significance: float
 
 
-def episodes(log_ratio: np.ndarray, *, min_log: float, k: int, noise: float) -> list[_Episode | None]:
-    """Per column of ``log_ratio`` (steps x series): its strongest slow episode, or None.
-
-    An episode starts at the first slow step of the first trailing ``k``-step window whose median is
-    above ``min_log`` and lasts while that rolling median stays above it. Its significance is the
-    shift of the mean against the rest of the series, in units of ``noise / sqrt(n)``.
-    """
-    roll = _rolling_median(log_ratio, k)
-    out: list[_Episode | None] = []
-    for j in range(log_ratio.shape[1]):
-        flag = np.nan_to_num(roll[:, j], nan=-np.inf) > min_log
-        if not flag.any():
-            out.append(None)
-            continue
-        best: _Episode | None = None
-        idx = np.flatnonzero(flag)
-        runs = np.split(idx, np.flatnonzero(np.diff(idx) > 1) + 1)
-        for run in runs:
-            first, last = int(run[0]), int(run[-1])
-            lo = max(0, first - k + 1)
-            slow = np.flatnonzero(np.nan_to_num(log_ratio[lo : first + 1, j], nan=-np.inf) > min_log)
-            start = lo + int(slow[0]) if slow.size else first
-            seg = log_ratio[start : last + 1, j]
-            rest = np.concatenate([log_ratio[:start, j], log_ratio[last + 1 :, j]])
-            seg, rest = seg[np.isfinite(seg)], rest[np.isfinite(rest)]
-            if seg.size == 0:
-                continue
-            base = float(np.median(rest)) if rest.size >= k else 0.0
-            sig = (float(np.mean(seg)) - base) / (noise / np.sqrt(seg.size))
-            ep = _Episode(start, last + 1, float(np.exp(np.median(seg))), sig)
-            if best is None or ep.significance * ep.ratio > best.significance * best.ratio:
-                best = ep
-        out.append(best)
-    return out
 
 
-def _noise(log_ratio: np.ndarray) -> float:
-    """Robust step-to-step noise of log ratios, floored at 1 %."""
-    finite = log_ratio[np.isfinite(log_ratio)]
-    if finite.size == 0:
-        return 0.01
-    return max(0.01, float(1.4826 * np.median(np.abs(finite - np.median(finite)))))
 
 
 # -- the analysis -------------------------------------------------------------------------------
@@ -276,37 +203,54 @@ def _group_reference(m: np.ndarray, gid: np.ndarray, node: np.ndarray) -> np.nda
     return out
 
 
-def find_stragglers(
-    timings: pl.DataFrame, topology: Topology | None = None, *, config: StragglerConfig | None = None
-) -> StragglerReport:
-    """Slow ranks (each against its symmetric peers) and imbalances in per-rank op timings."""
-    cfg = config or StragglerConfig()
-    df = check_timings(timings)
-    if df.height == 0:
-        raise InputError("timings: no rows with a finite duration_s")
-    notes: list[str] = []
-    topo = topology_for(df, topology, notes)
-    world = topo.world_size
-    steps, mats, start = _matrices(df, world)
-    k, min_log = cfg.min_episode_steps, float(np.log(cfg.min_slowdown_ratio))
+Episodes = dict[int, list[tuple[str, Episode]]]
+
+
+@dataclass(frozen=True, eq=False)
+class _Peers:
+    """Who compares with whom: the timing matrices and each rank's stage, replica and peer group."""
+
+    topo: Topology
+    steps: np.ndarray
+    mats: dict[str, np.ndarray]  # op -> steps x ranks durations
+    start: np.ndarray | None  # per step, its earliest start (epoch seconds)
+    pp: np.ndarray  # stage per rank
+    n_pp: int
+    dp: np.ndarray  # replica per rank
+    stage_sizes: np.ndarray
+    gid: np.ndarray  # peer group per rank
+    peer_kind: str
+    compute_ops: list[str]  # only compute ops blame a rank (all ops when only comm ops were timed)
+
+
+def _peers(df: pl.DataFrame, topo: Topology) -> _Peers:
+    steps, mats, start = _matrices(df, topo.world_size)
     pp = topo.coords["pp"]
     n_pp = int(topo.sizes["pp"])
     dp = topo.group_ids("mp") if n_pp > 1 or topo.sizes["tp"] > 1 else topo.ranks.copy()  # replica of each rank
     stage_sizes = np.bincount(pp)
     peers_ok = stage_sizes.min() >= 3
-    gid = pp if peers_ok else np.zeros(world, dtype=np.int64)
+    gid = pp if peers_ok else np.zeros(topo.world_size, dtype=np.int64)
     peer_kind = "same pipeline stage across replicas" if peers_ok and n_pp > 1 else "all ranks"
+    compute_ops = [op for op in mats if not is_comm_op(op)] or list(mats)
+    return _Peers(topo, steps, mats, start, pp, n_pp, dp, stage_sizes, gid, peer_kind, compute_ops)
 
-    # 1. each rank against its stage peers, per op. A replica spread over several nodes that is slow
-    # at every stage is slow because of its data: that common part is taken out before blaming ranks.
+
+def _rank_episodes(p: _Peers, cfg: StragglerConfig) -> tuple[Episodes, Episodes]:
+    """Each rank against its stage peers, per compute op; and each replica spread over several nodes.
+
+    A replica spread over several nodes that is slow at every stage is slow because of its data: that
+    common part is taken out before blaming ranks.
+    """
+    k, min_log = cfg.min_episode_steps, float(np.log(cfg.min_slowdown_ratio))
+    topo, dp = p.topo, p.dp
     reps = np.unique(dp)
     spread = {int(rep): len(topo.nodes_of(np.flatnonzero(dp == rep))) > 1 for rep in reps}
-    per_rank: dict[int, list[tuple[str, _Episode]]] = {}
-    per_replica: dict[int, list[tuple[str, _Episode]]] = {}
-    compute_ops = [op for op in mats if not is_comm_op(op)] or list(mats)  # only comm ops: use them
-    for op in compute_ops:
-        m = mats[op]
-        lr = np.log(np.clip(m, 1e-12, None) / np.clip(_group_reference(m, gid, topo.node_index), 1e-12, None))
+    per_rank: Episodes = {}
+    per_replica: Episodes = {}
+    for op in p.compute_ops:
+        m = p.mats[op]
+        lr = np.log(np.clip(m, 1e-12, None) / np.clip(_group_reference(m, p.gid, topo.node_index), 1e-12, None))
         common = np.zeros_like(lr)
         rep_lr = np.zeros((lr.shape[0], reps.size))
         with warnings.catch_warnings():
@@ -322,100 +266,136 @@ def find_stragglers(
         # only a replica's *slowness* is explained by its data; when its other ranks look fast, that is
         # because their own reference holds the slow machine (two nodes per stage), not a lighter batch
         resid = lr - np.maximum(common, 0.0)
-        for r, ep in enumerate(episodes(resid, min_log=min_log, k=k, noise=_noise(resid))):
+        for r, ep in enumerate(episodes(resid, min_log=min_log, k=k, noise=noise(resid))):
             if ep is not None and ep.significance >= cfg.min_significance:
                 per_rank.setdefault(r, []).append((op, ep))
         if any(spread.values()):
-            for j, ep in enumerate(episodes(rep_lr, min_log=min_log, k=k, noise=_noise(rep_lr))):
+            for j, ep in enumerate(episodes(rep_lr, min_log=min_log, k=k, noise=noise(rep_lr))):
                 if ep is not None and ep.significance >= cfg.min_significance and spread[int(reps[j])]:
                     per_replica.setdefault(int(reps[j]), []).append((op, ep))
+    return per_rank, per_replica
 
+
+def _blame(p: _Peers, per_rank: Episodes, per_replica: Episodes) -> tuple[list[SlowRank], list[Imbalance]]:
+    """Slow ranks to blame; a slow replica no blamed machine explains, or more than half of the ranks
+    slow, is an imbalance instead."""
     imbalances: list[Imbalance] = []
-    slow_ranks: list[SlowRank] = []
     slow_set = set(per_rank)
-    replica_slow: set[int] = set()
     for rep, eps in sorted(per_replica.items()):
-        if any(dp[r] == rep for r in slow_set):
+        if any(p.dp[r] == rep for r in slow_set):
             continue  # a blamed machine explains it
         ratio = float(max(ep.ratio for _, ep in eps))
         onset = min(ep.start for _, ep in eps)
         imbalances.append(Imbalance(
-            "replica", ratio, f"replica {rep}", int(steps[onset]),
-            f"replica {rep} is {ratio:.2f}x slower at every pipeline stage from step {int(steps[onset])} "
+            "replica", ratio, f"replica {rep}", int(p.steps[onset]),
+            f"replica {rep} is {ratio:.2f}x slower at every pipeline stage from step {int(p.steps[onset])} "
             "across several nodes: data imbalance (heavier batches), not one machine"))
+    world = p.topo.world_size
     if len(slow_set) > world // 2:
         imbalances.append(Imbalance("job-wide", 1.0, "more than half of the ranks", None,
                                     f"{len(slow_set)} of {world} ranks are slower than their peers: no single "
                                     "machine stands out"))
         slow_set = set()
-    for r in sorted(slow_set - replica_slow):
+    slow_ranks = []
+    for r in sorted(slow_set):
         eps = per_rank[r]
         first = min(ep.start for _, ep in eps)
+        start = p.start
         slow_ranks.append(SlowRank(
-            r, topo.node_of(r), float(max(ep.ratio for _, ep in eps)), int(steps[first]),
+            r, p.topo.node_of(r), float(max(ep.ratio for _, ep in eps)), int(p.steps[first]),
             None if start is None or not np.isfinite(start[first]) else float(start[first]),
             tuple(op for op, _ in sorted(eps, key=lambda e: -e[1].ratio)),
             float(max(ep.significance for _, ep in eps))))
+    return slow_ranks, imbalances
 
-    total = _sum_ops([mats[op] for op in mats])  # steps x ranks, all ops (what the job waits for)
-    busy = _sum_ops([mats[op] for op in compute_ops])  # the work itself, without waiting for others
-    # 2. a whole stage slower than the other stages (same replica across stages)
-    if n_pp > 1:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            stage = np.stack([np.nanmedian(busy[:, pp == s], axis=1) for s in range(n_pp)], axis=1)
-            ref = np.nanmin(np.nanmedian(stage, axis=0))  # the fastest stage's typical step
-            base = stage / np.nanmedian(stage[: max(k, stage.shape[0] // 5)], axis=0)  # each stage vs its own start
-        lr = np.log(stage / ref)
-        for s, ep in enumerate(episodes(np.log(base), min_log=min_log, k=k, noise=_noise(np.log(base)))):
-            if ep is not None and ep.significance >= cfg.min_significance and not _stage_has_culprit(s, pp, slow_set):
-                others = [o for o in range(n_pp) if o != s]
-                rel = float(np.nanmedian(stage[ep.start : ep.end, s]) / np.nanmedian(stage[ep.start : ep.end][:, others]))
-                base_rel = float(np.nanmedian(stage[: max(k, ep.start), s]) / np.nanmedian(stage[: max(k, ep.start)][:, others]))
-                if rel > base_rel * cfg.min_slowdown_ratio ** 0.5:
-                    imbalances.append(Imbalance(
-                        "stage", ep.ratio, f"pipeline stage {s}", int(steps[ep.start]),
-                        f"pipeline stage {s} (all {int(stage_sizes[s])} ranks) became {ep.ratio:.2f}x slower from step "
-                        f"{int(steps[ep.start])} while the other stages did not: a stage imbalance, not a machine"))
-        with warnings.catch_warnings():  # stages without any timing are all-NaN columns
-            warnings.simplefilter("ignore", RuntimeWarning)
-            persistent = np.nanmedian(lr, axis=0)
-        worst = int(np.nanargmax(persistent)) if not np.all(np.isnan(persistent)) else 0
-        if not any(i.kind == "stage" for i in imbalances) and persistent[worst] > min_log \
-                and not _stage_has_culprit(worst, pp, slow_set):
-            ratio = float(np.exp(persistent[worst]))
-            imbalances.append(Imbalance(
-                "stage", ratio, f"pipeline stage {worst}", None,
-                f"pipeline stage {worst} is {ratio:.2f}x slower than the fastest stage on every replica throughout: "
-                "the pipeline is unbalanced (layers per stage), not a machine"))
-    # 3. every worker slower together
+
+def _stage_imbalance(p: _Peers, cfg: StragglerConfig, busy: np.ndarray, slow_set: set[int]) -> list[Imbalance]:
+    """A whole pipeline stage slower than the other stages (same replica across stages)."""
+    k, min_log = cfg.min_episode_steps, float(np.log(cfg.min_slowdown_ratio))
+    pp, n_pp, steps = p.pp, p.n_pp, p.steps
+    out: list[Imbalance] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        stage = np.stack([np.nanmedian(busy[:, pp == s], axis=1) for s in range(n_pp)], axis=1)
+        ref = np.nanmin(np.nanmedian(stage, axis=0))  # the fastest stage's typical step
+        base = stage / np.nanmedian(stage[: max(k, stage.shape[0] // 5)], axis=0)  # each stage vs its own start
+    lr = np.log(stage / ref)
+    for s, ep in enumerate(episodes(np.log(base), min_log=min_log, k=k, noise=noise(np.log(base)))):
+        if ep is not None and ep.significance >= cfg.min_significance and not _stage_has_culprit(s, pp, slow_set):
+            others = [o for o in range(n_pp) if o != s]
+            rel = float(np.nanmedian(stage[ep.start : ep.end, s]) / np.nanmedian(stage[ep.start : ep.end][:, others]))
+            base_rel = float(np.nanmedian(stage[: max(k, ep.start), s]) / np.nanmedian(stage[: max(k, ep.start)][:, others]))
+            if rel > base_rel * cfg.min_slowdown_ratio ** 0.5:
+                out.append(Imbalance(
+                    "stage", ep.ratio, f"pipeline stage {s}", int(steps[ep.start]),
+                    f"pipeline stage {s} (all {int(p.stage_sizes[s])} ranks) became {ep.ratio:.2f}x slower from step "
+                    f"{int(steps[ep.start])} while the other stages did not: a stage imbalance, not a machine"))
+    with warnings.catch_warnings():  # stages without any timing are all-NaN columns
+        warnings.simplefilter("ignore", RuntimeWarning)
+        persistent = np.nanmedian(lr, axis=0)
+    worst = int(np.nanargmax(persistent)) if not np.all(np.isnan(persistent)) else 0
+    if not out and persistent[worst] > min_log and not _stage_has_culprit(worst, pp, slow_set):
+        ratio = float(np.exp(persistent[worst]))
+        out.append(Imbalance(
+            "stage", ratio, f"pipeline stage {worst}", None,
+            f"pipeline stage {worst} is {ratio:.2f}x slower than the fastest stage on every replica throughout: "
+            "the pipeline is unbalanced (layers per stage), not a machine"))
+    return out
+
+
+def _job_wide(p: _Peers, cfg: StragglerConfig, total: np.ndarray) -> Imbalance | None:
+    """Every worker slower together (a job-wide change)."""
+    k, min_log = cfg.min_episode_steps, float(np.log(cfg.min_slowdown_ratio))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         job = np.nanmedian(total, axis=1)
         lj = np.log(job / np.nanmedian(job[: max(k, job.size // 5)]))
-    (ep,) = episodes(lj[:, None], min_log=min_log, k=k, noise=_noise(lj))
+    (ep,) = episodes(lj[:, None], min_log=min_log, k=k, noise=noise(lj))
+    if ep is None or ep.significance < cfg.min_significance:
+        return None
+    return Imbalance(
+        "job-wide", ep.ratio, "every rank", int(p.steps[ep.start]),
+        f"every worker became {ep.ratio:.2f}x slower together from step {int(p.steps[ep.start])}: a job-wide "
+        "change (data, configuration or shared infrastructure), no machine is blamed")
+
+
+def _data_imbalance(p: _Peers, cfg: StragglerConfig, busy: np.ndarray) -> Imbalance | None:
+    """Slow steps that move between replicas: data imbalance."""
+    with warnings.catch_warnings():  # replicas without timings at a step are all-NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rep_total = np.stack([np.nanmedian(busy[:, p.dp == rep], axis=1) for rep in np.unique(p.dp)], axis=1)
+        rel = rep_total / np.nanmedian(rep_total, axis=1, keepdims=True)
+    slow_cells = rel > cfg.min_slowdown_ratio
+    frac = float(np.mean(slow_cells))
+    spread = int(np.sum(slow_cells.any(axis=0)))
+    if not (frac >= cfg.intermittent_fraction and spread > rep_total.shape[1] // 2 and rep_total.shape[1] > 1):
+        return None
+    return Imbalance(
+        "data", float(np.nanquantile(rel, 0.95)), f"{spread} of {rep_total.shape[1]} replicas", None,
+        f"{frac:.0%} of (step, replica) pairs are over {cfg.min_slowdown_ratio:.2f}x the median replica, and the "
+        f"slow replica changes from step to step ({spread} replicas take turns): data imbalance, no straggler")
+
+
+def find_stragglers(
+    timings: pl.DataFrame, topology: Topology | None = None, *, config: StragglerConfig | None = None
+) -> StragglerReport:
+    """Slow ranks (each against its symmetric peers) and imbalances in per-rank op timings."""
+    cfg = config or StragglerConfig()
+    df = check_timings(timings)
+    if df.height == 0:
+        raise InputError("timings: no rows with a finite duration_s")
+    notes: list[str] = []
+    p = _peers(df, topology_for(df, topology, notes))
+    slow_ranks, imbalances = _blame(p, *_rank_episodes(p, cfg))
+    total = _sum_ops(list(p.mats.values()))  # steps x ranks, all ops (what the job waits for)
+    busy = _sum_ops([p.mats[op] for op in p.compute_ops])  # the work itself, without waiting for others
+    if p.n_pp > 1:
+        imbalances += _stage_imbalance(p, cfg, busy, {s.rank for s in slow_ranks})
     # with a blamed machine, everyone else waiting for it in collectives is its consequence, not a cause
-    if ep is not None and ep.significance >= cfg.min_significance and not slow_ranks:
-        imbalances.append(Imbalance(
-            "job-wide", ep.ratio, "every rank", int(steps[ep.start]),
-            f"every worker became {ep.ratio:.2f}x slower together from step {int(steps[ep.start])}: a job-wide "
-            "change (data, configuration or shared infrastructure), no machine is blamed"))
-    # 4. slow steps that move between replicas: data imbalance
-    if not slow_ranks:
-        with warnings.catch_warnings():  # replicas without timings at a step are all-NaN
-            warnings.simplefilter("ignore", RuntimeWarning)
-            rep_total = np.stack([np.nanmedian(busy[:, dp == rep], axis=1) for rep in np.unique(dp)], axis=1)
-            rel = rep_total / np.nanmedian(rep_total, axis=1, keepdims=True)
-        slow_cells = rel > cfg.min_slowdown_ratio
-        frac = float(np.mean(slow_cells))
-        spread = int(np.sum(slow_cells.any(axis=0)))
-        if frac >= cfg.intermittent_fraction and spread > rep_total.shape[1] // 2 and rep_total.shape[1] > 1:
-            imbalances.append(Imbalance(
-                "data", float(np.nanquantile(rel, 0.95)), f"{spread} of {rep_total.shape[1]} replicas", None,
-                f"{frac:.0%} of (step, replica) pairs are over {cfg.min_slowdown_ratio:.2f}x the median replica, and the "
-                f"slow replica changes from step to step ({spread} replicas take turns): data imbalance, no straggler"))
-    return StragglerReport(tuple(sorted(slow_ranks, key=lambda s: -s.ratio)), tuple(imbalances), world,
-                           int(steps.size), tuple(mats), peer_kind, tuple(notes))
+    extra = [] if slow_ranks else [_job_wide(p, cfg, total), _data_imbalance(p, cfg, busy)]
+    imbalances += [i for i in extra if i is not None]
+    return StragglerReport(tuple(sorted(slow_ranks, key=lambda s: -s.ratio)), tuple(imbalances), p.topo.world_size,
+                           int(p.steps.size), tuple(p.mats), p.peer_kind, tuple(notes))
 
 
 def _sum_ops(parts: list[np.ndarray]) -> np.ndarray:

@@ -1,0 +1,101 @@
+"""One verdict from every kind of evidence a job left behind: ``diagnose(inputs, config)``.
+
+Each evidence source is a subpackage with the same surface, facts in and a verdict out:
+:mod:`.stacks` (hang or fail-slow), :mod:`.collectives` (Flight Recorder, fused with the stacks by
+:mod:`.fusion`), :mod:`.performance` (metrics and timings) and :mod:`.crashes` (process exits, which
+lead when present). :func:`~rankscope.analytics.fusion.combine` orders the verdicts by the one
+severity order (:class:`~rankscope.analytics.verdict.Severity`). Pure: an in-memory
+:class:`~rankscope.datasets.domain.inputs.Inputs` in, a frozen
+:class:`~rankscope.analytics.verdict.Verdict` out. The CLI's ``diagnose``, ``detect`` and ``fr``
+commands all call it (``detect`` and ``fr`` with fewer ``sources``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from rankscope.analytics import collectives, crashes, stacks
+from rankscope.analytics.fusion import combine, fuse
+from rankscope.analytics.verdict import Severity, Verdict
+from rankscope.config import Config
+from rankscope.datasets.domain.inputs import Inputs
+
+SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "exits")
+"""The evidence ``diagnose`` can use; ``sources=`` picks some of them."""
+
+
+def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collection[str] | None = None) -> Verdict:
+    """Diagnose one job from whatever evidence is present (all of ``SOURCES`` unless ``sources`` is given).
+
+    Abnormal process exits give a ``crash`` verdict that leads: the first failure is the culprit and
+    the hang the stacks show after it is its consequence. Snapshot times let step timings overrule a
+    stack "hang": steps that kept completing between the snapshots mean the job is slow, not stuck.
+    """
+    cfg = config or Config()
+    use = set(SOURCES if sources is None else sources)
+    job, topology = inputs.job, inputs.topology
+    verdicts: list[Verdict] = []
+    context: list[str] = []
+    procs = inputs.procs if "stacks" in use else ()
+    fr_dumps = inputs.fr_dumps if "flight_recorder" in use else ()
+    if inputs.exits and "exits" in use:
+        crash_v = _crash(inputs, cfg)
+        if crash_v is not None and crash_v.details["crash"]["n_primary"] == 0 and (procs or fr_dumps):
+            # every exit reports a lost peer or a deliberate stop (a hung job torn down with SIGTERM,
+            # watchdog timeouts): the stacks say more than the exits, which become context
+            context.append("[events] " + " ".join(crash_v.reasons))
+        elif crash_v is not None:
+            verdicts.append(crash_v)
+    stack_v = fr_v = None
+    if procs and topology is not None:
+        stack_v = stacks.verdict(stacks.facts(procs, topology, config=cfg.stacks, limits=cfg.limits), topology, job=job)
+    if fr_dumps and topology is not None:
+        analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=cfg.collectives)
+        fr_v = collectives.verdict(analysis, topology, job=job)
+    if stack_v is not None and fr_v is not None:
+        verdicts.append(fuse(stack_v, fr_v))
+    elif stack_v is not None or fr_v is not None:
+        verdicts.append(stack_v or fr_v)  # type: ignore[arg-type]  # one of them is set
+    timings = inputs.timings if "timings" in use else None
+    if stack_v is not None and verdicts and verdicts[-1].verdict is Severity.HANG and timings is not None \
+            and inputs.snapshot_times:
+        from rankscope.analytics.performance.failslow import steps_overrule
+
+        verdicts[-1] = steps_overrule(verdicts[-1], timings, inputs.snapshot_times)
+    notes = list(inputs.notes)
+    perf_v = _performance(inputs, cfg, use, notes)
+    if perf_v is not None:
+        verdicts.append(perf_v)
+    if not verdicts:
+        return Verdict(Severity.INCONCLUSIVE, job=job, reasons=("no evidence: no stacks, Flight Recorder dumps, exits, "
+                                                                "metrics or timings were found", *notes),
+                       world_size=topology.world_size if topology is not None else 0)
+    v = combine(verdicts)
+    if context:
+        v = v.with_updates(reasons=tuple(v.reasons) + tuple(context))
+    if notes:
+        v = v.with_updates(details={**v.details, "notes": notes})
+    return v
+
+
+def _crash(inputs: Inputs, cfg: Config) -> Verdict | None:
+    anchor = max(inputs.snapshot_times.values()) if inputs.snapshot_times else None
+    f = crashes.facts(inputs.exits, inputs.topology, config=cfg.crashes, anchor=anchor)
+    return crashes.verdict(f, inputs.topology, job=inputs.job) if f is not None else None
+
+
+def _performance(inputs: Inputs, cfg: Config, use: set[str], notes: list[str]) -> Verdict | None:
+    """The metrics-and-timings verdict (metrics of nodes outside the job are dropped, with a note)."""
+    metrics = inputs.metrics if "metrics" in use else None
+    timings = inputs.timings if "timings" in use else None
+    if metrics is None and timings is None:
+        return None
+    from rankscope.analytics import performance
+    from rankscope.analytics.performance.metrics import job_nodes_only
+
+    if metrics is not None and inputs.topology is not None and "node" in metrics.columns:
+        metrics, dropped = job_nodes_only(metrics, inputs.topology)
+        if dropped:
+            notes.append(f"metrics of node(s) outside the job ignored: {', '.join(dropped[:10])}")
+    f = performance.facts(metrics, timings, inputs.topology, config=cfg.performance)
+    return performance.verdict(f, inputs.topology, job=inputs.job) if f is not None else None
