@@ -193,12 +193,6 @@ def check_int(where: str, value: Any, *, minimum: int = 0, error: type[InputErro
     return int(value)
 
 
-def check_choice(where: str, value: Any, choices: tuple[Any, ...], *, error: type[InputError] = InputError) -> Any:
-    """``value`` when it is one of ``choices``, else ``error`` listing them."""
-    if value not in choices:
-        raise error(f"{where}={value!r} is not one of {', '.join(map(repr, choices))}")
-    return value
-
 
 # -- the error edge -------------------------------------------------------------------------------------
 
@@ -245,8 +239,3 @@ def error_edge(*, passthrough: tuple[type[BaseException], ...] = ()) -> Iterator
              1)
 
 
-def run_guarded(main: Callable[[], int | None], *, passthrough: tuple[type[BaseException], ...] = ()) -> int:
-    """``main()`` inside :func:`error_edge`; its exit code (None is 0)."""
-    with error_edge(passthrough=passthrough):
-        return main() or 0
-    return 0  # unreachable: error_edge raises SystemExit on every error

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 LAUNCHER_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 DATALOADER_NAMES = ("pt_data_worker", "rs_dataloader")
@@ -236,5 +235,3 @@ def self_and_ancestors(pid: int | None = None, proc_root: str = "/proc") -> set[
     return out
 
 
-def proc_exists(proc_root: str = "/proc") -> bool:
-    return Path(proc_root, "self").exists() or any(n.isdigit() for n in os.listdir(proc_root))

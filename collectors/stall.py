@@ -85,6 +85,3 @@ class StallDetector:
         """True while a series of rounds is still pending."""
         return bool(self._pending)
 
-    @property
-    def last_progress(self) -> float | None:
-        return self._last_progress

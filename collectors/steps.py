@@ -45,7 +45,6 @@ class StepTailer:
         self.last_step: dict[int, int] = {}  # rank -> step
         self.last_time: dict[int, float] = {}  # rank -> wall time of that step
         self.bad_lines = 0
-        self._start_offsets_at_end = False
 
     def skip_existing(self) -> None:
         """Start from the current end of every existing file (ignore steps of earlier runs)."""

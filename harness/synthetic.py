@@ -34,17 +34,6 @@ from rankscope.spine import InputError, paused_gc
 
 FAULTS = ("none", "compute-hang", "collective-hang", "p2p-hang", "dataloader-stall", "checkpoint-stall",
           "crash", "slow-rank")
-FAULT_SUMMARIES = {
-    "none": "a healthy job making progress (stacks change between snapshots)",
-    "compute-hang": "one rank stuck in a GPU kernel; its TP peers wait in the TP all_reduce",
-    "collective-hang": "one TP all_reduce never completes; the whole TP group is blocked in it",
-    "p2p-hang": "a pipeline send never completes; sender and receiver stages are blocked",
-    "dataloader-stall": "a DataLoader worker stuck reading its dataset; the rank waits for its batch",
-    "checkpoint-stall": "an async checkpoint process stuck in write/fsync; everyone else waits at a barrier",
-    "crash": "one rank died: no dump for it; its peers wait in collectives",
-    "slow-rank": "one rank computes slowly: over several snapshots it is always in compute, peers always wait",
-}
-"""One line per fault, for help texts and reports."""
 SOURCE_FORMAT = "synthetic"
 SNAPSHOT_INTERVAL_SECONDS = 30
 START_TIME = datetime(2026, 1, 1, tzinfo=timezone.utc)

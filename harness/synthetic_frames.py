@@ -49,11 +49,6 @@ class InstallEnv:
         """The training script as it appears on the command line."""
         return "pretrain_gpt.py" if self.cwd == self.megatron_dir else f"{self.megatron_dir}/pretrain_gpt.py"
 
-    def abs_file(self, site: Site) -> str:
-        """The absolute file name (py-spy JSON ``filename``, faulthandler)."""
-        root = {"std": self.stdlib_dir, "site": self.site_dir, "meg": self.megatron_dir}.get(site.tree)
-        return f"{root}/{site.path}" if root else site.path
-
     def short_file(self, site: Site) -> str:
         """The file as py-spy text prints it: relative to the ``sys.path`` entry it was found under.
 

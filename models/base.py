@@ -12,19 +12,24 @@ score per machine).
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, ClassVar
 
 import numpy as np
+import sklearn
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError as SklearnNotFittedError
+from sklearn.utils.validation import check_is_fitted as sklearn_check_is_fitted
+
 from rankscope.spine import InputError, RankscopeError
 
 
-class NotFittedError(RankscopeError, ValueError):
-    """A detector was used before ``fit``."""
+class NotFittedError(RankscopeError, SklearnNotFittedError):
+    """A detector was used before ``fit`` (also scikit-learn's ``NotFittedError``, for its tools)."""
 
 
-class BaseDetector:
-    """Common plumbing: parameter access, input checks, threshold and labels."""
+class BaseDetector(BaseEstimator):  # type: ignore[misc]  # scikit-learn ships no type information
+    """Common plumbing: scikit-learn's parameter protocol (``get_params``, ``set_params``, ``clone``,
+    ``repr``), input checks, threshold and labels."""
 
     input_ndim: ClassVar[int] = 2
     requires_torch: ClassVar[bool] = False
@@ -34,26 +39,19 @@ class BaseDetector:
     labels_: np.ndarray
     n_features_in_: int
 
-    # -- scikit-learn parameter protocol ------------------------------------------------------
-    @classmethod
-    def _param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return [p.name for p in sig.parameters.values() if p.name != "self" and p.kind == p.KEYWORD_ONLY]
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._param_names()}
-
     def set_params(self, **params: Any) -> BaseDetector:
-        valid = self._param_names()
-        for key, value in params.items():
-            if key not in valid:
-                raise InputError(f"{type(self).__name__}: unknown parameter {key!r}; valid: {', '.join(valid)}")
-            setattr(self, key, value)
+        """scikit-learn's ``set_params``; an unknown parameter is an :class:`InputError` naming the valid ones."""
+        valid = self.get_params(deep=False)
+        unknown = sorted(k for k in params if k.split("__", 1)[0] not in valid)
+        if unknown:
+            raise InputError(f"{type(self).__name__}: unknown parameter {unknown[0]!r}; valid: {', '.join(valid)}")
+        super().set_params(**params)
         return self
 
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
-        return f"{type(self).__name__}({args})"
+    def __repr__(self, N_CHAR_MAX: int = 700) -> str:  # noqa: N803 - scikit-learn's signature
+        """scikit-learn's repr with every parameter, not only the changed ones (logs stay complete)."""
+        with sklearn.config_context(print_changed_only=False):
+            return str(super().__repr__(N_CHAR_MAX))
 
     # -- the contract -------------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None) -> BaseDetector:  # pragma: no cover - abstract
@@ -117,11 +115,13 @@ class BaseDetector:
 
 
 def check_is_fitted(detector: BaseDetector) -> None:
-    """Raise :class:`NotFittedError` unless ``detector`` has been fitted."""
-    if not hasattr(detector, "threshold_"):
+    """scikit-learn's ``check_is_fitted`` (on ``threshold_``), raising rankscope's :class:`NotFittedError`."""
+    try:
+        sklearn_check_is_fitted(detector, "threshold_")
+    except SklearnNotFittedError:
         raise NotFittedError(
             f"{type(detector).__name__} is not fitted yet; call fit(X) before decision_function or predict"
-        )
+        ) from None
 
 
 def check_contamination(name: str, value: float) -> None:

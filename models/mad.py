@@ -55,8 +55,3 @@ class MadZScore(BaseDetector):
         check_is_fitted(self)
         return self._score(self._check_X(X, fitting=False))
 
-    def feature_scores(self, X: Any) -> np.ndarray:
-        """Per-sample, per-feature ``|z|``: which features drove a score."""
-        check_is_fitted(self)
-        arr = self._check_X(X, fitting=False)
-        return np.abs(arr - self.median_) / self.scale_

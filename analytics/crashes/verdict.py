@@ -109,10 +109,6 @@ class CrashFacts:
     def node_of(self, e: ProcessExit) -> str:
         return self.node_of_rank[e.rank]
 
-    @property
-    def n_primary(self) -> int:
-        return len(self.primary)
-
 
 def facts(exits: Sequence[ProcessExit], topology: Topology | None, *, config: CrashConfig | None = None,
           anchor: float | None = None) -> CrashFacts | None:

@@ -286,9 +286,6 @@ class Topology:
         idx = np.unique(self.node_index[np.asarray(ranks, dtype=np.int64)])
         return tuple(self.node_names[i] for i in idx)
 
-    def ranks_of_nodes(self, nodes: Sequence[str]) -> np.ndarray:
-        wanted = np.isin(np.asarray(self.node_names, dtype=object), list(nodes))
-        return self.ranks[wanted[self.node_index]]
 
     @cached_property
     def description(self) -> str:

@@ -17,8 +17,6 @@ from typing import Any
 from rankscope.datasets.domain.exits import ProcessExit
 from rankscope.spine import ParseError
 
-EXIT_SUFFIX = ".exit.json"
-
 
 _EVENT_TEXT = re.compile(r"exited: (?P<type>[^:]+): (?P<message>.*)", re.S)
 
