@@ -82,16 +82,25 @@ class StragglerConfig:
     intermittent_fraction: float = 0.05
 
     def __post_init__(self) -> None:
-        if not check_positive("performance.stragglers.min_slowdown_ratio", self.min_slowdown_ratio,
-                              error=ConfigError) > 1.0:
-            raise ConfigError(f"performance.stragglers.min_slowdown_ratio={self.min_slowdown_ratio!r} must be "
-                              "above 1 (e.g. 1.2)")
+        if (
+            not check_positive("performance.stragglers.min_slowdown_ratio", self.min_slowdown_ratio, error=ConfigError)
+            > 1.0
+        ):
+            raise ConfigError(
+                f"performance.stragglers.min_slowdown_ratio={self.min_slowdown_ratio!r} must be above 1 (e.g. 1.2)"
+            )
         check_int("performance.stragglers.min_episode_steps", self.min_episode_steps, minimum=1, error=ConfigError)
         check_positive("performance.stragglers.min_significance", self.min_significance, error=ConfigError)
-        if not 0 < check_fraction("performance.stragglers.intermittent_fraction", self.intermittent_fraction,
-                                  error=ConfigError) < 1:
-            raise ConfigError(f"performance.stragglers.intermittent_fraction={self.intermittent_fraction!r} must "
-                              "be in (0, 1)")
+        if (
+            not 0
+            < check_fraction(
+                "performance.stragglers.intermittent_fraction", self.intermittent_fraction, error=ConfigError
+            )
+            < 1
+        ):
+            raise ConfigError(
+                f"performance.stragglers.intermittent_fraction={self.intermittent_fraction!r} must be in (0, 1)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,8 +184,14 @@ class AgentConfig:
     max_runtime_seconds: float = 0.0  # >0: stop after this long
 
     def __post_init__(self) -> None:
-        for name in ("metric_interval_seconds", "discovery_interval_seconds", "flush_interval_seconds",
-                     "stall_seconds", "round_interval_seconds", "stack_timeout_seconds"):
+        for name in (
+            "metric_interval_seconds",
+            "discovery_interval_seconds",
+            "flush_interval_seconds",
+            "stall_seconds",
+            "round_interval_seconds",
+            "stack_timeout_seconds",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"agent config: {name}={value!r} must be a positive number of seconds (e.g. 1.0)")
@@ -387,8 +402,13 @@ def read_config_file(path: str | os.PathLike[str], *, bare_section: str | None =
     return _typed_tree(data, Config, "", str(p))
 
 
-def load_config(flags: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None,
-                config_file: str | os.PathLike[str] | None = None, bare_section: str | None = None) -> Config:
+def load_config(
+    flags: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+    bare_section: str | None = None,
+) -> Config:
     """Flags > environment > config file > defaults, as one frozen :class:`Config`.
 
     ``flags`` is a tree like ``{"performance": {"continuity_seconds": 120.0}}``; None means "not given".
@@ -403,8 +423,12 @@ def load_config(flags: Mapping[str, Any] | None = None, *, env: Mapping[str, str
     return typing.cast(Config, _build(Config, tree))
 
 
-def resolve_agent(flags: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None,
-                  config_file: str | os.PathLike[str] | None = None) -> AgentConfig:
+def resolve_agent(
+    flags: Mapping[str, Any] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+) -> AgentConfig:
     """The agent's settings (flags are its own field names; None = not given), with a store named."""
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     unknown = sorted(set(given) - set(_hints(AgentConfig)))
@@ -412,8 +436,9 @@ def resolve_agent(flags: Mapping[str, Any] | None = None, *, env: Mapping[str, s
         raise ConfigError(f"agent config: unknown options {unknown}; valid: {', '.join(_hints(AgentConfig))}")
     cfg = load_config({"agent": given}, env=env, config_file=config_file, bare_section="agent").agent
     if not cfg.store:
-        raise ConfigError("agent config: no store given (pass STORE, set RANKSCOPE_AGENT_STORE or 'store' in the "
-                          "config file)")
+        raise ConfigError(
+            "agent config: no store given (pass STORE, set RANKSCOPE_AGENT_STORE or 'store' in the config file)"
+        )
     return cfg
 
 

@@ -89,8 +89,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_with(path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any], *,
-                      durable: bool = True) -> Path:
+def atomic_write_with(
+    path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any], *, durable: bool = True
+) -> Path:
     """Write ``path`` through ``writer(fh)`` (e.g. ``pq.write_table(t, fh)``) so that it either does not
     exist or is complete. ``durable`` fsyncs the file and the directory (off for hot, disposable files)."""
     target = Path(path)
@@ -193,7 +194,6 @@ def check_int(where: str, value: Any, *, minimum: int = 0, error: type[InputErro
     return int(value)
 
 
-
 # -- the error edge -------------------------------------------------------------------------------------
 
 DEBUG_ENV = "RANKSCOPE_DEBUG"
@@ -235,7 +235,4 @@ def error_edge(*, passthrough: tuple[type[BaseException], ...] = ()) -> Iterator
     except Exception as exc:
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             traceback.print_exc()
-        _die(f"internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for the traceback; please report it)",
-             1)
-
-
+        _die(f"internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for the traceback; please report it)", 1)

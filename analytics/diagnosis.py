@@ -57,8 +57,13 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     elif stack_v is not None or fr_v is not None:
         verdicts.append(stack_v or fr_v)  # type: ignore[arg-type]  # one of them is set
     timings = inputs.timings if "timings" in use else None
-    if stack_v is not None and verdicts and verdicts[-1].verdict is Severity.HANG and timings is not None \
-            and inputs.snapshot_times:
+    if (
+        stack_v is not None
+        and verdicts
+        and verdicts[-1].verdict is Severity.HANG
+        and timings is not None
+        and inputs.snapshot_times
+    ):
         from rankscope.analytics.performance.failslow import steps_overrule
 
         verdicts[-1] = steps_overrule(verdicts[-1], timings, inputs.snapshot_times)
@@ -67,9 +72,12 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     if perf_v is not None:
         verdicts.append(perf_v)
     if not verdicts:
-        return Verdict(Severity.INCONCLUSIVE, job=job, reasons=("no evidence: no stacks, Flight Recorder dumps, exits, "
-                                                                "metrics or timings were found", *notes),
-                       world_size=topology.world_size if topology is not None else 0)
+        return Verdict(
+            Severity.INCONCLUSIVE,
+            job=job,
+            reasons=("no evidence: no stacks, Flight Recorder dumps, exits, metrics or timings were found", *notes),
+            world_size=topology.world_size if topology is not None else 0,
+        )
     v = combine(verdicts)
     if context:
         v = v.with_updates(reasons=tuple(v.reasons) + tuple(context))

@@ -9,14 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
 from rankscope.analytics.verdict import SuspectGroup
 from rankscope.datasets.domain.topology import KINDS, Topology
 
 MAX_COVER_FRACTION = 0.5
 
 
-def cover(outliers: Sequence[int], topology: Topology, *,
-          max_fraction: float = MAX_COVER_FRACTION) -> SuspectGroup | None:
+def cover(
+    outliers: Sequence[int], topology: Topology, *, max_fraction: float = MAX_COVER_FRACTION
+) -> SuspectGroup | None:
     """The smallest set of groups of one kind covering ``outliers`` (fewest nodes, then groups).
 
     When every outlier is on one node, that node alone is the domain. Kinds whose cover would take
@@ -47,11 +49,19 @@ def cover(outliers: Sequence[int], topology: Topology, *,
         if node_idx.size > limit and n_nodes_total > 1:
             return None
         ranks = topology.ranks[np.isin(topology.node_index, node_idx)]
-        return SuspectGroup("node", tuple(int(i) for i in node_idx), tuple(int(r) for r in ranks),
-                            tuple(topology.node_names[i] for i in node_idx))
+        return SuspectGroup(
+            "node",
+            tuple(int(i) for i in node_idx),
+            tuple(int(r) for r in ranks),
+            tuple(topology.node_names[i] for i in node_idx),
+        )
     _, kind, groups, ranks, node_idx = best
-    return SuspectGroup(kind, tuple(int(g) for g in groups), tuple(int(r) for r in ranks),
-                        tuple(topology.node_names[i] for i in node_idx))
+    return SuspectGroup(
+        kind,
+        tuple(int(g) for g in groups),
+        tuple(int(r) for r in ranks),
+        tuple(topology.node_names[i] for i in node_idx),
+    )
 
 
 def node_lookup(topology: Topology | None) -> Callable[[Sequence[int]], tuple[str, ...]]:
@@ -63,4 +73,5 @@ def node_lookup(topology: Topology | None) -> Callable[[Sequence[int]], tuple[st
             return ()
         idx = topology.node_index[np.asarray([r for r in ranks if r < topology.world_size], dtype=np.int64)]
         return tuple(topology.node_names[i] for i in sorted(set(idx.tolist())))
+
     return nodes

@@ -64,6 +64,7 @@ def severity(kind: str | Severity) -> Severity:
     except ValueError:
         raise InputError(f"verdict {kind!r} is not one of {', '.join(VERDICTS)}") from None
 
+
 SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "events")
 
 
@@ -117,9 +118,15 @@ class ClusterSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "role": self.role, "size": self.size, "ranks": rank_ranges(self.ranks),
-            "n_nodes": self.n_nodes, "healthy": self.healthy, "state": self.state,
-            "representative": list(self.representative), "snapshot": self.snapshot,
+            "id": self.id,
+            "role": self.role,
+            "size": self.size,
+            "ranks": rank_ranges(self.ranks),
+            "n_nodes": self.n_nodes,
+            "healthy": self.healthy,
+            "state": self.state,
+            "representative": list(self.representative),
+            "snapshot": self.snapshot,
         }
 
 
@@ -133,8 +140,12 @@ class SuspectGroup:
     nodes: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "indices": list(self.indices), "ranks": rank_ranges(self.ranks),
-                "nodes": list(self.nodes)}
+        return {
+            "kind": self.kind,
+            "indices": list(self.indices),
+            "ranks": rank_ranges(self.ranks),
+            "nodes": list(self.nodes),
+        }
 
 
 @dataclass(frozen=True)
@@ -193,10 +204,17 @@ class Verdict:
 
     def to_row(self, *, time: datetime | None = None) -> dict[str, Any]:
         """This verdict as one row of the store's ``verdicts`` table (the store never imports analytics)."""
-        return {"job": self.job or "unknown", "time": time or datetime.now(timezone.utc),
-                "verdict": self.verdict.value, "confidence": self.confidence,
-                "suspect_nodes": list(self.suspect_nodes), "culprit_nodes": list(self.culprit_nodes),
-                "suspect_ranks": list(self.suspect_ranks), "summary": self.explain(), "verdict_json": self.to_json()}
+        return {
+            "job": self.job or "unknown",
+            "time": time or datetime.now(timezone.utc),
+            "verdict": self.verdict.value,
+            "confidence": self.confidence,
+            "suspect_nodes": list(self.suspect_nodes),
+            "culprit_nodes": list(self.culprit_nodes),
+            "suspect_ranks": list(self.suspect_ranks),
+            "summary": self.explain(),
+            "verdict_json": self.to_json(),
+        }
 
     def explain(self) -> str:
         """The decision in a few sentences."""

@@ -52,8 +52,20 @@ def start_job(base: Path, fault: str = "none", rank: int = 0, **kw: Any) -> tupl
 
 
 def start_agent(store: Path, run_dir: Path, launcher: int, flags: list[str]) -> subprocess.Popen:
-    cmd = [PY, "-m", "rankscope", "agent", str(store), "--job", "bench", "--run-dir", str(run_dir),
-           "--launcher-pid", str(launcher), *flags]
+    cmd = [
+        PY,
+        "-m",
+        "rankscope",
+        "agent",
+        str(store),
+        "--job",
+        "bench",
+        "--run-dir",
+        str(run_dir),
+        "--launcher-pid",
+        str(launcher),
+        *flags,
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -128,18 +140,26 @@ def bench_overhead_and_capture(base: Path, seconds: float, repeats: int) -> dict
                 timings[key].append(time.perf_counter() - s)
                 ok[key] += sum(c.method == "py-spy" for c in caps)
         return {
-            "overhead": {"metric_interval_seconds": 1.0, "window_seconds": round(t1 - t0, 1),
-                         "agent_cpu_percent_of_one_core": round(100 * (c1 - c0) / (t1 - t0), 3),
-                         "agent_peak_rss_mb": round(mem["VmHWM"] / 2**20, 1),
-                         "agent_rss_anon_mb": round(mem["RssAnon"] / 2**20, 1),
-                         "agent_rss_file_mb": round(mem["RssFile"] / 2**20, 1),
-                         "target_cpu_percent": 0.5, "target_rss_mb": 100},
-            "capture": {"n_trainers": len(trainers), "n_all": len(everyone), "repeats": repeats,
-                        "trainers_median_seconds": round(statistics.median(timings["8"]), 3),
-                        "trainers_max_seconds": round(max(timings["8"]), 3),
-                        "all_median_seconds": round(statistics.median(timings["all"]), 3),
-                        "pyspy_ok_fraction": round(ok["8"] / max(1, repeats * len(trainers)), 3),
-                        "target_seconds_for_8": 1.0},
+            "overhead": {
+                "metric_interval_seconds": 1.0,
+                "window_seconds": round(t1 - t0, 1),
+                "agent_cpu_percent_of_one_core": round(100 * (c1 - c0) / (t1 - t0), 3),
+                "agent_peak_rss_mb": round(mem["VmHWM"] / 2**20, 1),
+                "agent_rss_anon_mb": round(mem["RssAnon"] / 2**20, 1),
+                "agent_rss_file_mb": round(mem["RssFile"] / 2**20, 1),
+                "target_cpu_percent": 0.5,
+                "target_rss_mb": 100,
+            },
+            "capture": {
+                "n_trainers": len(trainers),
+                "n_all": len(everyone),
+                "repeats": repeats,
+                "trainers_median_seconds": round(statistics.median(timings["8"]), 3),
+                "trainers_max_seconds": round(max(timings["8"]), 3),
+                "all_median_seconds": round(statistics.median(timings["all"]), 3),
+                "pyspy_ok_fraction": round(ok["8"] / max(1, repeats * len(trainers)), 3),
+                "target_seconds_for_8": 1.0,
+            },
         }
     finally:
         if agent is not None:
@@ -148,8 +168,13 @@ def bench_overhead_and_capture(base: Path, seconds: float, repeats: int) -> dict
 
 
 def diagnose(store: Path) -> tuple[dict[str, Any], str]:
-    r = subprocess.run([PY, "-m", "rankscope", "diagnose", str(store), *LAYOUT, "--format", "json"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [PY, "-m", "rankscope", "diagnose", str(store), *LAYOUT, "--format", "json"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if r.returncode == 0:
         return json.loads(r.stdout), "cli"
     # the CLI is still being wired by the lead: fall back to the stack analysis library call
@@ -157,8 +182,9 @@ def diagnose(store: Path) -> tuple[dict[str, Any], str]:
     from rankscope.datasets.loading.inputs import load_inputs
 
     inp = load_inputs(store, layout="tp=2,pp=2,dp=2", order="tp-cp-ep-dp-pp", gpus_per_node=2, job=None)
-    return diagnose_stacks(inp.procs, inp.topology, job=inp.job).to_dict(), "library (CLI failed: " + \
-        (r.stderr.strip().splitlines() or ["?"])[-1][:120] + ")"
+    return diagnose_stacks(inp.procs, inp.topology, job=inp.job).to_dict(), "library (CLI failed: " + (
+        r.stderr.strip().splitlines() or ["?"]
+    )[-1][:120] + ")"
 
 
 def injection_time(run_dir: Path, rank: int, fault: str) -> float | None:
@@ -208,32 +234,51 @@ def bench_fault(base: Path, kind: str, stall_seconds: float) -> dict[str, Any]:
             t_verdict = time.time()
             t_fault = injection_time(run_dir, rank, kind)
             stop(agent)
-            return {"kind": kind, "rank": rank, "expected_node": node, "detected_by": "events.nan",
-                    "named_node": found["node"] if found else None, "named_rank": found["rank"] if found else None,
-                    "correct": bool(found and found["node"] == node),
-                    "fault_to_verdict_seconds": round(t_verdict - t_fault, 2) if found and t_fault else None}
+            return {
+                "kind": kind,
+                "rank": rank,
+                "expected_node": node,
+                "detected_by": "events.nan",
+                "named_node": found["node"] if found else None,
+                "named_rank": found["rank"] if found else None,
+                "correct": bool(found and found["node"] == node),
+                "fault_to_verdict_seconds": round(t_verdict - t_fault, 2) if found and t_fault else None,
+            }
         try:
             out, err = agent.communicate(timeout=200)
         except subprocess.TimeoutExpired:
             agent.kill()
             out, err = agent.communicate()
-            return {"kind": kind, "rank": rank, "expected_node": node, "correct": False,
-                    "error": "agent did not finish within 200 s", "agent_stderr": err[-500:]}
+            return {
+                "kind": kind,
+                "rank": rank,
+                "expected_node": node,
+                "correct": False,
+                "error": "agent did not finish within 200 s",
+                "agent_stderr": err[-500:],
+            }
         t_fault = injection_time(run_dir, rank, kind)
         stop(job, group=True)
         t_diag = time.time()
         verdict, via = diagnose(store)
         t_verdict = time.time()
         fired = first_capture_time(store)
-        return {"kind": kind, "rank": rank, "expected_node": node, "diagnose": via,
-                "verdict": verdict.get("verdict"), "suspect_nodes": verdict.get("suspect_nodes"),
-                "culprit_nodes": verdict.get("culprit_nodes"), "culprit_ranks": verdict.get("culprit_ranks"),
-                "correct": node in (verdict.get("culprit_nodes") or []),
-                "suspect_contains_node": node in (verdict.get("suspect_nodes") or []),
-                "fault_to_verdict_seconds": round(t_verdict - t_fault, 2) if t_fault else None,
-                "fault_to_capture_seconds": round(fired - t_fault, 2) if t_fault and fired else None,
-                "diagnose_seconds": round(t_verdict - t_diag, 2),
-                "agent": out.strip().splitlines()[-1][:300] if out.strip() else err[-300:]}
+        return {
+            "kind": kind,
+            "rank": rank,
+            "expected_node": node,
+            "diagnose": via,
+            "verdict": verdict.get("verdict"),
+            "suspect_nodes": verdict.get("suspect_nodes"),
+            "culprit_nodes": verdict.get("culprit_nodes"),
+            "culprit_ranks": verdict.get("culprit_ranks"),
+            "correct": node in (verdict.get("culprit_nodes") or []),
+            "suspect_contains_node": node in (verdict.get("suspect_nodes") or []),
+            "fault_to_verdict_seconds": round(t_verdict - t_fault, 2) if t_fault else None,
+            "fault_to_capture_seconds": round(fired - t_fault, 2) if t_fault and fired else None,
+            "diagnose_seconds": round(t_verdict - t_diag, 2),
+            "agent": out.strip().splitlines()[-1][:300] if out.strip() else err[-300:],
+        }
     finally:
         if agent.poll() is None:
             stop(agent)
@@ -248,12 +293,18 @@ def main() -> None:
     ap.add_argument("--skip-overhead", action="store_true")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rankscope-bench-agent-"))
-    result: dict[str, Any] = {"benchmark": "agent", "cpus": os.cpu_count(), "stall_seconds": args.stall_seconds,
-                              "loadavg_at_start": [round(x, 1) for x in os.getloadavg()]}
+    result: dict[str, Any] = {
+        "benchmark": "agent",
+        "cpus": os.cpu_count(),
+        "stall_seconds": args.stall_seconds,
+        "loadavg_at_start": [round(x, 1) for x in os.getloadavg()],
+    }
     try:
         if not args.skip_overhead:
             (root / "overhead").mkdir()
-            result.update(bench_overhead_and_capture(root / "overhead", 20 if args.quick else 60, 3 if args.quick else 5))
+            result.update(
+                bench_overhead_and_capture(root / "overhead", 20 if args.quick else 60, 3 if args.quick else 5)
+            )
         faults = [f for f in args.faults.split(",") if f and f != "none"]
         result["faults"] = []
         for kind in faults:

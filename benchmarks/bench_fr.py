@@ -51,8 +51,12 @@ def run_timed(cmd: list[str], timeout_s: float, log: Path) -> dict[str, Any]:
                 break
             time.sleep(0.02)
     wall = time.perf_counter() - t0
-    return {"seconds": round(wall, 3), "peak_rss_mib": round(ru.ru_maxrss / 1024, 1),
-            "rc": proc.returncode, "timed_out": proc.returncode is None}
+    return {
+        "seconds": round(wall, 3),
+        "peak_rss_mib": round(ru.ru_maxrss / 1024, 1),
+        "rc": proc.returncode,
+        "timed_out": proc.returncode is None,
+    }
 
 
 _PEER_WRAPPER = """
@@ -106,8 +110,9 @@ def torchfrtrace(directory: Path, timeout_s: float, scratch: Path, prefix: str |
     return res
 
 
-def rankscope(directory: Path, layout: str | None, timeout_s: float, scratch: Path,
-              gpus_per_node: int = 8) -> dict[str, Any]:
+def rankscope(
+    directory: Path, layout: str | None, timeout_s: float, scratch: Path, gpus_per_node: int = 8
+) -> dict[str, Any]:
     """rankscope's reader + analysis + verdict in a fresh process (what ``rankscope fr`` runs)."""
     cmd = [sys.executable, "-c", _OURS_WRAPPER, str(directory), layout or "", str(gpus_per_node)]
     log = scratch / "rankscope.log"
@@ -116,8 +121,12 @@ def rankscope(directory: Path, layout: str | None, timeout_s: float, scratch: Pa
     res["work_seconds"] = _work_seconds(text)
     try:
         v = json.loads(next(ln for ln in text.splitlines() if ln.startswith('{"verdict"')))
-        res.update(verdict=v["verdict"], culprit_ranks=v["culprit_ranks"], culprit_nodes=v["culprit_nodes"][:20],
-                   suspect_nodes=len(v["suspect_nodes"]))
+        res.update(
+            verdict=v["verdict"],
+            culprit_ranks=v["culprit_ranks"],
+            culprit_nodes=v["culprit_nodes"][:20],
+            suspect_nodes=len(v["suspect_nodes"]),
+        )
     except (ValueError, KeyError, StopIteration):
         res["failure"] = text[-300:]
     return res
@@ -182,41 +191,71 @@ def main(argv: list[str] | None = None) -> None:
                 ratio = round(peer["seconds"] / ours["seconds"], 1) if ours["seconds"] else None
                 pw, ow = peer.get("work_seconds"), ours.get("work_seconds")
                 work_ratio = round(pw / ow, 1) if pw and ow else None
-                runs.append({
-                    "ranks": size, "layout": layout, "fault": fault, "truth": truth,
-                    "truth_description": truth_words, "generate_s": round(gen_s, 2),
-                    "rankscope": {**ours, "correct": correct_rankscope(ours, fault, truth)},
-                    "torchfrtrace": {**peer, "correct": correct_peer(peer, fault, truth)},
-                    "speedup_wall": ratio if not peer["timed_out"] else f">{ratio}",
-                    "speedup_work": work_ratio if not peer["timed_out"] else None,
-                })
-                print(json.dumps({k: runs[-1][k] for k in ("ranks", "fault", "speedup_wall", "speedup_work")}),
-                      file=sys.stderr)
+                runs.append(
+                    {
+                        "ranks": size,
+                        "layout": layout,
+                        "fault": fault,
+                        "truth": truth,
+                        "truth_description": truth_words,
+                        "generate_s": round(gen_s, 2),
+                        "rankscope": {**ours, "correct": correct_rankscope(ours, fault, truth)},
+                        "torchfrtrace": {**peer, "correct": correct_peer(peer, fault, truth)},
+                        "speedup_wall": ratio if not peer["timed_out"] else f">{ratio}",
+                        "speedup_work": work_ratio if not peer["timed_out"] else None,
+                    }
+                )
+                print(
+                    json.dumps({k: runs[-1][k] for k in ("ranks", "fault", "speedup_wall", "speedup_work")}),
+                    file=sys.stderr,
+                )
                 shutil.rmtree(d, ignore_errors=True)
         probe = {}
         if PROBE.is_dir():
             ours = rankscope(PROBE, None, args.timeout, scratch, gpus_per_node=1)
             peer = torchfrtrace(PROBE, args.timeout, scratch, prefix="rank_")
-            probe = {"dir": str(PROBE), "truth": [3], "rankscope": {**ours, "correct": ours.get("culprit_ranks") == [3]},
-                     "torchfrtrace": {**peer, "correct": correct_peer(peer, "missing", [3])}}
+            probe = {
+                "dir": str(PROBE),
+                "truth": [3],
+                "rankscope": {**ours, "correct": ours.get("culprit_ranks") == [3]},
+                "torchfrtrace": {**peer, "correct": correct_peer(peer, "missing", [3])},
+            }
     finally:
         if args.workdir is None:
             shutil.rmtree(scratch, ignore_errors=True)
     summary = {
         "rankscope_correct": f"{sum(r['rankscope']['correct'] for r in runs)}/{len(runs)}",
         "torchfrtrace_correct": f"{sum(r['torchfrtrace']['correct'] for r in runs)}/{len(runs)}",
-        "torchfrtrace_failures": [f"{r['ranks']} {r['fault']}: {r['torchfrtrace']['failure']}"
-                                  for r in runs if r["torchfrtrace"].get("failure")],
-        "speedup_wall_by_ranks": {str(n): [r["speedup_wall"] for r in runs if r["ranks"] == n]
-                                  for n in dict.fromkeys(r["ranks"] for r in runs)},
-        "speedup_work_by_ranks": {str(n): [r["speedup_work"] for r in runs if r["ranks"] == n]
-                                  for n in dict.fromkeys(r["ranks"] for r in runs)},
+        "torchfrtrace_failures": [
+            f"{r['ranks']} {r['fault']}: {r['torchfrtrace']['failure']}"
+            for r in runs
+            if r["torchfrtrace"].get("failure")
+        ],
+        "speedup_wall_by_ranks": {
+            str(n): [r["speedup_wall"] for r in runs if r["ranks"] == n]
+            for n in dict.fromkeys(r["ranks"] for r in runs)
+        },
+        "speedup_work_by_ranks": {
+            str(n): [r["speedup_work"] for r in runs if r["ranks"] == n]
+            for n in dict.fromkeys(r["ranks"] for r in runs)
+        },
         "note": "speedup_wall: whole processes (interpreter + imports: torch ~ rankscope's polars/pyarrow); "
-                "speedup_work: time after imports (load + analysis). A timed-out torchfrtrace has speedup '>x'.",
+        "speedup_work: time after imports (load + analysis). A timed-out torchfrtrace has speedup '>x'.",
     }
-    print(json.dumps({"benchmark": "bench_fr", "cpu_count": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
-                      "repeat": args.repeat,
-                      "summary": summary, "runs": runs, "gloo_probe": probe}, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "bench_fr",
+                "cpu_count": os.cpu_count(),
+                "load_avg_at_end": os.getloadavg(),
+                "repeat": args.repeat,
+                "summary": summary,
+                "runs": runs,
+                "gloo_probe": probe,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -62,17 +62,24 @@ def store_floor(root: Path) -> float:
 
 
 def correct(v, truth) -> bool:
-    return (v.verdict == truth.expected_verdict and set(truth.culprit_nodes) <= set(v.suspect_nodes)
-            and bool(set(truth.culprit_nodes) & set(v.culprit_nodes)))
+    return (
+        v.verdict == truth.expected_verdict
+        and set(truth.culprit_nodes) <= set(v.suspect_nodes)
+        and bool(set(truth.culprit_nodes) & set(v.culprit_nodes))
+    )
 
 
 def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, seed: int) -> dict:
     layout = LAYOUTS.get(world) or f"tp=8,pp=4,dp={world // 32}"
-    res: dict = {"ranks": world, "layout": layout, "gpus_per_node": 8, "fault": "compute-hang",
-                 "dataloader_workers": dataloader_workers}
+    res: dict = {
+        "ranks": world,
+        "layout": layout,
+        "gpus_per_node": 8,
+        "fault": "compute-hang",
+        "dataloader_workers": dataloader_workers,
+    }
     t = time.perf_counter()
-    job = generate_job(layout, gpus_per_node=8, fault="compute-hang", seed=seed,
-                       dataloader_workers=dataloader_workers)
+    job = generate_job(layout, gpus_per_node=8, fault="compute-hang", seed=seed, dataloader_workers=dataloader_workers)
     res["generate_s"] = round(time.perf_counter() - t, 3)
     procs = from_dumps((d.dump, d.snapshot, d.rank, d.node, d.role) for d in job.dumps)
     res["processes"] = len(procs)
@@ -94,9 +101,16 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
     t_load = time.perf_counter() - t
     v = diagnose_stacks(inputs.procs, inputs.topology)
     total = time.perf_counter() - t
-    res["dump_dir"] = {"files": n_files, "bytes": n_bytes, "format": fmt, "floor_s": round(floor_s, 3),
-                       "load_s": round(t_load, 3), "total_s": round(total, 3),
-                       "ratio_to_floor": round(total / floor_s, 2), "correct": correct(v, job.truth)}
+    res["dump_dir"] = {
+        "files": n_files,
+        "bytes": n_bytes,
+        "format": fmt,
+        "floor_s": round(floor_s, 3),
+        "load_s": round(t_load, 3),
+        "total_s": round(total, 3),
+        "ratio_to_floor": round(total / floor_s, 2),
+        "correct": correct(v, job.truth),
+    }
 
     store_root = workdir / f"store-{world}"
     t = time.perf_counter()
@@ -110,10 +124,17 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
     t_load = time.perf_counter() - t
     v = diagnose_stacks(inputs.procs, inputs.topology)
     total = time.perf_counter() - t
-    res["store"] = {"files": s_files, "bytes": s_bytes, "ingest_s": round(ingest_s, 3),
-                    "bytes_floor_s": round(bytes_floor, 4), "floor_s": round(sfloor, 4),
-                    "load_s": round(t_load, 3), "total_s": round(total, 3),
-                    "ratio_to_floor": round(total / sfloor, 2), "correct": correct(v, job.truth)}
+    res["store"] = {
+        "files": s_files,
+        "bytes": s_bytes,
+        "ingest_s": round(ingest_s, 3),
+        "bytes_floor_s": round(bytes_floor, 4),
+        "floor_s": round(sfloor, 4),
+        "load_s": round(t_load, 3),
+        "total_s": round(total, 3),
+        "ratio_to_floor": round(total / sfloor, 2),
+        "correct": correct(v, job.truth),
+    }
     shutil.rmtree(store_root)
     return res
 
@@ -128,12 +149,18 @@ def main() -> None:
     args = ap.parse_args()
     scratch = Path(args.workdir or tempfile.mkdtemp(prefix="rankscope-bench-"))
     scratch.mkdir(parents=True, exist_ok=True)
-    out = {"benchmark": "hang localization", "python": platform.python_version(), "cpus": os.cpu_count(),
-           "loadavg_start": os.getloadavg()[0], "results": []}
+    out = {
+        "benchmark": "hang localization",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg()[0],
+        "results": [],
+    }
     try:
         for world in (int(x) for x in args.scales.split(",")):
-            out["results"].append(run_scale(world, scratch, fmt=args.format,
-                                            dataloader_workers=args.dataloader_workers, seed=args.seed))
+            out["results"].append(
+                run_scale(world, scratch, fmt=args.format, dataloader_workers=args.dataloader_workers, seed=args.seed)
+            )
     finally:
         if not args.workdir:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -1,7 +1,8 @@
 """Synthetic benchmark of the peer-mode metric detectors; prints JSON.
 
 Per fault kind: precision, recall, F1 and onset-to-alert delay; on fault-free runs: false alarms per
-machine-day; optionally recall at milder faults (--sweep); timing-straggler accuracy per scenario (slow machine, slow stage, data imbalance,
+machine-day; optionally recall at milder faults (--sweep); timing-straggler accuracy per scenario (slow machine,
+slow stage, data imbalance,
 job-wide slowdown, healthy); speed of scoring 1,200 machines x 3,600 s x 8 metrics; LSTM-VAE denoiser training time.
 
 A detection counts when the faulty machine is alerted at or after its onset; an alert on a healthy
@@ -18,6 +19,7 @@ import json
 import time
 
 import numpy as np
+
 from rankscope.analytics.performance.decide import counters_to_rates
 from rankscope.harness.synthetic_metrics import FAULT_KINDS, make_metrics
 from rankscope.models import PeerDistance, PeerMad
@@ -57,8 +59,14 @@ def evaluate(make_det, *, machines, seconds, runs_per_kind, faults_per_run, heal
     s = seed
     for kind in FAULT_KINDS:
         for _ in range(runs_per_kind):
-            run = make_metrics(n_machines=machines, duration_s=seconds, faults={kind: faults_per_run},
-                               onset_range_s=onset_range, severity=severity, seed=s)
+            run = make_metrics(
+                n_machines=machines,
+                duration_s=seconds,
+                faults={kind: faults_per_run},
+                onset_range_s=onset_range,
+                severity=severity,
+                seed=s,
+            )
             s += 1
             _score_run(make_det(), run, counts, delays, kind)
     false_alarms = 0
@@ -70,13 +78,22 @@ def evaluate(make_det, *, machines, seconds, runs_per_kind, faults_per_run, heal
     per_kind = {}
     for kind in FAULT_KINDS:
         d = np.asarray(delays[kind])
-        per_kind[kind] = {**_prf(counts[kind]),
-                          "delay_s_median": round(float(np.median(d)), 1) if d.size else None,
-                          "delay_s_p90": round(float(np.quantile(d, 0.9)), 1) if d.size else None}
+        per_kind[kind] = {
+            **_prf(counts[kind]),
+            "delay_s_median": round(float(np.median(d)), 1) if d.size else None,
+            "delay_s_p90": round(float(np.quantile(d, 0.9)), 1) if d.size else None,
+        }
     machine_days = healthy_runs * machines * seconds / 86400.0
-    return {"overall": _prf(total), "per_kind": per_kind,
-            "fault_free": {"runs": healthy_runs, "machine_days": round(machine_days, 2), "false_alarms": false_alarms,
-                           "false_alarms_per_machine_day": round(false_alarms / machine_days, 4) if machine_days else None}}
+    return {
+        "overall": _prf(total),
+        "per_kind": per_kind,
+        "fault_free": {
+            "runs": healthy_runs,
+            "machine_days": round(machine_days, 2),
+            "false_alarms": false_alarms,
+            "false_alarms_per_machine_day": round(false_alarms / machine_days, 4) if machine_days else None,
+        },
+    }
 
 
 def timings_accuracy(runs: int, seed: int) -> dict:
@@ -85,8 +102,13 @@ def timings_accuracy(runs: int, seed: int) -> dict:
     from rankscope.harness.synthetic_metrics import TIMING_SCENARIOS, make_timings
 
     rng = np.random.default_rng(seed)
-    layouts = [("tp=2,pp=4,dp=8", 8), ("tp=4,pp=2,dp=16", 8), ("tp=1,pp=1,dp=32", 1), ("tp=2,pp=2,dp=8", 4),
-               ("tp=2,pp=2,dp=4", 4)]
+    layouts = [
+        ("tp=2,pp=4,dp=8", 8),
+        ("tp=4,pp=2,dp=16", 8),
+        ("tp=1,pp=1,dp=32", 1),
+        ("tp=2,pp=2,dp=8", 4),
+        ("tp=2,pp=2,dp=4", 4),
+    ]
     out: dict = {}
     t = time.perf_counter()
     for scenario in TIMING_SCENARIOS:
@@ -94,8 +116,14 @@ def timings_accuracy(runs: int, seed: int) -> dict:
         for r in range(runs):
             layout, gpn = layouts[r % len(layouts)]
             slowdown = float(rng.choice([1.3, 1.5, 2.0]))
-            df, topo, truth = make_timings(layout, scenario=scenario, gpus_per_node=gpn, slowdown=slowdown,
-                                           onset_step=int(rng.integers(30, 150)), seed=seed + r)
+            df, topo, truth = make_timings(
+                layout,
+                scenario=scenario,
+                gpus_per_node=gpn,
+                slowdown=slowdown,
+                onset_step=int(rng.integers(30, 150)),
+                seed=seed + r,
+            )
             rep = find_stragglers(df, topo)
             if scenario == "slow-machine":
                 correct += rep.slow_nodes[:1] == truth.slow_nodes and len(rep.slow_nodes) == 1
@@ -104,8 +132,11 @@ def timings_accuracy(runs: int, seed: int) -> dict:
                 ok = not rep.slow_ranks and (scenario == "healthy") == (not rep.imbalances)
                 correct += ok
                 blamed_wrong += bool(rep.slow_ranks)
-        out[scenario] = {"runs": runs, "accuracy": round(correct / runs, 4),
-                         "runs_blaming_a_healthy_machine": int(blamed_wrong)}
+        out[scenario] = {
+            "runs": runs,
+            "accuracy": round(correct / runs, 4),
+            "runs_blaming_a_healthy_machine": int(blamed_wrong),
+        }
     out["seconds"] = round(time.perf_counter() - t, 1)
     return out
 
@@ -120,18 +151,22 @@ def speed(machines: int, seconds: int, seed: int) -> dict:
     t = time.perf_counter()
     det.detect(X)
     score_s = time.perf_counter() - t
-    return {"shape": list(X.shape), "fit_seconds": round(fit_s, 2), "score_seconds": round(score_s, 2),
-            "target_seconds": 5.0}
+    return {
+        "shape": list(X.shape),
+        "fit_seconds": round(fit_s, 2),
+        "score_seconds": round(score_s, 2),
+        "target_seconds": 5.0,
+    }
 
 
 def vae(machines: int, seconds: int, seed: int, epochs: int) -> dict:
-    try:
-        import torch
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
         return {"skipped": "torch not installed"}
     from rankscope.models import lstm_vae
 
-    run = make_metrics(n_machines=machines, duration_s=seconds, faults={k: 1 for k in FAULT_KINDS}, seed=seed)
+    run = make_metrics(n_machines=machines, duration_s=seconds, faults=dict.fromkeys(FAULT_KINDS, 1), seed=seed)
     X = _cube(run)
     train_time = [0.0]
     original = lstm_vae.train_vae
@@ -155,9 +190,16 @@ def vae(machines: int, seconds: int, seed: int, epochs: int) -> dict:
     score_s = time.perf_counter() - t
     truth = {f.machine for f in run.faults}
     found = {int(i) for i in alerts.alerted}
-    return {"shape": list(X.shape), "epochs": epochs, "train_seconds_all_metrics": round(train_time[0], 1),
-            "fit_seconds": round(fit_s, 1), "score_seconds": round(score_s, 1),
-            "faults": len(truth), "detected": len(truth & found), "false_alarms": len(found - truth)}
+    return {
+        "shape": list(X.shape),
+        "epochs": epochs,
+        "train_seconds_all_metrics": round(train_time[0], 1),
+        "fit_seconds": round(fit_s, 1),
+        "score_seconds": round(score_s, 1),
+        "faults": len(truth),
+        "detected": len(truth & found),
+        "false_alarms": len(found - truth),
+    }
 
 
 def main() -> None:
@@ -179,8 +221,14 @@ def main() -> None:
     if a.quick:
         a.machines, a.seconds, a.runs_per_kind, a.healthy_runs, a.vae_machines = 300, 1800, 1, 1, 100
         a.timing_runs = 8
-    cfg = dict(machines=a.machines, seconds=a.seconds, runs_per_kind=a.runs_per_kind,
-               faults_per_run=a.faults_per_run, healthy_runs=a.healthy_runs, seed=a.seed)
+    cfg = dict(
+        machines=a.machines,
+        seconds=a.seconds,
+        runs_per_kind=a.runs_per_kind,
+        faults_per_run=a.faults_per_run,
+        healthy_runs=a.healthy_runs,
+        seed=a.seed,
+    )
     out: dict = {"config": cfg, "convention": "TP = faulty machine alerted at/after onset; any other alert is FP"}
     t = time.perf_counter()
     out["peer_distance"] = evaluate(PeerDistance, **cfg)
@@ -188,9 +236,14 @@ def main() -> None:
         out["peer_mad_baseline"] = evaluate(PeerMad, **cfg)
     if a.sweep:
         out["severity_sweep"] = {
-            str(sev): {k: v["recall"] for k, v in evaluate(PeerDistance, **{**cfg, "runs_per_kind": 1, "healthy_runs": 0},
-                                                           severity=sev)["per_kind"].items()}
-            for sev in (0.5, 0.25, 0.1)}
+            str(sev): {
+                k: v["recall"]
+                for k, v in evaluate(PeerDistance, **{**cfg, "runs_per_kind": 1, "healthy_runs": 0}, severity=sev)[
+                    "per_kind"
+                ].items()
+            }
+            for sev in (0.5, 0.25, 0.1)
+        }
     out["timings"] = timings_accuracy(a.timing_runs, a.seed)
     out["speed"] = speed(a.machines, a.seconds, a.seed + 999)
     if not a.no_vae:

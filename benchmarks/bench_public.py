@@ -19,6 +19,7 @@ import json
 import time
 
 import numpy as np
+
 from rankscope.analytics.performance.decide import diagnose_perf
 from rankscope.analytics.performance.stragglers import find_stragglers
 from rankscope.harness import public
@@ -81,16 +82,24 @@ def alibaba() -> dict:
     for job in (1, 2, 3, 4):
         df = public.load_alibaba_job(job)
         rep = find_stragglers(df)
-        res[f"job_{job}"] = {"slow_workers": [{"worker": s.rank, "ratio": round(s.ratio, 2), "onset_iteration": s.onset_step}
-                                              for s in rep.slow_ranks],
-                             "imbalances": [i.reason for i in rep.imbalances]}
+        res[f"job_{job}"] = {
+            "slow_workers": [
+                {"worker": s.rank, "ratio": round(s.ratio, 2), "onset_iteration": s.onset_step} for s in rep.slow_ranks
+            ],
+            "imbalances": [i.reason for i in rep.imbalances],
+        }
     v = diagnose_perf(None, public.load_alibaba_job(1), None, job="pai-job_1")
     top = res["job_1"]["slow_workers"][0] if res["job_1"]["slow_workers"] else {}
-    res["job_1"].update({
-        "verdict": v.verdict if v else None, "culprit_nodes": list(v.culprit_nodes) if v else [],
-        "named_worker_6": top.get("worker") == 6, "onset_iteration": top.get("onset_iteration"),
-        "expected": "worker 6; visually its times jump from ~430 to 745 at iteration 1811 (every 10th iteration sampled)",
-    })
+    res["job_1"].update(
+        {
+            "verdict": v.verdict if v else None,
+            "culprit_nodes": list(v.culprit_nodes) if v else [],
+            "named_worker_6": top.get("worker") == 6,
+            "onset_iteration": top.get("onset_iteration"),
+            "expected": "worker 6; visually its times jump from ~430 to 745 at iteration 1811 "
+            "(every 10th iteration sampled)",
+        }
+    )
     return res
 
 
@@ -105,11 +114,16 @@ def main() -> None:
     except InputError as exc:
         print(json.dumps({"skipped": str(exc)}))
         return
-    out: dict = {"alibaba_pai": alibaba(),
-                 "convention": {"train_threshold": "threshold = (1 - contamination) quantile of train scores",
-                                "best_f1": "oracle threshold chosen on test labels (optimistic)",
-                                "_pa": "point-adjusted (segment counts when any point flagged; inflates F1)",
-                                "contamination": a.contamination, "aggregate": "mean over entities"}}
+    out: dict = {
+        "alibaba_pai": alibaba(),
+        "convention": {
+            "train_threshold": "threshold = (1 - contamination) quantile of train scores",
+            "best_f1": "oracle threshold chosen on test labels (optimistic)",
+            "_pa": "point-adjusted (segment counts when any point flagged; inflates F1)",
+            "contamination": a.contamination,
+            "aggregate": "mean over entities",
+        },
+    }
     detectors: dict[str, dict] = {"mad": {}, "iforest": {"n_estimators": 100}}
     asd = [public.load_asd(n) for n in public.asd_entities()]
     asd_det = dict(detectors)

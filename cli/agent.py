@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+
 from rankscope.cli.console import handle_errors, out
 
-PRECEDENCE = ("Settings: flags > RANKSCOPE_AGENT_<FIELD> environment variables > --config file (TOML/JSON, an "
-              "[agent] table or top-level keys) > defaults.")
+PRECEDENCE = (
+    "Settings: flags > RANKSCOPE_AGENT_<FIELD> environment variables > --config file (TOML/JSON, an "
+    "[agent] table or top-level keys) > defaults."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -17,17 +20,36 @@ def register(app: typer.Typer) -> None:
     def agent(
         store: str = typer.Argument(None, help="Store directory to write to (or RANKSCOPE_AGENT_STORE)."),
         job: str = typer.Option(None, "--job", help="Job name (store partition)."),
-        node: str = typer.Option(None, "--node", help="This node's name (default: hostname; the hook's per-rank node wins)."),
-        run_dir: str = typer.Option(None, "--run-dir", help="Directory shared with the in-process hook (default: RANKSCOPE_RUN_DIR, as the hook reads it, else /tmp/rankscope-run)."),
-        metric_interval_seconds: float = typer.Option(None, "--metric-interval-seconds", help="Sampling interval (default 1)."),
-        stall_seconds: float = typer.Option(None, "--stall-seconds", help="No step progress for this long fires a capture (default 600)."),
-        slow_factor: float = typer.Option(None, "--slow-factor", help="Fire on a step this many times slower than baseline (0 = off)."),
+        node: str = typer.Option(
+            None, "--node", help="This node's name (default: hostname; the hook's per-rank node wins)."
+        ),
+        run_dir: str = typer.Option(
+            None,
+            "--run-dir",
+            help="Directory shared with the in-process hook (default: RANKSCOPE_RUN_DIR, as the hook "
+            "reads it, else /tmp/rankscope-run).",
+        ),
+        metric_interval_seconds: float = typer.Option(
+            None, "--metric-interval-seconds", help="Sampling interval (default 1)."
+        ),
+        stall_seconds: float = typer.Option(
+            None, "--stall-seconds", help="No step progress for this long fires a capture (default 600)."
+        ),
+        slow_factor: float = typer.Option(
+            None, "--slow-factor", help="Fire on a step this many times slower than baseline (0 = off)."
+        ),
         capture_rounds: int = typer.Option(None, "--capture-rounds", help="Captures per firing (5 for fail-slow)."),
-        round_interval_seconds: float = typer.Option(None, "--round-interval-seconds", help="Seconds between rounds (default 10)."),
-        stack_timeout_seconds: float = typer.Option(None, "--stack-timeout-seconds", help="Per-process py-spy timeout."),
+        round_interval_seconds: float = typer.Option(
+            None, "--round-interval-seconds", help="Seconds between rounds (default 10)."
+        ),
+        stack_timeout_seconds: float = typer.Option(
+            None, "--stack-timeout-seconds", help="Per-process py-spy timeout."
+        ),
         launcher_pid: int = typer.Option(None, "--launcher-pid", help="Watch only this launcher's process tree."),
         exit_after_captures: int = typer.Option(None, "--exit-after-captures", help="Stop after N captures (tests)."),
-        max_runtime_seconds: float = typer.Option(None, "--max-runtime-seconds", help="Stop after this long (0 = never)."),
+        max_runtime_seconds: float = typer.Option(
+            None, "--max-runtime-seconds", help="Stop after this long (0 = never)."
+        ),
         config: Path = typer.Option(None, "--config", help="TOML or JSON config file."),
         trigger: bool = typer.Option(False, "--trigger", help="Ask the agent of --run-dir for a capture and exit."),
     ) -> None:
@@ -36,13 +58,19 @@ def register(app: typer.Typer) -> None:
         from rankscope.collectors.trigger import request_capture
         from rankscope.config import resolve_agent
 
-        flags = {k: v for k, v in locals().items()
-                 if k not in ("config", "trigger", "resolve_agent", "exec_daemon", "request_capture")}
+        flags = {
+            k: v
+            for k, v in locals().items()
+            if k not in ("config", "trigger", "resolve_agent", "exec_daemon", "request_capture")
+        }
         if trigger and not store:
             flags["store"] = "(not needed to trigger)"
         cfg = resolve_agent(flags, config_file=config)
         if trigger:
-            out.print(f"trigger written: {request_capture(cfg.run_dir, rounds=cfg.capture_rounds, trigger_file=cfg.trigger_file)}")
+            out.print(
+                "trigger written: "
+                f"{request_capture(cfg.run_dir, rounds=cfg.capture_rounds, trigger_file=cfg.trigger_file)}"
+            )
             return
         # the daemon runs for weeks: replace this CLI process (same pid) with one that does not
         # carry typer, rich and pydantic (rankscope.collectors.daemon)

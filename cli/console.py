@@ -8,8 +8,9 @@ from functools import wraps
 from typing import Any, NoReturn, TypeVar
 
 import typer
-from rankscope.spine import error_edge
 from rich.console import Console
+
+from rankscope.spine import error_edge
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+
 from rankscope.cli.console import fail, handle_errors, out
 from rankscope.cli.options import (
     DEFAULT_ORDER,
@@ -23,13 +24,16 @@ def register(app: typer.Typer) -> None:
     @app.command("detect")
     @handle_errors
     def detect(
-        path: Path = typer.Argument(..., help="A store, or a directory with metrics*.csv|parquet / timings*.csv|parquet."),
+        path: Path = typer.Argument(
+            ..., help="A store, or a directory with metrics*.csv|parquet / timings*.csv|parquet."
+        ),
         layout: LayoutOpt = None,
         order: OrderOpt = DEFAULT_ORDER,
         gpus_per_node: GpusPerNodeOpt = 8,
         job: JobOpt = None,
-        continuity_seconds: float = typer.Option(None, "--continuity-seconds", show_default="240",
-                                                 help="How long a machine must stay unlike its peers."),
+        continuity_seconds: float = typer.Option(
+            None, "--continuity-seconds", show_default="240", help="How long a machine must stay unlike its peers."
+        ),
         fmt: FormatOpt = Format.text,
         config: ConfigOpt = None,
     ) -> None:

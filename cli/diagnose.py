@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+
 from rankscope.cli.console import handle_errors, out
 from rankscope.cli.options import (
     DEFAULT_ORDER,
@@ -23,14 +24,19 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @handle_errors
     def diagnose(
-        path: Path = typer.Argument(..., help="A dump directory (stack, Flight Recorder, exit, metrics and timings "
-                                    "files, or the hook's run directory) or a rankscope store."),
+        path: Path = typer.Argument(
+            ...,
+            help="A dump directory (stack, Flight Recorder, exit, metrics and timings "
+            "files, or the hook's run directory) or a rankscope store.",
+        ),
         layout: LayoutOpt = None,
         order: OrderOpt = DEFAULT_ORDER,
         gpus_per_node: GpusPerNodeOpt = 8,
         job: JobOpt = None,
         fmt: FormatOpt = Format.text,
-        save: bool = typer.Option(False, "--save", help="Append the verdict to the store's verdicts table (store PATH only)."),
+        save: bool = typer.Option(
+            False, "--save", help="Append the verdict to the store's verdicts table (store PATH only)."
+        ),
         config: ConfigOpt = None,
     ) -> None:
         """Name the machines to isolate (exit 0, healthy included); bad input exits 2 with one line."""

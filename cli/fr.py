@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+
 from rankscope.cli.console import handle_errors, out
 from rankscope.cli.options import (
     DEFAULT_ORDER,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+
 from rankscope import __version__
 from rankscope.cli import agent, demo, detect, diagnose, fr, store
 

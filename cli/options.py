@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,17 +17,30 @@ class Format(str, Enum):
     json = "json"
 
 
-LayoutOpt = Annotated[Optional[str], typer.Option(
-    "--layout", help="Parallel layout, e.g. tp=8,pp=4,dp=32 (optional cp=, ep=). Default: pure data parallel.")]
-OrderOpt = Annotated[str, typer.Option(
-    "--order", help="Rank order of the dimensions, fastest-varying first (Megatron default tp-cp-ep-dp-pp).")]
+LayoutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--layout", help="Parallel layout, e.g. tp=8,pp=4,dp=32 (optional cp=, ep=). Default: pure data parallel."
+    ),
+]
+OrderOpt = Annotated[
+    str,
+    typer.Option(
+        "--order", help="Rank order of the dimensions, fastest-varying first (Megatron default tp-cp-ep-dp-pp)."
+    ),
+]
 GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="Ranks per node when no manifest names nodes.")]
-JobOpt = Annotated[Optional[str], typer.Option("--job", help="Job name (selects one job of a store).")]
+JobOpt = Annotated[str | None, typer.Option("--job", help="Job name (selects one job of a store).")]
 FormatOpt = Annotated[Format, typer.Option("--format", help="text for people, json for machines.")]
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
-ConfigOpt = Annotated[Optional[Path], typer.Option(
-    "--config", help="TOML or JSON settings file, one table per section ([stacks], [performance], ...); "
-    "precedence: flags > RANKSCOPE_<SECTION>_<FIELD> environment > this file > defaults.")]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="TOML or JSON settings file, one table per section ([stacks], [performance], ...); "
+        "precedence: flags > RANKSCOPE_<SECTION>_<FIELD> environment > this file > defaults.",
+    ),
+]
 
 
 def load_settings(config: Path | None, flags: dict[str, Any] | None = None) -> Config:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+
 from rankscope.cli.console import handle_errors, out
 from rankscope.cli.options import DEFAULT_ORDER, GpusPerNodeOpt, LayoutOpt, OrderOpt
 
@@ -13,7 +14,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     @handle_errors
     def ingest(
-        path: Path = typer.Argument(..., help="A raw dump directory (stacks, manifest.csv, FR dumps, metrics, timings)."),
+        path: Path = typer.Argument(
+            ..., help="A raw dump directory (stacks, manifest.csv, FR dumps, metrics, timings)."
+        ),
         store: Path = typer.Option(..., "--store", help="Store root (created if absent)."),
         job: str = typer.Option(None, "--job", help="Job name (default: the directory name)."),
         layout: LayoutOpt = None,

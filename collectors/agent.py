@@ -85,18 +85,26 @@ class AgentReport:
         return d
 
     def explain(self) -> str:
-        caps = ", ".join(f"#{c.snapshot} {c.reason} {c.round}/{c.rounds} ({c.n_processes} procs, "
-                         f"{c.n_failed} failed, {c.seconds:.2f}s)" for c in self.captures) or "none"
-        return (f"agent ran {self.runtime_seconds:.1f}s ({self.ticks} ticks, {self.cpu_seconds:.2f} CPU s, "
-                f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB); captures: {caps}; "
-                f"rows written {sum(self.rows_written.values())}, dropped {sum(self.rows_dropped.values())}")
+        caps = (
+            ", ".join(
+                f"#{c.snapshot} {c.reason} {c.round}/{c.rounds} ({c.n_processes} procs, "
+                f"{c.n_failed} failed, {c.seconds:.2f}s)"
+                for c in self.captures
+            )
+            or "none"
+        )
+        return (
+            f"agent ran {self.runtime_seconds:.1f}s ({self.ticks} ticks, {self.cpu_seconds:.2f} CPU s, "
+            f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB); captures: {caps}; "
+            f"rows written {sum(self.rows_written.values())}, dropped {sum(self.rows_dropped.values())}"
+        )
 
 
 def _release_freed_memory() -> None:
     """Give the heap a capture freed back to the OS (glibc keeps it otherwise): a capture parses every
     rank's Flight Recorder ring buffer, a transient of several MB the daemon should not keep for weeks."""
     try:
-        import ctypes  # noqa: PLC0415
+        import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to do
@@ -110,8 +118,12 @@ def _exit_labels(rec: dict[str, Any]) -> dict[str, Any]:
     frames = rec.get("frames") or []
     top = frames[0] if frames and isinstance(frames[0], dict) else {}
     where = f"{top.get('function')} ({os.path.basename(str(top.get('file')))}:{top.get('line')})" if top else ""
-    return {"exception": rec.get("type"), "message": str(rec.get("message", ""))[:500], "where": where,
-            "time_source": rec.get("time_source", "hook")}
+    return {
+        "exception": rec.get("type"),
+        "message": str(rec.get("message", ""))[:500],
+        "where": where,
+        "time_source": rec.get("time_source", "hook"),
+    }
 
 
 @dataclass
@@ -128,8 +140,15 @@ class _Known:
 class Agent:
     """The daemon. ``Agent(config).run()`` blocks until stopped; :meth:`tick` is one iteration."""
 
-    def __init__(self, config: AgentConfig, *, proc_root: str = "/proc", sys_root: str = "/sys",
-                 launcher_pid: int | None = None, nvml: Any = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        proc_root: str = "/proc",
+        sys_root: str = "/sys",
+        launcher_pid: int | None = None,
+        nvml: Any = None,
+    ) -> None:
         self.cfg = config
         self.proc_root, self.sys_root = proc_root, sys_root
         self.launcher_pid = launcher_pid or config.launcher_pid or None
@@ -139,15 +158,21 @@ class Agent:
         disk_paths = (config.store, config.run_dir, *config.disk_paths)
         self.host = HostSampler(proc_root=proc_root, sys_root=sys_root, disk_paths=disk_paths)
         self.gpu = GpuSampler(enabled=config.gpu, nvml=nvml)
-        self.watchers: list[Any] = [NicWatcher(sys_root), DiskWatcher(disk_paths, min_free_bytes=config.min_free_bytes),
-                                    NvmlEvents(self.gpu)]
+        self.watchers: list[Any] = [
+            NicWatcher(sys_root),
+            DiskWatcher(disk_paths, min_free_bytes=config.min_free_bytes),
+            NvmlEvents(self.gpu),
+        ]
         self.kernel_log = KernelLog(config.kernel_log)
         self.steps = StepTailer(config.run_dir)
         self.steps.skip_existing()
         self.nan_watch = NanWatch()
-        self.detector = StallDetector(config.stall_seconds, rounds=config.capture_rounds,
-                                      round_interval_seconds=config.round_interval_seconds,
-                                      slow_factor=config.slow_factor)
+        self.detector = StallDetector(
+            config.stall_seconds,
+            rounds=config.capture_rounds,
+            round_interval_seconds=config.round_interval_seconds,
+            slow_factor=config.slow_factor,
+        )
         self.trigger: Trigger | None = None
         self.known: dict[int, _Known] = {}
         self.alive: dict[int, discovery.ProcInfo] = {}
@@ -221,8 +246,11 @@ class Agent:
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 self.tick()
-                if self.cfg.exit_after_captures and len(self.captures) >= self.cfg.exit_after_captures \
-                        and not self.detector.busy:
+                if (
+                    self.cfg.exit_after_captures
+                    and len(self.captures) >= self.cfg.exit_after_captures
+                    and not self.detector.busy
+                ):
                     break
                 if self.cfg.max_runtime_seconds and time.time() - self._started >= self.cfg.max_runtime_seconds:
                     break
@@ -241,19 +269,35 @@ class Agent:
 
     def report(self) -> AgentReport:
         cpu, rss = self_usage()
-        return AgentReport(self.ticks, time.time() - self._started, cpu, rss, tuple(self.captures),
-                           dict(self.writer.written), dict(self.writer.dropped), self.writer.write_errors,
-                           self.n_events, dict(self.failures), tuple(self.messages))
+        return AgentReport(
+            self.ticks,
+            time.time() - self._started,
+            cpu,
+            rss,
+            tuple(self.captures),
+            dict(self.writer.written),
+            dict(self.writer.dropped),
+            self.writer.write_errors,
+            self.n_events,
+            dict(self.failures),
+            tuple(self.messages),
+        )
 
     def tick(self) -> None:
         """One iteration; every step is guarded so one failure never stops the others."""
         now = time.time()
         self.ticks += 1
-        for name, step in (("liveness", self._liveness), ("discovery", self._discovery), ("metrics", self._metrics),
-                           ("events", self._events), ("steps", self._steps), ("capture", self._maybe_capture)):
+        for name, step in (
+            ("liveness", self._liveness),
+            ("discovery", self._discovery),
+            ("metrics", self._metrics),
+            ("events", self._events),
+            ("steps", self._steps),
+            ("capture", self._maybe_capture),
+        ):
             try:
                 step(now)
-            except Exception as exc:  # noqa: BLE001 - the agent never dies of one bad source
+            except Exception as exc:
                 self._fail(name, exc)
         if now >= self._next_flush:
             self._next_flush = now + self.cfg.flush_interval_seconds
@@ -282,7 +326,8 @@ class Agent:
         self._last_alive_check = now  # the survivors were alive at this moment
 
     def _mark_dead(self, pid: int, info: discovery.ProcInfo, now: float) -> None:
-        """``pid`` is gone: record the exit (and its exception, if the hook saw one); a trainer's arms the crash capture."""
+        """``pid`` is gone: record the exit (and its exception, if the hook saw one); a trainer's arms the
+        crash capture."""
         self.alive.pop(pid, None)
         k = self.known.get(pid)
         if k is not None:
@@ -290,18 +335,30 @@ class Agent:
         if info.role == "trainer":
             exit_rec = self._exit_record(pid)
             if not exit_rec:  # no exception record: did faulthandler write a dump as it died?
-                how = stacks.death_signal(pid, self.run_dir, offset=k.stack_offset if k is not None else 0,
-                                          since=self._last_alive_check - 1.0)  # 1 s: mtime granularity
+                how = stacks.death_signal(
+                    pid, self.run_dir, offset=k.stack_offset if k is not None else 0, since=self._last_alive_check - 1.0
+                )  # 1 s: mtime granularity
                 if how is not None:
                     exit_rec = {"type": how[0], "message": how[1], "time": how[2], "time_source": "stack-dump"}
             normal = exit_rec.get("type") == "exit"
-            msg = (f"rank {info.rank} (pid {pid}) exited: {exit_rec.get('type')}: {exit_rec.get('message')}"
-                   if exit_rec else f"rank {info.rank} (pid {pid}) vanished (signal or os._exit)")
-            self._event(Event("process_exit", msg, severity="info" if normal else "",
-                              action="none" if normal else "", rank=info.rank, pid=pid,
-                              node=self._node_of(info.rank, pid),
-                              ts=float(exit_rec.get("time", now)) if exit_rec else now,
-                              labels=_exit_labels(exit_rec)))
+            msg = (
+                f"rank {info.rank} (pid {pid}) exited: {exit_rec.get('type')}: {exit_rec.get('message')}"
+                if exit_rec
+                else f"rank {info.rank} (pid {pid}) vanished (signal or os._exit)"
+            )
+            self._event(
+                Event(
+                    "process_exit",
+                    msg,
+                    severity="info" if normal else "",
+                    action="none" if normal else "",
+                    rank=info.rank,
+                    pid=pid,
+                    node=self._node_of(info.rank, pid),
+                    ts=float(exit_rec.get("time", now)) if exit_rec else now,
+                    labels=_exit_labels(exit_rec),
+                )
+            )
             if not normal and self._crash_since is None and not self._crash_captured:
                 self._crash_since = now
             self._next_discovery = 0.0
@@ -402,8 +459,15 @@ class Agent:
         rows = []
         for r, k in sorted(by_rank.items()):
             coords = k.identity["coords"]
-            rows.append({"job": self.cfg.job, "rank": r, "node": k.node, "local_rank": k.info.local_rank,
-                         **{d: int(coords.get(d, 0)) for d in ("tp", "cp", "ep", "dp", "pp")}})
+            rows.append(
+                {
+                    "job": self.cfg.job,
+                    "rank": r,
+                    "node": k.node,
+                    "local_rank": k.info.local_rank,
+                    **{d: int(coords.get(d, 0)) for d in ("tp", "cp", "ep", "dp", "pp")},
+                }
+            )
         self.writer.add("topology", rows)
         self._topology_written = True
 
@@ -423,7 +487,7 @@ class Agent:
             try:
                 for ev in source.poll():
                     self._event(ev)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._fail(f"events.{type(source).__name__}", exc)
 
     def _steps(self, now: float) -> None:
@@ -467,11 +531,19 @@ class Agent:
         now = time.time()
         snapshot = max(int(now), self._last_snapshot + 1)
         self._last_snapshot = snapshot
-        live = [stacks.Target(p.pid, p.rank, p.role, self._node_of(p.rank, p.pid))
-                for p in self.alive.values() if p.role != "launcher"]
+        live = [
+            stacks.Target(p.pid, p.rank, p.role, self._node_of(p.rank, p.pid))
+            for p in self.alive.values()
+            if p.role != "launcher"
+        ]
         sig = hook._signal_number(os.environ.get(hook.ENV_STACK_SIGNAL, hook.DEFAULT_STACK_SIGNAL))
-        caps = stacks.capture_all(live, run_dir=str(self.run_dir), timeout_seconds=self.cfg.stack_timeout_seconds,
-                                  pyspy=self.cfg.pyspy, signum=sig)
+        caps = stacks.capture_all(
+            live,
+            run_dir=str(self.run_dir),
+            timeout_seconds=self.cfg.stack_timeout_seconds,
+            pyspy=self.cfg.pyspy,
+            signum=sig,
+        )
         for pid, k in self.known.items():
             if k.dead_since is None or k.info.role != "trainer":
                 continue
@@ -494,19 +566,33 @@ class Agent:
         if self.cfg.capture_flight_recorder and firing.round == 1:
             try:
                 fr = self._flight_recorder(now)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._fail("flight_recorder", exc)
         methods: dict[str, int] = {}
         for c in caps:
             methods[c.method] = methods.get(c.method, 0) + 1
-        summary = CaptureSummary(snapshot, firing.reason, firing.round, firing.rounds, len(caps),
-                                 sum(c.dump.status == "failed" for c in caps), methods,
-                                 time.perf_counter() - t0, fr, firing.detail)
+        summary = CaptureSummary(
+            snapshot,
+            firing.reason,
+            firing.round,
+            firing.rounds,
+            len(caps),
+            sum(c.dump.status == "failed" for c in caps),
+            methods,
+            time.perf_counter() - t0,
+            fr,
+            firing.detail,
+        )
         self.captures.append(summary)
         kind = {"stall": "stall", "fail-slow": "fail_slow"}.get(firing.reason, "capture")
-        self._event(Event(kind, f"captured snapshot {snapshot} ({firing.reason} {firing.round}/{firing.rounds}): "
-                          f"{summary.n_processes} processes, {summary.n_failed} failed; {firing.detail}",
-                          labels={"snapshot": snapshot, "methods": methods, "seconds": round(summary.seconds, 3)}))
+        self._event(
+            Event(
+                kind,
+                f"captured snapshot {snapshot} ({firing.reason} {firing.round}/{firing.rounds}): "
+                f"{summary.n_processes} processes, {summary.n_failed} failed; {firing.detail}",
+                labels={"snapshot": snapshot, "methods": methods, "seconds": round(summary.seconds, 3)},
+            )
+        )
         self.writer.flush(["processes", "topology", "stacks", "collectives", "events"])
         _release_freed_memory()
         return summary
@@ -531,7 +617,7 @@ class Agent:
         for pid, path in done.items():  # one dump at a time: a full ring buffer parses to tens of MB
             try:
                 rows = fr_to_rows([read_fr_file(path, rank=asked[pid].rank)], self.cfg.job, node_of)
-            except Exception as exc:  # noqa: BLE001 - a bad dump costs that rank only
+            except Exception as exc:
                 self._fail("flight_recorder.parse", exc)
                 continue
             self.writer.add("collectives", rows)
@@ -542,11 +628,13 @@ class Agent:
     def _health_metrics(self) -> None:
         cpu, rss = self_usage()
         lab = {"component": "agent"}
-        samples = [Sample("rankscope_agent_cpu_seconds_total", cpu, lab, pid=os.getpid()),
-                   Sample("rankscope_agent_peak_resident_memory_bytes", rss, lab, pid=os.getpid()),
-                   Sample("rankscope_agent_dropped_rows_total", self.writer.dropped_total, lab),
-                   Sample("rankscope_agent_write_errors_total", self.writer.write_errors, lab),
-                   Sample("rankscope_agent_failures_total", sum(self.failures.values()), lab),
-                   Sample("rankscope_agent_captures_total", len(self.captures), lab)]
+        samples = [
+            Sample("rankscope_agent_cpu_seconds_total", cpu, lab, pid=os.getpid()),
+            Sample("rankscope_agent_peak_resident_memory_bytes", rss, lab, pid=os.getpid()),
+            Sample("rankscope_agent_dropped_rows_total", self.writer.dropped_total, lab),
+            Sample("rankscope_agent_write_errors_total", self.writer.write_errors, lab),
+            Sample("rankscope_agent_failures_total", sum(self.failures.values()), lab),
+            Sample("rankscope_agent_captures_total", len(self.captures), lab),
+        ]
         ts = datetime.now(timezone.utc)
         self.writer.add("metrics", [s.to_row(job=self.cfg.job, node=self.cfg.node, ts=ts) for s in samples])

@@ -40,11 +40,23 @@ class ProcInfo:
 
     def to_row(self, *, job: str, node: str, time: object) -> dict[str, object]:
         """A row of the ``processes`` table (a launcher is stored with role ``other``)."""
-        return {"job": job, "time": time, "node": node, "pid": self.pid, "ppid": self.ppid,
-                "role": self.role if self.role != "launcher" else "other", "rank": self.rank,
-                "local_rank": self.local_rank, "world_size": self.world_size, "group_rank": self.group_rank,
-                "master_addr": self.master_addr, "cmdline": self.cmdline[:1000], "comm": self.comm,
-                "trainer_pid": self.trainer_pid, "is_launcher": self.role == "launcher"}
+        return {
+            "job": job,
+            "time": time,
+            "node": node,
+            "pid": self.pid,
+            "ppid": self.ppid,
+            "role": self.role if self.role != "launcher" else "other",
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "group_rank": self.group_rank,
+            "master_addr": self.master_addr,
+            "cmdline": self.cmdline[:1000],
+            "comm": self.comm,
+            "trainer_pid": self.trainer_pid,
+            "is_launcher": self.role == "launcher",
+        }
 
 
 def read_stat(pid: int, proc_root: str = "/proc") -> tuple[str, int, int] | None:
@@ -62,9 +74,9 @@ def read_stat(pid: int, proc_root: str = "/proc") -> tuple[str, int, int] | None
     lpar, rpar = data.find("("), data.rfind(")")
     if lpar < 0 or rpar < 0:
         return None
-    rest = data[rpar + 2:].split()
+    rest = data[rpar + 2 :].split()
     try:
-        return data[lpar + 1:rpar], int(rest[1]), int(rest[19])
+        return data[lpar + 1 : rpar], int(rest[1]), int(rest[19])
     except (IndexError, ValueError):
         return None
 
@@ -123,8 +135,9 @@ def classify_child(comm: str, cmdline: str, declared: str | None = None) -> str:
     return "other"
 
 
-def discover(proc_root: str = "/proc", *, declared_roles: Mapping[int, str] | None = None,
-             only_under: int | None = None) -> list[ProcInfo]:
+def discover(
+    proc_root: str = "/proc", *, declared_roles: Mapping[int, str] | None = None, only_under: int | None = None
+) -> list[ProcInfo]:
     """Every launcher, trainer and trainer descendant visible in ``proc_root``, sorted by pid.
 
     ``declared_roles`` maps pid -> role announced by the hook; ``only_under`` restricts the search
@@ -169,17 +182,31 @@ def discover(proc_root: str = "/proc", *, declared_roles: Mapping[int, str] | No
         env = read_environ(pid, proc_root)
         if "RANK" not in env:
             continue
-        out[pid] = ProcInfo(pid, ppid, comm, cmd, start, role="trainer", rank=_int(env.get("RANK")),
-                            local_rank=_int(env.get("LOCAL_RANK")), world_size=_int(env.get("WORLD_SIZE")),
-                            group_rank=_int(env.get("GROUP_RANK")), master_addr=env.get("MASTER_ADDR"))
+        out[pid] = ProcInfo(
+            pid,
+            ppid,
+            comm,
+            cmd,
+            start,
+            role="trainer",
+            rank=_int(env.get("RANK")),
+            local_rank=_int(env.get("LOCAL_RANK")),
+            world_size=_int(env.get("WORLD_SIZE")),
+            group_rank=_int(env.get("GROUP_RANK")),
+            master_addr=env.get("MASTER_ADDR"),
+        )
         trainers.append(pid)
     # A "trainer" below another trainer is its child (fork inherits RANK): reclassify top-down.
     for pid in trainers:
         info = out[pid]
         anc = _trainer_ancestor(pid, stats, out)
         if anc is not None:
-            out[pid] = replace(info, role=classify_child(info.comm, info.cmdline, declared.get(pid)),
-                               rank=out[anc].rank, trainer_pid=anc)
+            out[pid] = replace(
+                info,
+                role=classify_child(info.comm, info.cmdline, declared.get(pid)),
+                rank=out[anc].rank,
+                trainer_pid=anc,
+            )
     # Descendants of trainers that do not carry RANK (spawned with a clean environment).
     for pid in sorted(scope):
         if pid in out:
@@ -188,9 +215,17 @@ def discover(proc_root: str = "/proc", *, declared_roles: Mapping[int, str] | No
         if anc is None:
             continue
         comm, ppid, start = stats[pid]
-        out[pid] = ProcInfo(pid, ppid, comm, cmdlines[pid], start,
-                            role=classify_child(comm, cmdlines[pid], declared.get(pid)),
-                            rank=out[anc].rank, world_size=out[anc].world_size, trainer_pid=anc)
+        out[pid] = ProcInfo(
+            pid,
+            ppid,
+            comm,
+            cmdlines[pid],
+            start,
+            role=classify_child(comm, cmdlines[pid], declared.get(pid)),
+            rank=out[anc].rank,
+            world_size=out[anc].world_size,
+            trainer_pid=anc,
+        )
     return [out[p] for p in sorted(out)]
 
 
@@ -233,5 +268,3 @@ def self_and_ancestors(pid: int | None = None, proc_root: str = "/proc") -> set[
             break
         pid = st[1]
     return out
-
-

@@ -91,14 +91,30 @@ class Event:
     def to_row(self, *, job: str, node: str) -> dict[str, Any]:
         from datetime import datetime, timezone
 
-        return {"job": job, "ts": datetime.fromtimestamp(self.ts, tz=timezone.utc), "node": self.node or node,
-                "kind": self.kind, "severity": self.severity, "action": self.action, "gpu": self.gpu,
-                "rank": self.rank, "pid": self.pid, "message": self.message,
-                "labels": json.dumps(dict(self.labels), sort_keys=True, default=str) if self.labels else None}
+        return {
+            "job": job,
+            "ts": datetime.fromtimestamp(self.ts, tz=timezone.utc),
+            "node": self.node or node,
+            "kind": self.kind,
+            "severity": self.severity,
+            "action": self.action,
+            "gpu": self.gpu,
+            "rank": self.rank,
+            "pid": self.pid,
+            "message": self.message,
+            "labels": json.dumps(dict(self.labels), sort_keys=True, default=str) if self.labels else None,
+        }
 
 
-def xid_event(xid: int, message: str, *, pci: str | None = None, gpu: int | None = None,
-              source: str = "kernel-log", ts: float | None = None) -> Event:
+def xid_event(
+    xid: int,
+    message: str,
+    *,
+    pci: str | None = None,
+    gpu: int | None = None,
+    source: str = "kernel-log",
+    ts: float | None = None,
+) -> Event:
     """An Xid event with the policy of that Xid."""
     sev, act, meaning = XID.get(xid, ("warning", "stop-time-check", "unlisted Xid"))
     labels = {"xid": xid, "meaning": meaning, "source": source}
@@ -110,7 +126,9 @@ def xid_event(xid: int, message: str, *, pci: str | None = None, gpu: int | None
 _XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+),\s*(.*)")
 _GPU_LOST = re.compile(r"NVRM: .*(fallen off the bus|GPU is lost|GPU at PCI:\S+ has fallen)", re.I)
 _LINK_DOWN = re.compile(r"(?:^|\s)(\S+?): (?:NIC )?Link (?:is )?[Dd]own")
-_FS_RO = re.compile(r"(?:EXT4-fs|XFS|Btrfs).*?(?:\(([^)]+)\))?.*(Remounting filesystem read-only|remount.*read-only)", re.I)
+_FS_RO = re.compile(
+    r"(?:EXT4-fs|XFS|Btrfs).*?(?:\(([^)]+)\))?.*(Remounting filesystem read-only|remount.*read-only)", re.I
+)
 
 
 def parse_kernel_line(line: str, ts: float | None = None) -> Event | None:
@@ -125,11 +143,17 @@ def parse_kernel_line(line: str, ts: float | None = None) -> Event | None:
         return Event("gpu_lost", line.strip(), ts=ts or time.time(), labels={"source": "kernel-log"})
     m = _FS_RO.search(line)
     if m:
-        return Event("fs_readonly", line.strip(), ts=ts or time.time(),
-                     labels={"device": m.group(1) or "", "source": "kernel-log"})
+        return Event(
+            "fs_readonly",
+            line.strip(),
+            ts=ts or time.time(),
+            labels={"device": m.group(1) or "", "source": "kernel-log"},
+        )
     m = _LINK_DOWN.search(line)
     if m:
-        return Event("nic_down", line.strip(), ts=ts or time.time(), labels={"device": m.group(1), "source": "kernel-log"})
+        return Event(
+            "nic_down", line.strip(), ts=ts or time.time(), labels={"device": m.group(1), "source": "kernel-log"}
+        )
     return None
 
 
@@ -215,8 +239,13 @@ class NicWatcher:
             if prev[0] == 1 and carrier == 0:
                 out.append(Event("nic_down", f"{dev}: carrier lost", labels={"device": dev}))
             elif changes is not None and prev[1] is not None and changes > prev[1]:
-                out.append(Event("nic_flap", f"{dev}: carrier changed {changes - prev[1]} time(s)",
-                                 labels={"device": dev, "changes": changes - prev[1]}))
+                out.append(
+                    Event(
+                        "nic_flap",
+                        f"{dev}: carrier changed {changes - prev[1]} time(s)",
+                        labels={"device": dev, "changes": changes - prev[1]},
+                    )
+                )
         if self.ib.is_dir():
             for counter in sorted(self.ib.glob("*/ports/*/counters/link_downed")):
                 key = str(counter)
@@ -227,8 +256,13 @@ class NicWatcher:
                 self._ib_prev[key] = v
                 if prev_v is not None and v > prev_v:
                     dev, port = counter.parts[-5], counter.parts[-3]
-                    out.append(Event("nic_flap", f"{dev} port {port}: link_downed +{v - prev_v}",
-                                     labels={"device": dev, "port": port}))
+                    out.append(
+                        Event(
+                            "nic_flap",
+                            f"{dev} port {port}: link_downed +{v - prev_v}",
+                            labels={"device": dev, "port": port},
+                        )
+                    )
         return out
 
 
@@ -252,8 +286,11 @@ class DiskWatcher:
             for kind, on in conds.items():
                 key = (path, kind)
                 if on and key not in self._active:
-                    msg = (f"{path}: {avail} bytes free (< {self.min_free_bytes})" if kind == "disk_full"
-                           else f"{path}: filesystem is read-only")
+                    msg = (
+                        f"{path}: {avail} bytes free (< {self.min_free_bytes})"
+                        if kind == "disk_full"
+                        else f"{path}: filesystem is read-only"
+                    )
                     out.append(Event(kind, msg, labels={"path": path, "avail_bytes": avail}))
                     self._active.add(key)
                 elif not on:
@@ -276,9 +313,9 @@ class NvmlEvents:
             for h in sampler.handles:
                 try:
                     n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, self.eset)
-                except Exception:  # noqa: BLE001 - some GPUs do not support events
+                except Exception:
                     continue
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.eset = None
 
     def poll(self) -> list[Event]:
@@ -292,7 +329,7 @@ class NvmlEvents:
         for _ in range(64):
             try:
                 data = n.nvmlEventSetWait_v2(self.eset, 0)
-            except Exception:  # noqa: BLE001 - NVML_ERROR_TIMEOUT: nothing pending
+            except Exception:
                 break
             xid = int(getattr(data, "eventData", 0))
             gpu = None

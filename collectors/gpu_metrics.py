@@ -34,7 +34,7 @@ class GpuSampler:
             self.nvml.nvmlInit()
             count = self.nvml.nvmlDeviceGetCount()
             self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, ...
+        except Exception as exc:
             self.message = f"GPU metrics unavailable: NVML not usable ({type(exc).__name__}: {exc})"
             return
         if not self.handles:
@@ -51,7 +51,7 @@ class GpuSampler:
             return None
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if self._is_lost(exc):
                 self.lost.add(i)
             else:
@@ -66,7 +66,7 @@ class GpuSampler:
         for i, h in enumerate(self.handles):
             try:
                 out.extend(self._sample_gpu(i, h))
-            except Exception:  # noqa: BLE001 - one GPU's failure never breaks the scrape
+            except Exception:
                 continue
         return out
 
@@ -88,16 +88,28 @@ class GpuSampler:
             add("gpu_memory_total_bytes", mem.total)
         power = self._query(i, "power", lambda: n.nvmlDeviceGetPowerUsage(h))
         add("gpu_power_watts", None if power is None else power / 1000.0)
-        add("gpu_temperature_celsius", self._query(i, "temp", lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)))
+        add(
+            "gpu_temperature_celsius",
+            self._query(i, "temp", lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
+        )
         clk = self._query(i, "sm_clock", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
         add("gpu_sm_clock_hertz", None if clk is None else clk * 1e6)
-        get_reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        get_reasons = (
+            getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         add("gpu_clock_event_reasons", self._query(i, "reasons", lambda: get_reasons(h)))
-        for err_type, tname in ((n.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
-                                (n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected")):
-            add("gpu_ecc_errors_total",
-                self._query(i, f"ecc_{tname}", lambda t=err_type: n.nvmlDeviceGetTotalEccErrors(h, t, n.NVML_VOLATILE_ECC)),
-                type=tname, counter="volatile")
+        for err_type, tname in (
+            (n.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
+            (n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"),
+        ):
+            add(
+                "gpu_ecc_errors_total",
+                self._query(
+                    i, f"ecc_{tname}", lambda t=err_type: n.nvmlDeviceGetTotalEccErrors(h, t, n.NVML_VOLATILE_ECC)
+                ),
+                type=tname,
+                counter="volatile",
+            )
         rows = self._query(i, "remap", lambda: n.nvmlDeviceGetRemappedRows(h))
         if rows is not None:
             corr, unc, pending, failed = rows[:4]
@@ -111,10 +123,16 @@ class GpuSampler:
         for link in range(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)):
             if (i, f"nvlink{link}") in self._unsupported:
                 continue
-            for cname in ("NVML_NVLINK_ERROR_DL_REPLAY", "NVML_NVLINK_ERROR_DL_RECOVERY", "NVML_NVLINK_ERROR_DL_CRC_FLIT"):
+            for cname in (
+                "NVML_NVLINK_ERROR_DL_REPLAY",
+                "NVML_NVLINK_ERROR_DL_RECOVERY",
+                "NVML_NVLINK_ERROR_DL_CRC_FLIT",
+            ):
                 if not hasattr(n, cname):
                     continue
-                v = self._query(i, f"nvlink{link}", lambda c=cname, ln=link: n.nvmlDeviceGetNvLinkErrorCounter(h, ln, getattr(n, c)))
+                v = self._query(
+                    i, f"nvlink{link}", lambda c=cname, ln=link: n.nvmlDeviceGetNvLinkErrorCounter(h, ln, getattr(n, c))
+                )
                 if v is None:
                     break
                 add("gpu_nvlink_errors_total", v, link=link, counter=cname.removeprefix("NVML_NVLINK_ERROR_").lower())
@@ -124,6 +142,6 @@ class GpuSampler:
         if self.available:
             try:
                 self.nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             self.available = False

@@ -84,7 +84,7 @@ def _safe(fn: Any) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - never raise into training
+        except Exception:
             if _state is not None:
                 _state.errors += 1
             return None
@@ -102,7 +102,8 @@ def _env_int(name: str) -> int | None:
 
 
 def node_name(rank: int | None) -> str:
-    """This rank's node: ``RANKSCOPE_NODE``, else the manifest's entry, else ``node-{rank // RANKSCOPE_RANKS_PER_NODE}``, else the hostname."""
+    """This rank's node: ``RANKSCOPE_NODE``, else the manifest's entry, else
+    ``node-{rank // RANKSCOPE_RANKS_PER_NODE}``, else the hostname."""
     if os.environ.get(ENV_NODE):
         return os.environ[ENV_NODE]
     manifest = os.environ.get(ENV_MANIFEST)
@@ -153,7 +154,7 @@ def install(
     ``run_dir`` defaults to ``$RANKSCOPE_RUN_DIR`` (else ``/tmp/rankscope-run``); ``stack_signal``
     to ``$RANKSCOPE_STACK_SIGNAL`` (else SIGUSR2; ``none`` disables it).
     """
-    global _state
+    global _state  # noqa: PLW0603 - one hook state per process, replaced in forked children
     with _lock:
         if _state is not None and _state.pid == os.getpid():
             return True
@@ -222,7 +223,7 @@ def _write_identity(st: _State) -> None:
 @_safe
 def _after_fork_in_child() -> None:
     """A forked child (DataLoader worker, checkpoint writer) gets its own stack file and identity."""
-    global _state
+    global _state  # noqa: PLW0603 - one hook state per process, replaced in forked children
     parent = _state
     if parent is None or parent.run_dir is None:
         return
@@ -230,8 +231,15 @@ def _after_fork_in_child() -> None:
     st.pid = os.getpid()
     st.run_dir = parent.run_dir
     st.stack_signal = parent.stack_signal
-    st.identity = {**parent.identity, "pid": st.pid, "ppid": parent.pid, "role": "child",
-                   "parent_pid": parent.pid, "started": time.time(), "main_thread_id": threading.get_ident()}
+    st.identity = {
+        **parent.identity,
+        "pid": st.pid,
+        "ppid": parent.pid,
+        "role": "child",
+        "parent_pid": parent.pid,
+        "started": time.time(),
+        "main_thread_id": threading.get_ident(),
+    }
     _state = st
     _open_files(st, dump_on_sigterm=False)
     _write_identity(st)
@@ -286,8 +294,14 @@ def _torch_groups() -> dict[str, list[int]]:
 
 
 @_safe
-def log_step(step: int, *, loss: float | None = None, grad_norm: float | None = None,
-             step_time_seconds: float | None = None, **extra: Any) -> None:
+def log_step(
+    step: int,
+    *,
+    loss: float | None = None,
+    grad_norm: float | None = None,
+    step_time_seconds: float | None = None,
+    **extra: Any,
+) -> None:
     """Report one training step (loss, grad norm, step time; extra numbers too) to the agent."""
     st = _state
     if st is None or st.steps_fd is None:
@@ -299,8 +313,14 @@ def log_step(step: int, *, loss: float | None = None, grad_norm: float | None = 
     if not st.groups_recorded:
         st.groups_recorded = True  # try once
         record_groups()
-    rec = {"t": now, "step": int(step), "rank": st.identity.get("rank"), "loss": _num(loss),
-           "grad_norm": _num(grad_norm), "step_time_seconds": _num(step_time_seconds)}
+    rec = {
+        "t": now,
+        "step": int(step),
+        "rank": st.identity.get("rank"),
+        "loss": _num(loss),
+        "grad_norm": _num(grad_norm),
+        "step_time_seconds": _num(step_time_seconds),
+    }
     rec.update({k: _num(v) for k, v in extra.items()})
     os.write(st.steps_fd, (json.dumps(rec) + "\n").encode())
 
@@ -320,10 +340,16 @@ def _record_exit(tp: Any, value: Any, tb: Any) -> None:
     st = _state
     if st is None or st.run_dir is None:
         return
-    frames = [{"function": f.name, "file": f.filename, "line": f.lineno}
-              for f in reversed(traceback.extract_tb(tb))]
-    rec = {"pid": st.pid, "rank": st.identity.get("rank"), "role": st.identity.get("role"), "time": time.time(),
-           "type": tp.__name__, "message": str(value)[:2000], "frames": frames}
+    frames = [{"function": f.name, "file": f.filename, "line": f.lineno} for f in reversed(traceback.extract_tb(tb))]
+    rec = {
+        "pid": st.pid,
+        "rank": st.identity.get("rank"),
+        "role": st.identity.get("role"),
+        "time": time.time(),
+        "type": tp.__name__,
+        "message": str(value)[:2000],
+        "frames": frames,
+    }
     _atomic_write(rf.path(st.run_dir, st.pid, rf.EXIT), json.dumps(rec))
 
 
@@ -335,8 +361,19 @@ def _record_normal_exit() -> None:
         return
     path = rf.path(st.run_dir, st.pid, rf.EXIT)
     if not path.exists():
-        _atomic_write(path, json.dumps({"pid": st.pid, "rank": st.identity.get("rank"), "time": time.time(),
-                                        "type": "exit", "message": "normal interpreter exit", "frames": []}))
+        _atomic_write(
+            path,
+            json.dumps(
+                {
+                    "pid": st.pid,
+                    "rank": st.identity.get("rank"),
+                    "time": time.time(),
+                    "type": "exit",
+                    "message": "normal interpreter exit",
+                    "frames": [],
+                }
+            ),
+        )
 
 
 @_safe
@@ -346,6 +383,7 @@ def dump_flight_recorder(path: str | os.PathLike[str] | None = None) -> str | No
     if "torch.distributed" not in sys.modules:  # no torch.distributed in this process: nothing recorded
         return None
     import torch._C._distributed_c10d as torch_c
+
     target = Path(path) if path else (rf.path(st.run_dir, os.getpid(), rf.FR) if st and st.run_dir else None)
     if target is None:
         return None
@@ -391,7 +429,7 @@ def _control_loop(ctl: Path) -> None:
                         dump_flight_recorder()
                     elif cmd == "stack":
                         _requested_dump()
-        except Exception:  # noqa: BLE001 - the control thread must never die loudly
+        except Exception:
             time.sleep(1.0)
         if _state is None or _state.pid != os.getpid():
             return

@@ -49,9 +49,17 @@ class Sample:
     gpu: int | None = None
 
     def to_row(self, *, job: str, node: str, ts: object) -> dict[str, Any]:
-        return {"job": job, "ts": ts, "node": node, "metric": self.metric, "value": float(self.value),
-                "gpu": self.gpu, "rank": self.rank, "pid": self.pid,
-                "labels": _labels_json(tuple(sorted(self.labels.items()))) if self.labels else None}
+        return {
+            "job": job,
+            "ts": ts,
+            "node": node,
+            "metric": self.metric,
+            "value": float(self.value),
+            "gpu": self.gpu,
+            "rank": self.rank,
+            "pid": self.pid,
+            "labels": _labels_json(tuple(sorted(self.labels.items()))) if self.labels else None,
+        }
 
 
 @lru_cache(maxsize=4096)
@@ -82,8 +90,7 @@ def _read(path: str | Path) -> str | None:
 class HostSampler:
     """Samples CPU, memory, load, disk, NICs, RDMA ports and processes; remembers CPU counters."""
 
-    def __init__(self, *, proc_root: str = "/proc", sys_root: str = "/sys",
-                 disk_paths: Iterable[str] = ("/",)) -> None:
+    def __init__(self, *, proc_root: str = "/proc", sys_root: str = "/sys", disk_paths: Iterable[str] = ("/",)) -> None:
         self.proc_root, self.sys_root = proc_root, sys_root
         self.disk_paths = tuple(disk_paths)
         self._cpu_prev: tuple[float, float] | None = None
@@ -98,7 +105,7 @@ class HostSampler:
         for fn in (self.cpu, self.memory, self.load, self.disk, self.network, self.infiniband):
             try:
                 out.extend(fn())
-            except Exception:  # noqa: BLE001 - a broken source costs its metrics only
+            except Exception:
                 self._err(fn.__name__)
         for pid, rank in procs:
             out.extend(self.process(pid, rank))
@@ -145,9 +152,11 @@ class HostSampler:
                 self._err("disk")
                 continue
             lab = {"mountpoint": path}
-            out += [Sample("node_filesystem_size_bytes", st.f_blocks * st.f_frsize, lab),
-                    Sample("node_filesystem_avail_bytes", st.f_bavail * st.f_frsize, lab),
-                    Sample("node_filesystem_readonly", float(bool(st.f_flag & os.ST_RDONLY)), lab)]
+            out += [
+                Sample("node_filesystem_size_bytes", st.f_blocks * st.f_frsize, lab),
+                Sample("node_filesystem_avail_bytes", st.f_bavail * st.f_frsize, lab),
+                Sample("node_filesystem_readonly", float(bool(st.f_flag & os.ST_RDONLY)), lab),
+            ]
         return out
 
     def network(self) -> list[Sample]:
@@ -165,8 +174,10 @@ class HostSampler:
                 text = _read(f"{base}/{dev}/statistics/{fname}")
                 if text is not None and text.strip().isdigit():
                     out.append(Sample(metric, float(text), lab))
-            for fname, metric in (("carrier", "node_network_carrier"),
-                                  ("carrier_changes", "node_network_carrier_changes_total")):
+            for fname, metric in (
+                ("carrier", "node_network_carrier"),
+                ("carrier_changes", "node_network_carrier_changes_total"),
+            ):
                 text = _read(f"{base}/{dev}/{fname}")
                 if text is not None and text.strip().lstrip("-").isdigit():
                     out.append(Sample(metric, float(text), lab))
@@ -196,15 +207,17 @@ class HostSampler:
         text = _read(f"{self.proc_root}/{pid}/stat")
         if not text:
             return []
-        rest = text[text.rfind(")") + 2:].split()
+        rest = text[text.rfind(")") + 2 :].split()
         try:
             cpu = (int(rest[11]) + int(rest[12])) / CLK_TCK
             rss = int(rest[21]) * PAGE_SIZE
         except (IndexError, ValueError):
             self._err("process")
             return []
-        return [Sample("process_cpu_seconds_total", cpu, pid=pid, rank=rank),
-                Sample("process_resident_memory_bytes", float(rss), pid=pid, rank=rank)]
+        return [
+            Sample("process_cpu_seconds_total", cpu, pid=pid, rank=rank),
+            Sample("process_resident_memory_bytes", float(rss), pid=pid, rank=rank),
+        ]
 
 
 def self_usage(proc_root: str = "/proc") -> tuple[float, int]:

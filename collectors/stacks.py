@@ -59,8 +59,13 @@ def pyspy_dump(pid: int, *, timeout_seconds: float = 5.0, pyspy: str = "py-spy")
     """``py-spy dump --json --pid PID`` parsed; a failed dump (never an exception) on any error."""
     src = f"py-spy:{pid}"
     try:
-        proc = subprocess.run([pyspy, "dump", "--json", "--pid", str(pid)], capture_output=True, text=True,
-                              timeout=timeout_seconds, check=False)
+        proc = subprocess.run(
+            [pyspy, "dump", "--json", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_seconds,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return failed_dump(src, "py-spy-json", f"py-spy timed out after {timeout_seconds:g}s", pid)
     except OSError as exc:
@@ -77,8 +82,9 @@ def stack_file(run_dir: str | os.PathLike[str], pid: int) -> Path:
     return rf.path(run_dir, pid, rf.STACK)
 
 
-def faulthandler_dump(pid: int, run_dir: str | os.PathLike[str], *, timeout_seconds: float = 2.0,
-                      signum: int = signal.SIGUSR2) -> ProcessDump:
+def faulthandler_dump(
+    pid: int, run_dir: str | os.PathLike[str], *, timeout_seconds: float = 2.0, signum: int = signal.SIGUSR2
+) -> ProcessDump:
     """Signal the hook of ``pid`` and read the stacks it appends to its file (a failed dump if none)."""
     path = stack_file(run_dir, pid)
     src = str(path)
@@ -148,13 +154,15 @@ def post_mortem(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0) -
     if last is not None:
         return replace(last, error="exited; last faulthandler dump (SIGTERM or fatal signal)"), "post-mortem"
     if text.strip():  # a fragment that is no dump at all
-        return cut_dump(str(path), pid, "exited; what faulthandler wrote as it died holds no stack: no evidence "
-                        "either way"), "post-mortem"
+        return cut_dump(
+            str(path), pid, "exited; what faulthandler wrote as it died holds no stack: no evidence either way"
+        ), "post-mortem"
     return failed_dump(str(path), "none", "process exited and left no stack", pid), "none"
 
 
-def death_signal(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0,
-                 since: float = 0.0) -> tuple[str, str, float] | None:
+def death_signal(
+    pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0, since: float = 0.0
+) -> tuple[str, str, float] | None:
     """How a process that left no exit record died, from the dump faulthandler wrote as it died.
 
     ``("fatal signal", "Segmentation fault", t)`` for faulthandler's fatal-error dump (SIGSEGV,
@@ -181,8 +189,9 @@ def death_signal(pid: int, run_dir: str | os.PathLike[str], *, offset: int = 0,
     return "SIGTERM", "terminated by a signal (faulthandler dumped its stack as it stopped)", mtime
 
 
-def _capture_one(target: Target, run_dir: str | None, timeout_seconds: float, pyspy: str,
-                 signum: int | None) -> Capture:
+def _capture_one(
+    target: Target, run_dir: str | None, timeout_seconds: float, pyspy: str, signum: int | None
+) -> Capture:
     t0 = time.perf_counter()
     dump = pyspy_dump(target.pid, timeout_seconds=timeout_seconds, pyspy=pyspy)
     method = "py-spy"
@@ -195,8 +204,15 @@ def _capture_one(target: Target, run_dir: str | None, timeout_seconds: float, py
     return Capture(target, dump, method if dump.status != "failed" else "none", time.perf_counter() - t0)
 
 
-def capture_all(targets: Sequence[Target], *, run_dir: str | None = None, timeout_seconds: float = 5.0,
-                pyspy: str = "py-spy", signum: int | None = signal.SIGUSR2, max_workers: int = 32) -> list[Capture]:
+def capture_all(
+    targets: Sequence[Target],
+    *,
+    run_dir: str | None = None,
+    timeout_seconds: float = 5.0,
+    pyspy: str = "py-spy",
+    signum: int | None = signal.SIGUSR2,
+    max_workers: int = 32,
+) -> list[Capture]:
     """Capture every target in parallel (one thread per process, each with its own timeout)."""
     if not targets:
         return []
@@ -205,12 +221,22 @@ def capture_all(targets: Sequence[Target], *, run_dir: str | None = None, timeou
         return [f.result() for f in futures]
 
 
-def capture_rows(captures: Sequence[Capture], *, job: str, snapshot: int,
-                 when: datetime | None = None) -> list[dict[str, Any]]:
+def capture_rows(
+    captures: Sequence[Capture], *, job: str, snapshot: int, when: datetime | None = None
+) -> list[dict[str, Any]]:
     """Rows of the ``stacks`` table for one snapshot."""
     when = when or datetime.now(timezone.utc)
     rows: list[dict[str, Any]] = []
     for c in captures:
-        rows.extend(to_rows(c.dump, job=job, snapshot=snapshot, rank=c.target.rank, node=c.target.node,
-                            role=c.target.role, time=when))
+        rows.extend(
+            to_rows(
+                c.dump,
+                job=job,
+                snapshot=snapshot,
+                rank=c.target.rank,
+                node=c.target.node,
+                role=c.target.role,
+                time=when,
+            )
+        )
     return rows

@@ -48,7 +48,7 @@ class StallDetector:
         if self._step_times:
             self._intervals.append(t - self._step_times[-1])
             if self._baseline is None and len(self._intervals) >= self.baseline_steps:
-                self._baseline = statistics.median(self._intervals[-self.baseline_steps:])
+                self._baseline = statistics.median(self._intervals[-self.baseline_steps :])
             self._intervals = self._intervals[-64:]
         self._step_times = (self._step_times + [t])[-2:]
         self._last_step = step
@@ -57,14 +57,20 @@ class StallDetector:
             self._armed = True
 
     def _slow(self) -> bool:
-        return bool(self.slow_factor and self._baseline and self._intervals
-                    and self._intervals[-1] > self.slow_factor * self._baseline)
+        return bool(
+            self.slow_factor
+            and self._baseline
+            and self._intervals
+            and self._intervals[-1] > self.slow_factor * self._baseline
+        )
 
     def schedule(self, now: float, reason: str, detail: str = "") -> None:
         """Start a series of ``rounds`` captures now (used by the trigger and crash paths too)."""
         self._armed = False
-        self._pending = [(now + i * self.round_interval_seconds, Firing(reason, i + 1, self.rounds, detail))
-                         for i in range(self.rounds)]
+        self._pending = [
+            (now + i * self.round_interval_seconds, Firing(reason, i + 1, self.rounds, detail))
+            for i in range(self.rounds)
+        ]
 
     def check(self, now: float) -> Firing | None:
         """The capture due at ``now``, if any."""
@@ -74,8 +80,12 @@ class StallDetector:
                 self.schedule(now, "stall", f"no step progress for {idle:.1f}s (last step {self._last_step})")
             elif self._slow():
                 assert self._baseline is not None
-                self.schedule(now, "fail-slow", f"step interval {self._intervals[-1]:.2f}s is "
-                              f"{self._intervals[-1] / self._baseline:.1f}x the baseline {self._baseline:.2f}s")
+                self.schedule(
+                    now,
+                    "fail-slow",
+                    f"step interval {self._intervals[-1]:.2f}s is "
+                    f"{self._intervals[-1] / self._baseline:.1f}x the baseline {self._baseline:.2f}s",
+                )
         if self._pending and self._pending[0][0] <= now:
             return self._pending.pop(0)[1]
         return None
@@ -84,4 +94,3 @@ class StallDetector:
     def busy(self) -> bool:
         """True while a series of rounds is still pending."""
         return bool(self._pending)
-

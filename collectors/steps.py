@@ -56,8 +56,11 @@ class StepTailer:
 
     def poll(self, pids: Iterable[int] | None = None) -> list[StepRecord]:
         """New records since the last poll (from the files of ``pids``, or all files)."""
-        paths = ([rf.path(self.run_dir, p, rf.STEPS) for p in pids] if pids is not None
-                 else sorted(self.run_dir.glob(rf.pattern(rf.STEPS))))
+        paths = (
+            [rf.path(self.run_dir, p, rf.STEPS) for p in pids]
+            if pids is not None
+            else sorted(self.run_dir.glob(rf.pattern(rf.STEPS)))
+        )
         out: list[StepRecord] = []
         for path in paths:
             try:
@@ -119,8 +122,19 @@ def to_metric_rows(records: Iterable[StepRecord], *, job: str, node_of: Any) -> 
             if f is None:
                 continue
             metric = METRIC_NAMES.get(key, f"train_{key}")
-            rows.append({"job": job, "ts": ts, "node": node, "metric": metric, "value": f, "rank": r.rank,
-                         "pid": r.pid, "gpu": None, "labels": None})
+            rows.append(
+                {
+                    "job": job,
+                    "ts": ts,
+                    "node": node,
+                    "metric": metric,
+                    "value": f,
+                    "rank": r.rank,
+                    "pid": r.pid,
+                    "gpu": None,
+                    "labels": None,
+                }
+            )
     return rows
 
 
@@ -131,8 +145,17 @@ def to_timing_rows(records: Iterable[StepRecord], *, job: str, node_of: Any) -> 
         d = step_seconds(r.values.get("step_time_seconds"))
         if d is None or r.rank is None:
             continue
-        rows.append({"job": job, "rank": r.rank, "step": r.step, "op": "step", "duration_s": d,
-                     "start_s": r.t - d, "node": node_of(r.rank, r.pid)})
+        rows.append(
+            {
+                "job": job,
+                "rank": r.rank,
+                "step": r.step,
+                "op": "step",
+                "duration_s": d,
+                "start_s": r.t - d,
+                "node": node_of(r.rank, r.pid),
+            }
+        )
     return rows
 
 
@@ -153,8 +176,17 @@ class NanWatch:
                     self.active.discard((r.rank, key))
                 elif (r.rank, key) not in self.active:
                     self.active.add((r.rank, key))
-                    out.append(Event("nan", f"rank {r.rank}: {key} is {v} at step {r.step}", ts=r.t, rank=r.rank,
-                                     pid=r.pid, node=node_of(r.rank, r.pid), labels={"quantity": key, "step": r.step}))
+                    out.append(
+                        Event(
+                            "nan",
+                            f"rank {r.rank}: {key} is {v} at step {r.step}",
+                            ts=r.t,
+                            rank=r.rank,
+                            pid=r.pid,
+                            node=node_of(r.rank, r.pid),
+                            labels={"quantity": key, "step": r.step},
+                        )
+                    )
         return out
 
 

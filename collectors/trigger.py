@@ -37,7 +37,6 @@ class Trigger:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._flag.set()
 
-
     def poll(self) -> dict[str, str] | None:
         """None when nothing was requested; else the request's options (from the file, if any)."""
         opts: dict[str, str] | None = None

@@ -54,7 +54,7 @@ class BatchWriter:
                 from rankscope.datasets.store.schemas import table as spec_of
 
                 names = spec_of(table).schema.names
-            except Exception as exc:  # noqa: BLE001 - an unknown table: count, never raise
+            except Exception as exc:
                 self._drop(table, sum(1 for _ in rows), f"{table}: {type(exc).__name__}: {exc}")
                 return
             cols = self.buffers[table] = {name: deque() for name in names}
@@ -93,7 +93,7 @@ class BatchWriter:
                 col.clear()
             try:
                 self._get_store().write(table, _columns(table, values))
-            except Exception as exc:  # noqa: BLE001 - full disk, read-only fs, bad row: drop and count
+            except Exception as exc:
                 self.write_errors += 1
                 self._drop(table, n, f"{table}: {type(exc).__name__}: {exc}")
                 continue
@@ -109,6 +109,7 @@ class BatchWriter:
 def _columns(table: str, values: Mapping[str, list[Any]]) -> Any:
     """``values`` (column name -> list) as an Arrow table of the table's schema (no type inference)."""
     import pyarrow as pa
+
     from rankscope.datasets.store.schemas import table as spec_of
 
     spec = spec_of(table)

@@ -40,24 +40,65 @@ TP, PP = 2, 2
 VOCAB, D_MODEL, HEADS, FFN = 64, 32, 2, 64
 
 
-def command(*, nproc: int = 8, run_dir: str | os.PathLike[str], steps: int = 1_000_000,
-            fault: str = "none", fault_rank: int = 0, fault_step: int = 4, delay_s: float = 2.0,
-            step_sleep_s: float = 0.05, num_workers: int = 1, ranks_per_node: int = 2,
-            monitor_interval_s: float = 0.5, master_port: int | None = None,
-            extra_env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+def command(
+    *,
+    nproc: int = 8,
+    run_dir: str | os.PathLike[str],
+    steps: int = 1_000_000,
+    fault: str = "none",
+    fault_rank: int = 0,
+    fault_step: int = 4,
+    delay_s: float = 2.0,
+    step_sleep_s: float = 0.05,
+    num_workers: int = 1,
+    ranks_per_node: int = 2,
+    monitor_interval_s: float = 0.5,
+    master_port: int | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """The torchrun argv and environment that start this job with one fault injected."""
     if fault not in FAULTS:
         raise ValueError(f"fault={fault!r} is not one of {FAULTS}")
-    rdzv = ["--standalone"] if master_port is None else ["--master-addr", "127.0.0.1", "--master-port", str(master_port)]
-    argv = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nnodes", "1", "--nproc-per-node", str(nproc),
-            "--monitor-interval", str(monitor_interval_s), "-m", "rankscope.harness.faultjob",
-            "--run-dir", str(run_dir), "--steps", str(steps), "--step-sleep-s", str(step_sleep_s),
-            "--num-workers", str(num_workers), "--ranks-per-node", str(ranks_per_node)]
+    rdzv = (
+        ["--standalone"] if master_port is None else ["--master-addr", "127.0.0.1", "--master-port", str(master_port)]
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *rdzv,
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--monitor-interval",
+        str(monitor_interval_s),
+        "-m",
+        "rankscope.harness.faultjob",
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        str(steps),
+        "--step-sleep-s",
+        str(step_sleep_s),
+        "--num-workers",
+        str(num_workers),
+        "--ranks-per-node",
+        str(ranks_per_node),
+    ]
     env = dict(os.environ)
-    env.update({"RANKSCOPE_FAULT": fault, "RANKSCOPE_FAULT_RANK": str(fault_rank),
-                "RANKSCOPE_FAULT_STEP": str(fault_step), "RANKSCOPE_FAULT_DELAY_S": str(delay_s),
-                "RANKSCOPE_RUN_DIR": str(run_dir), "TORCH_FR_BUFFER_SIZE": "2000",
-                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "RANKSCOPE_FAULT": fault,
+            "RANKSCOPE_FAULT_RANK": str(fault_rank),
+            "RANKSCOPE_FAULT_STEP": str(fault_step),
+            "RANKSCOPE_FAULT_DELAY_S": str(delay_s),
+            "RANKSCOPE_RUN_DIR": str(run_dir),
+            "TORCH_FR_BUFFER_SIZE": "2000",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.update(extra_env or {})
     return argv, env
 
@@ -65,9 +106,12 @@ def command(*, nproc: int = 8, run_dir: str | os.PathLike[str], steps: int = 1_0
 def manifest(world_size: int, ranks_per_node: int) -> dict[str, Any]:
     """Which simulated node each rank runs on, and its TP/DP/PP coordinates."""
     dp = world_size // (TP * PP)
-    return {"layout": f"tp={TP},pp={PP},dp={dp}", "gpus_per_node": ranks_per_node,
-            "nodes": {str(r): f"node-{r // ranks_per_node}" for r in range(world_size)},
-            "coords": {str(r): {"tp": r % TP, "dp": (r // TP) % dp, "pp": r // (TP * dp)} for r in range(world_size)}}
+    return {
+        "layout": f"tp={TP},pp={PP},dp={dp}",
+        "gpus_per_node": ranks_per_node,
+        "nodes": {str(r): f"node-{r // ranks_per_node}" for r in range(world_size)},
+        "coords": {str(r): {"tp": r % TP, "dp": (r // TP) % dp, "pp": r // (TP * dp)} for r in range(world_size)},
+    }
 
 
 class Fault:
@@ -130,8 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:
-        atomic_write(run_dir / "manifest.json", json.dumps(manifest(world, args.ranks_per_node), indent=1),
-                     durable=False)
+        atomic_write(
+            run_dir / "manifest.json", json.dumps(manifest(world, args.ranks_per_node), indent=1), durable=False
+        )
 
     from rankscope.collectors import hook
 
@@ -203,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flat /= dp
         off = 0
         for g in grads:
-            g.copy_(flat[off:off + g.numel()].view_as(g))
+            g.copy_(flat[off : off + g.numel()].view_as(g))
             off += g.numel()
         opt.step()
         opt.zero_grad(set_to_none=False)
@@ -313,8 +358,13 @@ def _loader(torch: Any, args: Any, dp_r: int, fault: Fault) -> Any:
             x = torch.randint(0, VOCAB, (args.seq_len,), generator=g)
             return x, torch.roll(x, 1)
 
-    return DataLoader(Tokens(), batch_size=args.batch_size, num_workers=args.num_workers,
-                      prefetch_factor=2 if args.num_workers else None, persistent_workers=args.num_workers > 0)
+    return DataLoader(
+        Tokens(),
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        prefetch_factor=2 if args.num_workers else None,
+        persistent_workers=args.num_workers > 0,
+    )
 
 
 def _checkpoint(torch: Any, run_dir: Path, rank: int, step: int, model: Any, opt: Any) -> None:

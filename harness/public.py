@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+
 from rankscope.spine import InputError, ParseError
 
 ENV = "RANKSCOPE_SHARED_DATA"
@@ -26,14 +27,22 @@ ENV = "RANKSCOPE_SHARED_DATA"
 
 def data_root(root: str | os.PathLike[str] | None = None) -> Path:
     """The shared data folder; an InputError when it is absent."""
-    candidates = [Path(root)] if root is not None else (
-        [Path(os.environ[ENV])] if os.environ.get(ENV) else
-        [Path(__file__).resolve().parents[2] / "shared" / "data", Path.cwd().parent / "shared" / "data"])
+    candidates = (
+        [Path(root)]
+        if root is not None
+        else (
+            [Path(os.environ[ENV])]
+            if os.environ.get(ENV)
+            else [Path(__file__).resolve().parents[2] / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+        )
+    )
     for c in candidates:
         if c.is_dir():
             return c
-    raise InputError(f"public data folder not found (looked in {', '.join(map(str, candidates))}); "
-                     f"set {ENV} to the folder that holds alibaba_pai_minibatch/, asd/, jumpstarter/")
+    raise InputError(
+        f"public data folder not found (looked in {', '.join(map(str, candidates))}); "
+        f"set {ENV} to the folder that holds alibaba_pai_minibatch/, asd/, jumpstarter/"
+    )
 
 
 def _folder(name: str, root: str | os.PathLike[str] | None) -> Path:
@@ -62,8 +71,10 @@ def load_alibaba_job(job: int = 1, *, root: str | os.PathLike[str] | None = None
     try:
         df = pl.read_csv(path)
         out = df.select(
-            pl.col("worker").cast(pl.Int32).alias("rank"), pl.col("time").cast(pl.Int64).alias("step"),
-            pl.lit("minibatch").alias("op"), pl.col("batch_time_norm").cast(pl.Float64).alias("duration_s"),
+            pl.col("worker").cast(pl.Int32).alias("rank"),
+            pl.col("time").cast(pl.Int64).alias("step"),
+            pl.lit("minibatch").alias("op"),
+            pl.col("batch_time_norm").cast(pl.Float64).alias("duration_s"),
             ("worker-" + pl.col("worker").cast(pl.Utf8)).alias("node"),
         )
     except (pl.exceptions.PolarsError, OSError) as exc:
@@ -82,8 +93,13 @@ def _entity(train_path: Path, test_path: Path, name: str) -> Entity:
     metrics = tuple(c for c in tr.columns if re.fullmatch(r"m\d+", c))
     if "label" not in te.columns or not metrics:
         raise ParseError(test_path, "expected columns m01..mNN and a label column")
-    return Entity(name, tr.select(metrics).to_numpy().astype(np.float64), te.select(metrics).to_numpy().astype(np.float64),
-                  te["label"].to_numpy().astype(np.int8), metrics)
+    return Entity(
+        name,
+        tr.select(metrics).to_numpy().astype(np.float64),
+        te.select(metrics).to_numpy().astype(np.float64),
+        te["label"].to_numpy().astype(np.int8),
+        metrics,
+    )
 
 
 def asd_entities(*, root: str | os.PathLike[str] | None = None) -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 from rankscope.datasets.domain.topology import Layout, Topology
 from rankscope.datasets.readers.base import to_rows
@@ -32,8 +33,16 @@ from rankscope.harness.synthetic_frames import (
 from rankscope.harness.synthetic_render import FORMATS, write_job_dir
 from rankscope.spine import InputError, paused_gc
 
-FAULTS = ("none", "compute-hang", "collective-hang", "p2p-hang", "dataloader-stall", "checkpoint-stall",
-          "crash", "slow-rank")
+FAULTS = (
+    "none",
+    "compute-hang",
+    "collective-hang",
+    "p2p-hang",
+    "dataloader-stall",
+    "checkpoint-stall",
+    "crash",
+    "slow-rank",
+)
 SOURCE_FORMAT = "synthetic"
 SNAPSHOT_INTERVAL_SECONDS = 30
 START_TIME = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -52,14 +61,22 @@ class GroundTruth:
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fault": self.fault, "culprit_ranks": list(self.culprit_ranks),
-                "culprit_nodes": list(self.culprit_nodes), "expected_verdict": self.expected_verdict,
-                "affected_ranks": list(self.affected_ranks), "fault_rank": self.fault_rank,
-                "description": self.description}
+        return {
+            "fault": self.fault,
+            "culprit_ranks": list(self.culprit_ranks),
+            "culprit_nodes": list(self.culprit_nodes),
+            "expected_verdict": self.expected_verdict,
+            "affected_ranks": list(self.affected_ranks),
+            "fault_rank": self.fault_rank,
+            "description": self.description,
+        }
 
     def explain(self) -> str:
-        who = f"culprit rank(s) {list(self.culprit_ranks)} on {', '.join(self.culprit_nodes)}" \
-            if self.culprit_ranks else "no culprit"
+        who = (
+            f"culprit rank(s) {list(self.culprit_ranks)} on {', '.join(self.culprit_nodes)}"
+            if self.culprit_ranks
+            else "no culprit"
+        )
         return f"{self.fault}: {self.description} ({who}; expected verdict {self.expected_verdict})"
 
 
@@ -123,19 +140,40 @@ class SyntheticJob:
         for d in self.dumps:
             p = d.dump
             if not p.threads:
-                rows.extend(to_rows(p, job=job, snapshot=d.snapshot, rank=d.rank, node=d.node, role=d.role,
-                                    time=times[d.snapshot]))
+                rows.extend(
+                    to_rows(
+                        p, job=job, snapshot=d.snapshot, rank=d.rank, node=d.node, role=d.role, time=times[d.snapshot]
+                    )
+                )
                 continue
-            base = {"job": job, "snapshot": d.snapshot, "time": times[d.snapshot], "node": d.node, "rank": d.rank,
-                    "pid": p.pid, "role": d.role, "source_format": p.source_format, "source_file": p.source_file,
-                    "status": p.status, "error": p.error}
+            base = {
+                "job": job,
+                "snapshot": d.snapshot,
+                "time": times[d.snapshot],
+                "node": d.node,
+                "rank": d.rank,
+                "pid": p.pid,
+                "role": d.role,
+                "source_format": p.source_format,
+                "source_file": p.source_file,
+                "status": p.status,
+                "error": p.error,
+            }
             for t in p.threads:
                 fl = frame_lists.get(id(t.frames))
                 if fl is None:
                     fl = [{"function": f.function, "file": f.file, "line": f.line} for f in t.frames]
                     frame_lists[id(t.frames)] = fl
-                rows.append({**base, "thread_id": t.thread_id, "thread_name": t.thread_name,
-                             "is_main_thread": t.is_main, "active": t.active, "frames": fl})
+                rows.append(
+                    {
+                        **base,
+                        "thread_id": t.thread_id,
+                        "thread_name": t.thread_name,
+                        "is_main_thread": t.is_main,
+                        "active": t.active,
+                        "frames": fl,
+                    }
+                )
         return rows
 
 
@@ -168,23 +206,38 @@ def _cmdline(env: InstallEnv, layout: Layout, *, async_save: bool) -> str:
         mp.append(f"--context-parallel-size {layout.cp}")
     if layout.ep > 1:
         mp.append(f"--expert-model-parallel-size {layout.ep} --num-experts {8 * layout.ep}")
-    args = [env.python_exe, "-u", env.script, *mp, "--sequence-parallel --use-distributed-optimizer",
-            "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096",
-            f"--micro-batch-size 1 --global-batch-size {max(1, layout.dp) * 16} --train-iters 500000",
-            "--data-path /data/gpt/corpus_text_document --split 949,50,1 --bf16",
-            "--save /checkpoints/gpt --load /checkpoints/gpt --save-interval 1000 --tensorboard-dir /logs/tb"]
+    args = [
+        env.python_exe,
+        "-u",
+        env.script,
+        *mp,
+        "--sequence-parallel --use-distributed-optimizer",
+        "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096",
+        f"--micro-batch-size 1 --global-batch-size {max(1, layout.dp) * 16} --train-iters 500000",
+        "--data-path /data/gpt/corpus_text_document --split 949,50,1 --bf16",
+        "--save /checkpoints/gpt --load /checkpoints/gpt --save-interval 1000 --tensorboard-dir /logs/tb",
+    ]
     if async_save:
         args.append("--async-save --ckpt-format torch_dist")
     return " ".join(args)
 
 
 def _spawn_cmdline(env: InstallEnv) -> str:
-    return (f"{env.python_exe} -c from multiprocessing.spawn import spawn_main; "
-            "spawn_main(tracker_fd=9, pipe_handle=31) --multiprocessing-fork")
+    return (
+        f"{env.python_exe} -c from multiprocessing.spawn import spawn_main; "
+        "spawn_main(tracker_fd=9, pipe_handle=31) --multiprocessing-fork"
+    )
 
 
-def _check(layout: Layout, *, fault: str, fault_rank: int | None, n_snapshots: int | None,
-           dataloader_workers: int, node_format: str) -> None:
+def _check(
+    layout: Layout,
+    *,
+    fault: str,
+    fault_rank: int | None,
+    n_snapshots: int | None,
+    dataloader_workers: int,
+    node_format: str,
+) -> None:
     if fault not in FAULTS:
         raise InputError(f"fault={fault!r} is not one of {', '.join(FAULTS)}")
     world = layout.world_size
@@ -197,7 +250,9 @@ def _check(layout: Layout, *, fault: str, fault_rank: int | None, n_snapshots: i
     if fault == "p2p-hang" and layout.pp < 2:
         raise InputError(f"fault='p2p-hang' needs pipeline parallelism (pp >= 2); layout is {layout}")
     if fault == "collective-hang" and layout.tp * layout.cp * layout.ep < 2:
-        raise InputError(f"fault='collective-hang' needs a tensor-parallel group (tp, cp or ep >= 2); layout is {layout}")
+        raise InputError(
+            f"fault='collective-hang' needs a tensor-parallel group (tp, cp or ep >= 2); layout is {layout}"
+        )
     if fault == "dataloader-stall" and dataloader_workers < 1:
         raise InputError("fault='dataloader-stall' needs dataloader_workers >= 1")
     try:
@@ -226,8 +281,14 @@ def generate_job(
     With ``install_prefixes`` nodes differ in install paths and Python version, as real clusters do.
     """
     lay = Layout.parse(layout) if isinstance(layout, str) else layout
-    _check(lay, fault=fault, fault_rank=fault_rank, n_snapshots=n_snapshots, dataloader_workers=dataloader_workers,
-           node_format=node_format)
+    _check(
+        lay,
+        fault=fault,
+        fault_rank=fault_rank,
+        n_snapshots=n_snapshots,
+        dataloader_workers=dataloader_workers,
+        node_format=node_format,
+    )
     topo = Topology.from_layout(lay, gpus_per_node=gpus_per_node, node_format=node_format)
     rng = np.random.default_rng(seed)
     if n_snapshots is None:
@@ -237,23 +298,56 @@ def generate_job(
     envs = ENVS if install_prefixes else ENVS[:1]
     node_env = ((np.arange(n_nodes) + int(rng.integers(len(envs)))) % len(envs)).astype(np.int64)
     cat = _Catalog(trainer_stacks(pipelined=lay.pp > 1) + child_stacks(), envs)
-    sc = build_scenario(topo, cat.defs, cat.ids, rng, fault=fault, fault_rank=fault_rank, n_snapshots=n_snapshots,
-                        dataloader_workers=dataloader_workers, checkpoint_process=with_ckpt)
+    sc = build_scenario(
+        topo,
+        cat.defs,
+        cat.ids,
+        rng,
+        fault=fault,
+        fault_rank=fault_rank,
+        n_snapshots=n_snapshots,
+        dataloader_workers=dataloader_workers,
+        checkpoint_process=with_ckpt,
+    )
     with paused_gc():  # millions of small acyclic objects: the cyclic collector would rescan them again and again
-        dumps = _build_dumps(topo, lay, cat, sc, node_env, n_snapshots=n_snapshots, workers=dataloader_workers,
-                             with_ckpt=with_ckpt, rng=rng)
+        dumps = _build_dumps(
+            topo,
+            lay,
+            cat,
+            sc,
+            node_env,
+            n_snapshots=n_snapshots,
+            workers=dataloader_workers,
+            with_ckpt=with_ckpt,
+            rng=rng,
+        )
     culprits = sc.culprit_ranks
     truth = GroundTruth(
-        fault=fault, culprit_ranks=culprits, culprit_nodes=topo.nodes_of(list(culprits)) if culprits else (),
-        expected_verdict=sc.expected_verdict, affected_ranks=sc.affected_ranks, fault_rank=sc.fault_rank,
-        description=sc.description)
-    return SyntheticJob(topo, lay, gpus_per_node, truth, dumps, n_snapshots, envs,
-                        tuple(int(x) for x in node_env), seed)
+        fault=fault,
+        culprit_ranks=culprits,
+        culprit_nodes=topo.nodes_of(list(culprits)) if culprits else (),
+        expected_verdict=sc.expected_verdict,
+        affected_ranks=sc.affected_ranks,
+        fault_rank=sc.fault_rank,
+        description=sc.description,
+    )
+    return SyntheticJob(
+        topo, lay, gpus_per_node, truth, dumps, n_snapshots, envs, tuple(int(x) for x in node_env), seed
+    )
 
 
-def _build_dumps(topo: Topology, lay: Layout, cat: _Catalog, sc: Scenario, node_env: np.ndarray, *,
-                 n_snapshots: int, workers: int, with_ckpt: bool, rng: np.random.Generator,
-                 ) -> tuple[SyntheticDump, ...]:
+def _build_dumps(
+    topo: Topology,
+    lay: Layout,
+    cat: _Catalog,
+    sc: Scenario,
+    node_env: np.ndarray,
+    *,
+    n_snapshots: int,
+    workers: int,
+    with_ckpt: bool,
+    rng: np.random.Generator,
+) -> tuple[SyntheticDump, ...]:
     """Every process dump of every snapshot, reusing frames, threads and unchanged processes."""
     world = topo.world_size
     g = int(np.bincount(topo.node_index).max())
@@ -301,8 +395,9 @@ def _build_dumps(topo: Topology, lay: Layout, cat: _Catalog, sc: Scenario, node_
                     if rank == last:
                         ex.append(ThreadDump(cat.thread_frames(tb_id, e), tpids[rank] + 1, "Thread-1", False))
                     if workers:
-                        ex.append(ThreadDump(cat.thread_frames(pin_id, e), pins[rank],
-                                             "Thread-2 (_pin_memory_loop)", False))
+                        ex.append(
+                            ThreadDump(cat.thread_frames(pin_id, e), pins[rank], "Thread-2 (_pin_memory_loop)", False)
+                        )
                     extra = extra_threads[rank] = tuple(ex)
                 d = defs[sid]
                 main = ThreadDump(cat.thread_frames(sid, e), tpids[rank], "MainThread", d.active, True)

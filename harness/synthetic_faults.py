@@ -18,19 +18,33 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from rankscope.datasets.domain.topology import DIMS, Topology
 from rankscope.harness.synthetic_frames import StackDef
 
 ATTN_COMPUTE = ("fwd-qkv", "fwd-core-attn", "fwd-attn-proj")
 MLP_COMPUTE = ("fwd-mlp-fc1", "fwd-mlp-act", "fwd-mlp-fc2")
-HEALTHY_WEIGHTS = {"compute": 0.40, "tp-comm": 0.15, "p2p": 0.15, "dp-sync": 0.15, "optimizer": 0.08,
-                   "data-wait": 0.04, "tp-data": 0.03}
+HEALTHY_WEIGHTS = {
+    "compute": 0.40,
+    "tp-comm": 0.15,
+    "p2p": 0.15,
+    "dp-sync": 0.15,
+    "optimizer": 0.08,
+    "data-wait": 0.04,
+    "tp-data": 0.03,
+}
 """How often a rank of a healthy progressing job is caught in each family of states."""
 P2P_BY_STAGE = {  # which p2p ops a first / middle / last pipeline stage performs
     "first": ("send_forward", "recv_backward", "send_forward_recv_backward"),
     "last": ("recv_forward", "send_backward", "send_backward_recv_forward"),
-    "middle": ("recv_forward", "recv_backward", "send_forward", "send_backward", "send_forward_recv_backward",
-               "send_backward_recv_forward"),
+    "middle": (
+        "recv_forward",
+        "recv_backward",
+        "send_forward",
+        "send_backward",
+        "send_forward_recv_backward",
+        "send_backward_recv_forward",
+    ),
 }
 NOISE_FRACTION = 0.02
 """Share of ranks of a slow-rank job caught in some other plausible state in a snapshot."""
@@ -54,8 +68,9 @@ class Scenario:
 class _Ctx:
     """Per-job lookups shared by the scenarios."""
 
-    def __init__(self, topo: Topology, defs: Sequence[StackDef], ids: Mapping[str, int],
-                 rng: np.random.Generator) -> None:
+    def __init__(
+        self, topo: Topology, defs: Sequence[StackDef], ids: Mapping[str, int], rng: np.random.Generator
+    ) -> None:
         self.topo, self.defs, self.ids, self.rng = topo, defs, ids, rng
         self.world = topo.world_size
         self.pp = topo.sizes["pp"]
@@ -126,9 +141,18 @@ def _stalled_pipeline(c: _Ctx, st: np.ndarray, r: int, lo: int, hi: int) -> None
         st[rep & (c.stage < lo)] = c.p2p("recv_backward")
 
 
-def build_scenario(topo: Topology, defs: Sequence[StackDef], ids: Mapping[str, int], rng: np.random.Generator, *,
-                   fault: str, fault_rank: int | None, n_snapshots: int, dataloader_workers: int,
-                   checkpoint_process: bool) -> Scenario:
+def build_scenario(
+    topo: Topology,
+    defs: Sequence[StackDef],
+    ids: Mapping[str, int],
+    rng: np.random.Generator,
+    *,
+    fault: str,
+    fault_rank: int | None,
+    n_snapshots: int,
+    dataloader_workers: int,
+    checkpoint_process: bool,
+) -> Scenario:
     """Stack ids of every process for ``fault`` (see the module docs of ``synthetic`` for the semantics)."""
     c = _Ctx(topo, defs, ids, rng)
     world = c.world
@@ -171,8 +195,10 @@ def build_scenario(topo: Topology, defs: Sequence[StackDef], ids: Mapping[str, i
         st[peers] = c.p2p("send_forward" if forward else "send_backward")
         st[c.peers_mask(peer)] = c.p2p("recv_forward" if forward else "recv_backward")
         culprits = (r, peer)
-        desc = (f"rank {r} (stage {s}) is blocked sending {'forward' if forward else 'backward'} to rank {peer} "
-                f"(stage {t}), which waits to receive")
+        desc = (
+            f"rank {r} (stage {s}) is blocked sending {'forward' if forward else 'backward'} to rank {peer} "
+            f"(stage {t}), which waits to receive"
+        )
     elif fault == "dataloader-stall":
         _stalled_pipeline(c, st, r, s, s)
         st[peers] = c.id("tp-bcast-batch")
@@ -186,12 +212,23 @@ def build_scenario(topo: Topology, defs: Sequence[StackDef], ids: Mapping[str, i
         tensor_item = bool(rng.random() < 0.5)
         ckpt[0][r] = c.id("ckpt-write-stall" if tensor_item else "ckpt-bytes-stall")
         affected = np.array([r])
-        desc = (f"the async checkpoint process of rank {r} is stuck writing a "
-                f"{'tensor (torch.save)' if tensor_item else 'bytes item'} to storage; rank {r} waits for it")
+        desc = (
+            f"the async checkpoint process of rank {r} is stuck writing a "
+            f"{'tensor (torch.save)' if tensor_item else 'bytes item'} to storage; rank {r} waits for it"
+        )
     else:  # pragma: no cover - guarded by the caller
         raise AssertionError(fault)
-    return Scenario([st] * n_snapshots, workers * n_snapshots, ckpt * n_snapshots, culprits,
-                    _sorted(affected, culprits), missing, verdict, r, desc)
+    return Scenario(
+        [st] * n_snapshots,
+        workers * n_snapshots,
+        ckpt * n_snapshots,
+        culprits,
+        _sorted(affected, culprits),
+        missing,
+        verdict,
+        r,
+        desc,
+    )
 
 
 def _progressing(c: _Ctx, fault: str, r: int, n: int, w: int, with_ckpt: bool, replica: np.ndarray) -> Scenario:
@@ -252,12 +289,23 @@ def _progressing(c: _Ctx, fault: str, r: int, n: int, w: int, with_ckpt: bool, r
         if with_ckpt:
             ckpt.append(np.full(world, c.id("ckpt-idle"), dtype=np.int64))
     if fault == "none":
-        return Scenario(trainer, workers, ckpt, (), (), (), "healthy", None,
-                        "a healthy job making progress: every rank's stack changes between snapshots")
-    desc = (f"rank {r} is slow: in every snapshot it computes while its TP peers wait in the TP all_reduce "
-            "and the other ranks wait in p2p or the DP gradient sync")
+        return Scenario(
+            trainer,
+            workers,
+            ckpt,
+            (),
+            (),
+            (),
+            "healthy",
+            None,
+            "a healthy job making progress: every rank's stack changes between snapshots",
+        )
+    desc = (
+        f"rank {r} is slow: in every snapshot it computes while its TP peers wait in the TP all_reduce "
+        "and the other ranks wait in p2p or the DP gradient sync"
+    )
     return Scenario(trainer, workers, ckpt, (r,), _sorted(replica, (r,)), (), "fail-slow", r, desc)
 
 
 def _sorted(ranks: np.ndarray, culprits: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(sorted(set(int(x) for x in np.asarray(ranks).tolist()) | set(culprits)))
+    return tuple(sorted({int(x) for x in np.asarray(ranks).tolist()} | set(culprits)))

@@ -28,23 +28,37 @@ from rankscope.spine import InputError
 
 FAULTS = ("clean", "missing", "p2p_behind", "size_mismatch", "op_mismatch", "dtype_mismatch", "slow")
 FR_VERSION = "2.10"
-_DESCS = {"tp": "TENSOR_MODEL_PARALLEL_GROUP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
-          "dp": "DATA_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP", "ep": "EXPERT_MODEL_PARALLEL_GROUP"}
+_DESCS = {
+    "tp": "TENSOR_MODEL_PARALLEL_GROUP",
+    "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
+    "dp": "DATA_PARALLEL_GROUP",
+    "cp": "CONTEXT_PARALLEL_GROUP",
+    "ep": "EXPERT_MODEL_PARALLEL_GROUP",
+}
 _T0_NS = 1_790_000_000_000_000_000
 _FRAMES = {
-    "fwd": [{"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2950},
-            {"name": "forward", "filename": "megatron/core/tensor_parallel/layers.py", "line": 612},
-            {"name": "forward_step", "filename": "megatron/core/pipeline_parallel/schedules.py", "line": 275}],
-    "bwd": [{"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2950},
-            {"name": "backward", "filename": "torch/autograd/__init__.py", "line": 353},
-            {"name": "backward_step", "filename": "megatron/core/pipeline_parallel/schedules.py", "line": 398}],
-    "p2p": [{"name": "send", "filename": "torch/distributed/distributed_c10d.py", "line": 2420},
-            {"name": "_communicate", "filename": "megatron/core/pipeline_parallel/p2p_communication.py",
-             "line": 341}],
-    "opt": [{"name": "reduce_scatter_tensor", "filename": "torch/distributed/distributed_c10d.py", "line": 4212},
-            {"name": "step", "filename": "megatron/core/optimizer/distrib_optimizer.py", "line": 1740}],
-    "log": [{"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2950},
-            {"name": "training_log", "filename": "megatron/training/training.py", "line": 1012}],
+    "fwd": [
+        {"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2950},
+        {"name": "forward", "filename": "megatron/core/tensor_parallel/layers.py", "line": 612},
+        {"name": "forward_step", "filename": "megatron/core/pipeline_parallel/schedules.py", "line": 275},
+    ],
+    "bwd": [
+        {"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2950},
+        {"name": "backward", "filename": "torch/autograd/__init__.py", "line": 353},
+        {"name": "backward_step", "filename": "megatron/core/pipeline_parallel/schedules.py", "line": 398},
+    ],
+    "p2p": [
+        {"name": "send", "filename": "torch/distributed/distributed_c10d.py", "line": 2420},
+        {"name": "_communicate", "filename": "megatron/core/pipeline_parallel/p2p_communication.py", "line": 341},
+    ],
+    "opt": [
+        {"name": "reduce_scatter_tensor", "filename": "torch/distributed/distributed_c10d.py", "line": 4212},
+        {"name": "step", "filename": "megatron/core/optimizer/distrib_optimizer.py", "line": 1740},
+    ],
+    "log": [
+        {"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2950},
+        {"name": "training_log", "filename": "megatron/training/training.py", "line": 1012},
+    ],
 }
 
 
@@ -59,8 +73,13 @@ class FRTruth:
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fault": self.fault, "culprit_ranks": list(self.culprit_ranks), "pg_name": self.pg_name,
-                "pg_kind": self.pg_kind, "description": self.description}
+        return {
+            "fault": self.fault,
+            "culprit_ranks": list(self.culprit_ranks),
+            "pg_name": self.pg_name,
+            "pg_kind": self.pg_kind,
+            "description": self.description,
+        }
 
 
 @dataclass(frozen=True)
@@ -74,11 +93,14 @@ class SyntheticFR:
 
     def dumps(self) -> list[FRDump]:
         """The dumps parsed in memory (no files)."""
-        return [parse_dump(self.raw[r], path=f"synthetic/rank_{r}", rank=r, source_format="synthetic")
-                for r in sorted(self.raw)]
+        return [
+            parse_dump(self.raw[r], path=f"synthetic/rank_{r}", rank=r, source_format="synthetic")
+            for r in sorted(self.raw)
+        ]
 
-    def write(self, directory: str | os.PathLike[str], *, prefix: str = "nccl_trace_rank_",
-              fmt: str = "pickle") -> list[Path]:
+    def write(
+        self, directory: str | os.PathLike[str], *, prefix: str = "nccl_trace_rank_", fmt: str = "pickle"
+    ) -> list[Path]:
         """Write one file per rank, ``<prefix><rank>`` (``.json`` appended for fmt='json')."""
         if fmt not in ("pickle", "json"):
             raise InputError(f"fmt={fmt!r} must be 'pickle' or 'json'")
@@ -110,8 +132,7 @@ class _Op:
     dtype: str = "BFloat16"
 
 
-def _program(rank: int, topo: Topology, pp_group: tuple[int, ...], *, steps: int, micro: int,
-             hidden: int) -> list[_Op]:
+def _program(rank: int, topo: Topology, pp_group: tuple[int, ...], *, steps: int, micro: int, hidden: int) -> list[_Op]:
     """The ordered collectives and p2p ops one rank issues (GPipe schedule, blocking p2p)."""
     pp, tp, dp = topo.sizes["pp"], topo.sizes["tp"], topo.sizes["dp"]
     stage = int(topo.coords["pp"][rank])
@@ -135,8 +156,7 @@ def _program(rank: int, topo: Topology, pp_group: tuple[int, ...], *, steps: int
                 ops.append(_Op("pp", "send", "p2p", pp_group[stage - 1], True, act, act))
         if dp > 1:
             n = 4096 * dp
-            ops.append(_Op("dp", "_reduce_scatter_base", "opt", in_sizes=[[n]], out_sizes=[[n // dp]],
-                           dtype="Float"))
+            ops.append(_Op("dp", "_reduce_scatter_base", "opt", in_sizes=[[n]], out_sizes=[[n // dp]], dtype="Float"))
             ops.append(_Op("dp", "_all_gather_base", "opt", in_sizes=[[n // dp]], out_sizes=[[n]], dtype="Float"))
         ops.append(_Op("world", "all_reduce", "log", in_sizes=[[1]], out_sizes=[[1]], dtype="Float"))
     return ops
@@ -189,8 +209,9 @@ def generate_fr(
     groups_of = [["0"] + [pg_of[(k, r)] for k in kinds] for r in range(world)]
 
     pp_groups = {r: pg_members[pg_of[("pp", r)]] for r in range(world)} if topo.sizes["pp"] > 1 else {}
-    programs = [_program(r, topo, pp_groups.get(r, ()), steps=steps, micro=micro_batches, hidden=4096)
-                for r in range(world)]
+    programs = [
+        _program(r, topo, pp_groups.get(r, ()), steps=steps, micro=micro_batches, hidden=4096) for r in range(world)
+    ]
     stop_at = [len(p) for p in programs]
     bad_op: dict[int, tuple[int, _Op]] = {}
     slow: set[int] = set()
@@ -206,45 +227,88 @@ def generate_fr(
         for c in culprits:
             idx = next(i for i in range(last_step_start[c], len(programs[c])) if programs[c][i].kind == pick_kind)
             stop_at[c] = idx
-        truth = FRTruth("missing", tuple(sorted(culprits)), pg_of[(pick_kind, culprits[0])], pick_kind,
-                        f"rank(s) {sorted(culprits)} stop before a {pick_kind} collective of the last step")
+        truth = FRTruth(
+            "missing",
+            tuple(sorted(culprits)),
+            pg_of[(pick_kind, culprits[0])],
+            pick_kind,
+            f"rank(s) {sorted(culprits)} stop before a {pick_kind} collective of the last step",
+        )
     elif fault == "p2p_behind":
         if topo.sizes["pp"] < 2:
             raise InputError(f"fault='p2p_behind' needs pipeline parallelism; layout {lay} has pp=1")
         c = rng.choice([r for r in range(world) if topo.coords["pp"][r] < topo.sizes["pp"] - 1])
         stop_at[c] = next(i for i in range(last_step_start[c], len(programs[c])) if programs[c][i].send)
-        truth = FRTruth("p2p_behind", (c,), pg_of[("pp", c)], "pp",
-                        f"rank {c} stops before sending to rank {programs[c][stop_at[c]].peer}")
+        truth = FRTruth(
+            "p2p_behind",
+            (c,),
+            pg_of[("pp", c)],
+            "pp",
+            f"rank {c} stops before sending to rank {programs[c][stop_at[c]].peer}",
+        )
     elif fault.endswith("_mismatch"):
         kind = "dp" if topo.sizes["dp"] > 1 else "world"
         c = rng.randrange(world)
         idx = next(i for i in range(last_step_start[c], len(programs[c])) if programs[c][i].kind == kind)
         op = programs[c][idx]
         if fault == "size_mismatch":
-            wrong = _Op(op.kind, op.name, op.frames, in_sizes=[[op.in_sizes[0][0] + 8]],
-                        out_sizes=[[op.out_sizes[0][0] + 8]], dtype=op.dtype)
+            wrong = _Op(
+                op.kind,
+                op.name,
+                op.frames,
+                in_sizes=[[op.in_sizes[0][0] + 8]],
+                out_sizes=[[op.out_sizes[0][0] + 8]],
+                dtype=op.dtype,
+            )
         elif fault == "dtype_mismatch":
             wrong = _Op(op.kind, op.name, op.frames, in_sizes=op.in_sizes, out_sizes=op.out_sizes, dtype="Half")
         else:
-            wrong = _Op(op.kind, "all_reduce" if op.name != "all_reduce" else "broadcast", op.frames,
-                        in_sizes=op.in_sizes, out_sizes=op.in_sizes, dtype=op.dtype)
+            wrong = _Op(
+                op.kind,
+                "all_reduce" if op.name != "all_reduce" else "broadcast",
+                op.frames,
+                in_sizes=op.in_sizes,
+                out_sizes=op.in_sizes,
+                dtype=op.dtype,
+            )
         bad_op[c] = (idx, wrong)
-        truth = FRTruth(fault, (c,), pg_of[(kind, c)], kind,
-                        f"rank {c} issues {wrong.name} {wrong.in_sizes} {wrong.dtype} where its peers issue "
-                        f"{op.name} {op.in_sizes} {op.dtype}")
+        truth = FRTruth(
+            fault,
+            (c,),
+            pg_of[(kind, c)],
+            kind,
+            f"rank {c} issues {wrong.name} {wrong.in_sizes} {wrong.dtype} where its peers issue "
+            f"{op.name} {op.in_sizes} {op.dtype}",
+        )
     elif fault == "slow":
         c = rng.randrange(world)
         slow.add(c)
         truth = FRTruth("slow", (c,), "", "", f"rank {c} computes 4x slower than its peers")
 
-    raw, pc = _simulate(topo, programs, stop_at, bad_op, slow, pg_of, groups_of, pg_members, pg_kinds, timing,
-                        hang_on_op_mismatch=fault == "op_mismatch")
+    raw, pc = _simulate(
+        topo,
+        programs,
+        stop_at,
+        bad_op,
+        slow,
+        pg_of,
+        groups_of,
+        pg_members,
+        pg_kinds,
+        timing,
+        hang_on_op_mismatch=fault == "op_mismatch",
+    )
     if fault in ("missing", "p2p_behind"):  # a rank blocked before its stop point never shows its own fault
         reached = tuple(r for r in truth.culprit_ranks if pc[r] == stop_at[r])
         masked = sorted(set(truth.culprit_ranks) - set(reached))
         if masked:
-            truth = FRTruth(truth.fault, reached, truth.pg_name, truth.pg_kind,
-                            truth.description + f"; rank(s) {masked} blocked before reaching their stop point")
+            truth = FRTruth(
+                truth.fault,
+                reached,
+                truth.pg_name,
+                truth.pg_kind,
+                truth.description + f"; rank(s) {masked} blocked before reaching their stop point",
+            )
     if buffer_entries is not None:
         for d in raw.values():
             d["entries"] = d["entries"][-buffer_entries:]
@@ -265,10 +329,20 @@ def _spread(rng: random.Random, topo: Topology, n: int) -> list[int]:
     return out
 
 
-def _simulate(topo: Topology, programs: Sequence[list[_Op]], stop_at: list[int], bad_op: dict[int, tuple[int, _Op]],
-              slow: set[int], pg_of: dict, groups_of: list[list[str]], pg_members: dict[str, tuple[int, ...]],
-              pg_kinds: dict[str, str],
-              timing: bool, *, hang_on_op_mismatch: bool) -> tuple[dict[int, dict[str, Any]], list[int]]:
+def _simulate(
+    topo: Topology,
+    programs: Sequence[list[_Op]],
+    stop_at: list[int],
+    bad_op: dict[int, tuple[int, _Op]],
+    slow: set[int],
+    pg_of: dict,
+    groups_of: list[list[str]],
+    pg_members: dict[str, tuple[int, ...]],
+    pg_kinds: dict[str, str],
+    timing: bool,
+    *,
+    hang_on_op_mismatch: bool,
+) -> tuple[dict[int, dict[str, Any]], list[int]]:
     """Run every rank's program until all finish or block; return each rank's FR dump dict."""
     world = topo.world_size
     entries: list[list[dict[str, Any]]] = [[] for _ in range(world)]
@@ -308,16 +382,27 @@ def _simulate(topo: Topology, programs: Sequence[list[_Op]], stop_at: list[int],
             key = ("coll", pg, coll_seq[r][pg])
             need = len(pg_members[pg])
         e = {
-            "record_id": len(entries[r]), "pg_id": int(pg), "process_group": (pg, _desc(pg, pg_kinds)),
-            "collective_seq_id": coll_seq[r][pg], "p2p_seq_id": p2p_seq[r][pg], "op_id": op_ids[r][pg],
-            "profiling_name": pname, "time_created_ns": _T0_NS + int(clock[r] * 1e6),
-            "input_sizes": op.in_sizes, "input_dtypes": [op.dtype] * len(op.in_sizes),
-            "output_sizes": op.out_sizes, "output_dtypes": [op.dtype] * len(op.out_sizes),
+            "record_id": len(entries[r]),
+            "pg_id": int(pg),
+            "process_group": (pg, _desc(pg, pg_kinds)),
+            "collective_seq_id": coll_seq[r][pg],
+            "p2p_seq_id": p2p_seq[r][pg],
+            "op_id": op_ids[r][pg],
+            "profiling_name": pname,
+            "time_created_ns": _T0_NS + int(clock[r] * 1e6),
+            "input_sizes": op.in_sizes,
+            "input_dtypes": [op.dtype] * len(op.in_sizes),
+            "output_sizes": op.out_sizes,
+            "output_dtypes": [op.dtype] * len(op.out_sizes),
             "state": "started" if timing else "scheduled",
             "time_discovered_started_ns": _T0_NS + int(clock[r] * 1e6) + 1000 if timing else None,
-            "time_discovered_completed_ns": None, "retired": False, "timeout_ms": 600000,
-            "is_p2p": op.kind == "pp", "frames": frames[op.frames],
-            "thread_id": str(140000000000000 + r), "thread_name": "pt_main_thread",
+            "time_discovered_completed_ns": None,
+            "retired": False,
+            "timeout_ms": 600000,
+            "is_p2p": op.kind == "pp",
+            "frames": frames[op.frames],
+            "thread_id": str(140000000000000 + r),
+            "thread_name": "pt_main_thread",
         }
         if timing:
             e["duration_ms"] = None
@@ -343,17 +428,26 @@ def _simulate(topo: Topology, programs: Sequence[list[_Op]], stop_at: list[int],
     ranks_text = {name: str(list(m)) for name, m in pg_members.items()}
     for r in range(world):
         mine = groups_of[r]
-        pg_config = {name: {"name": name, "desc": _desc(name, pg_kinds), "ranks": ranks_text[name]}
-                     for name in mine}
+        pg_config = {name: {"name": name, "desc": _desc(name, pg_kinds), "ranks": ranks_text[name]} for name in mine}
         pg_status = {}
         for name in mine:
-            done = [e["collective_seq_id"] for e in entries[r]
-                    if e["process_group"][0] == name and not e["is_p2p"] and e["state"] == "completed"]
-            pg_status[name] = {"last_enqueued_collective": coll_seq[r][name],
-                               "last_started_collective": coll_seq[r][name] if timing else -1,
-                               "last_completed_collective": max(done, default=0)}
-        raw[r] = {"version": FR_VERSION, "comm_lib_version": "2.27.3", "pg_config": pg_config,
-                  "pg_status": pg_status, "entries": entries[r]}
+            done = [
+                e["collective_seq_id"]
+                for e in entries[r]
+                if e["process_group"][0] == name and not e["is_p2p"] and e["state"] == "completed"
+            ]
+            pg_status[name] = {
+                "last_enqueued_collective": coll_seq[r][name],
+                "last_started_collective": coll_seq[r][name] if timing else -1,
+                "last_completed_collective": max(done, default=0),
+            }
+        raw[r] = {
+            "version": FR_VERSION,
+            "comm_lib_version": "2.27.3",
+            "pg_config": pg_config,
+            "pg_status": pg_status,
+            "entries": entries[r],
+        }
     return raw, pc
 
 

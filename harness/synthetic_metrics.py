@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 import polars as pl
+
 from rankscope.datasets.domain.topology import Layout, Topology
 from rankscope.spine import InputError
 
@@ -64,14 +65,18 @@ class MetricsRun:
     def to_long(self, *, job: str = "synthetic") -> pl.DataFrame:
         """The run in the long form of the ``metrics`` table (``job, ts, node, metric, value``)."""
         n, t, m = self.values.shape
-        ts = np.datetime64(EPOCH.replace(tzinfo=None), "us") + (np.arange(t) * self.interval_s * 1e6).astype("timedelta64[us]")
-        return pl.DataFrame({
-            "job": np.full(n * t * m, job, dtype=object),
-            "ts": np.tile(np.repeat(ts, m), n),
-            "node": np.repeat(np.asarray(self.nodes, dtype=object), t * m),
-            "metric": np.tile(np.asarray(self.metric_names, dtype=object), n * t),
-            "value": self.values.reshape(-1).astype(np.float64),
-        }).with_columns(pl.col("ts").dt.replace_time_zone("UTC"))
+        ts = np.datetime64(EPOCH.replace(tzinfo=None), "us") + (np.arange(t) * self.interval_s * 1e6).astype(
+            "timedelta64[us]"
+        )
+        return pl.DataFrame(
+            {
+                "job": np.full(n * t * m, job, dtype=object),
+                "ts": np.tile(np.repeat(ts, m), n),
+                "node": np.repeat(np.asarray(self.nodes, dtype=object), t * m),
+                "metric": np.tile(np.asarray(self.metric_names, dtype=object), n * t),
+                "value": self.values.reshape(-1).astype(np.float64),
+            }
+        ).with_columns(pl.col("ts").dt.replace_time_zone("UTC"))
 
 
 def _phase_fraction(period_s: np.ndarray, compute_frac: float, t_end: float, sample_t: np.ndarray) -> np.ndarray:
@@ -177,13 +182,16 @@ def make_metrics(
     kernel = np.exp(-np.arange(180) / 60.0)
     kernel /= kernel.sum()
     pad = np.repeat(temp_in[:, :1], 179, axis=1)
-    smooth = np.apply_along_axis(lambda r: np.convolve(r, kernel, mode="valid"), 1, np.concatenate([pad, temp_in], axis=1))
+    smooth = np.apply_along_axis(
+        lambda r: np.convolve(r, kernel, mode="valid"), 1, np.concatenate([pad, temp_in], axis=1)
+    )
     v[..., 2] = smooth[:, :t] + noise(0.3)
     v[..., 7] = np.cumsum(rng.poisson(ecc_rate), axis=1) + rng.integers(0, 50, size=(n, 1)) * (rng.random((n, 1)) < 0.1)
     return MetricsRun(v, METRIC_NAMES, nodes, tuple(truth))
 
 
 # -- timings ------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TimingTruth:
@@ -237,8 +245,10 @@ def make_timings(
         onset = None
     rows_rank, rows_step, rows_op, rows_dur, rows_start = [], [], [], [], []
     step_len = sum(base.values()) * 1.6
-    durations = {op: b * (factor if op != "optimizer" else 1.0) * np.exp(rng.normal(0.0, 0.03, size=(n_steps, world)))
-                 for op, b in base.items()}
+    durations = {
+        op: b * (factor if op != "optimizer" else 1.0) * np.exp(rng.normal(0.0, 0.03, size=(n_steps, world)))
+        for op, b in base.items()
+    }
     # the data-parallel all-reduce waits for the slowest member of the group: a slow rank waits least
     compute = durations["forward"] + durations["backward"]
     gid = topo.group_ids("dp")
@@ -253,13 +263,15 @@ def make_timings(
         rows_dur.append(dur.ravel())
         rows_start.append(np.repeat(steps * step_len, world).astype(np.float64))
     rank = np.concatenate(rows_rank)
-    df = pl.DataFrame({
-        "rank": rank.astype(np.int32),
-        "step": np.concatenate(rows_step).astype(np.int64),
-        "op": np.concatenate(rows_op),
-        "duration_s": np.concatenate(rows_dur),
-        "start_s": np.concatenate(rows_start),
-        "node": topo.nodes[rank],
-        **{d: topo.coords[d][rank].astype(np.int32) for d in ("tp", "pp", "dp")},
-    })
+    df = pl.DataFrame(
+        {
+            "rank": rank.astype(np.int32),
+            "step": np.concatenate(rows_step).astype(np.int64),
+            "op": np.concatenate(rows_op),
+            "duration_s": np.concatenate(rows_dur),
+            "start_s": np.concatenate(rows_start),
+            "node": topo.nodes[rank],
+            **{d: topo.coords[d][rank].astype(np.int32) for d in ("tp", "pp", "dp")},
+        }
+    )
     return df, topo, TimingTruth(scenario, slow_nodes, slow_stage, onset)

@@ -46,8 +46,12 @@ def _status(t: ThreadDump, gil: bool) -> str:
 
 def _owns_gil(t: ThreadDump) -> bool:
     # Python-level compute leaves hold the GIL; waits inside C (autograd engine, cuda sync) release it.
-    return bool(t.active) and bool(t.frames) and t.frames[0].function.rsplit(".", 1)[-1] not in (
-        "_engine_run_backward", "custom_backward", "synchronize", "read")
+    return (
+        bool(t.active)
+        and bool(t.frames)
+        and t.frames[0].function.rsplit(".", 1)[-1]
+        not in ("_engine_run_backward", "custom_backward", "synchronize", "read")
+    )
 
 
 class Renderer:
@@ -82,10 +86,18 @@ class Renderer:
                 outer = i == n - 1
                 caller = co_name(frames[i + 1].function) if not outer else ""
                 entry = (outer or caller in ENTRY_CALLERS) if env.qualnames else True
-                objs.append({"name": f.function, "filename": env.abs_from_short(f.file), "module": None,
-                             "short_filename": f.file,
-                             "line": f.line, "locals": None, "is_entry": entry,
-                             "is_shim_entry": outer and env.qualnames})
+                objs.append(
+                    {
+                        "name": f.function,
+                        "filename": env.abs_from_short(f.file),
+                        "module": None,
+                        "short_filename": f.file,
+                        "line": f.line,
+                        "locals": None,
+                        "is_entry": entry,
+                        "is_shim_entry": outer and env.qualnames,
+                    }
+                )
             text = json.dumps(objs, indent=2)
             got = text.replace("\n", "\n    ")  # nested two levels deep in the thread list
             self._json[key] = got
@@ -117,8 +129,9 @@ class Renderer:
             key = (id(t.frames), env.name)
             body = self._fh.get(key)
             if body is None:
-                body = "".join(f'  File "{env.abs_from_short(f.file)}", line {f.line} in {co_name(f.function)}\n'
-                               for f in t.frames)
+                body = "".join(
+                    f'  File "{env.abs_from_short(f.file)}", line {f.line} in {co_name(f.function)}\n' for f in t.frames
+                )
                 self._fh[key] = body
             blocks.append(f"{head} 0x{pthread_id(t.thread_id or 0, t.is_main):016x} (most recent call first):\n{body}")
         return "\n".join(blocks)
@@ -150,8 +163,9 @@ def file_name(rank: int, role: str, k: int, fmt: str) -> str:
     return f"rank{rank}-{role}{suffix}"
 
 
-def write_job_dir(job: SyntheticJob, path: str | os.PathLike[str], *, fmt: str = "pyspy-text",
-                  manifest: bool = True) -> Path:
+def write_job_dir(
+    job: SyntheticJob, path: str | os.PathLike[str], *, fmt: str = "pyspy-text", manifest: bool = True
+) -> Path:
     """Write every dump of ``job`` as one file per process (``snapshot-{i}/`` when several) plus ``manifest.csv``."""
     if fmt not in FORMATS:
         raise InputError(f"fmt={fmt!r} is not one of {', '.join(FORMATS)}")

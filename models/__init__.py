@@ -17,6 +17,14 @@ from rankscope.models.peer_mad import PeerMad
 from rankscope.models.registry import DETECTORS, make_detector
 
 __all__ = [
-    "DETECTORS", "BaseDetector", "IsolationForestDetector", "LstmVae", "MadZScore", "NotFittedError",
-    "PeerDistance", "PeerMad", "check_is_fitted", "make_detector",
+    "DETECTORS",
+    "BaseDetector",
+    "IsolationForestDetector",
+    "LstmVae",
+    "MadZScore",
+    "NotFittedError",
+    "PeerDistance",
+    "PeerMad",
+    "check_is_fitted",
+    "make_detector",
 ]

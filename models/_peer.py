@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from rankscope.models.base import BaseDetector, check_is_fitted, check_positive
 from rankscope.spine import InputError
 
@@ -119,7 +120,11 @@ def robust_z_across_machines(d: np.ndarray, min_spread: float) -> np.ndarray:
 
 
 def sustained_alerts(
-    window_metric_scores: np.ndarray, *, threshold: float, continuity: int, window_samples: int,
+    window_metric_scores: np.ndarray,
+    *,
+    threshold: float,
+    continuity: int,
+    window_samples: int,
     quorum: float = 0.8,
 ) -> PeerAlerts:
     """Alerts that need ``quorum`` of ``continuity`` consecutive windows above ``threshold`` for one machine.
@@ -174,7 +179,9 @@ class PeerDetector(BaseDetector):
         for p in ("window_s", "continuity_s", "sample_interval_s", "threshold"):
             check_positive(name, p, getattr(self, p))
         if self.window_s < self.sample_interval_s:
-            raise InputError(f"{name}: window_s={self.window_s} is shorter than sample_interval_s={self.sample_interval_s}")
+            raise InputError(
+                f"{name}: window_s={self.window_s} is shorter than sample_interval_s={self.sample_interval_s}"
+            )
         check_positive(name, "min_scale_abs", self.min_scale_abs)
         if self.min_scale_ratio < 0:
             raise InputError(f"{name}: min_scale_ratio={self.min_scale_ratio!r} must be >= 0")
@@ -211,8 +218,10 @@ class PeerDetector(BaseDetector):
 
     def _alerts(self, Z: np.ndarray) -> PeerAlerts:
         return sustained_alerts(
-            self._window_metric_scores(Z), threshold=self.threshold,
-            continuity=self.continuity_windows, window_samples=self.window_samples,
+            self._window_metric_scores(Z),
+            threshold=self.threshold,
+            continuity=self.continuity_windows,
+            window_samples=self.window_samples,
         )
 
     def _fit_from(self, Z: np.ndarray) -> None:

@@ -48,7 +48,7 @@ class BaseDetector(BaseEstimator):  # type: ignore[misc]  # scikit-learn ships n
         super().set_params(**params)
         return self
 
-    def __repr__(self, N_CHAR_MAX: int = 700) -> str:  # noqa: N803 - scikit-learn's signature
+    def __repr__(self, N_CHAR_MAX: int = 700) -> str:
         """scikit-learn's repr with every parameter, not only the changed ones (logs stay complete)."""
         with sklearn.config_context(print_changed_only=False):
             return str(super().__repr__(N_CHAR_MAX))
@@ -80,9 +80,7 @@ class BaseDetector(BaseEstimator):  # type: ignore[misc]  # scikit-learn ships n
             raise InputError(f"{type(self).__name__}: X must be numeric ({exc})") from None
         shape_doc = "(n_samples, n_features)" if self.input_ndim == 2 else "(n_machines, n_times, n_metrics)"
         if arr.ndim != self.input_ndim:
-            raise InputError(
-                f"{type(self).__name__}: X must have shape {shape_doc}, got an array of shape {arr.shape}"
-            )
+            raise InputError(f"{type(self).__name__}: X must have shape {shape_doc}, got an array of shape {arr.shape}")
         if min(arr.shape) < 1:
             raise InputError(f"{type(self).__name__}: X has an empty dimension (shape {arr.shape})")
         if np.isinf(arr).any():

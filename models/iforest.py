@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from rankscope.models.base import (
     BaseDetector,
     check_contamination,

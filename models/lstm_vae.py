@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from rankscope.models.base import (
     BaseDetector,
     check_contamination,
@@ -139,9 +140,14 @@ class LstmVae(BaseDetector):
         self.scale_ = np.where(arr.std(axis=0) > 1e-9, arr.std(axis=0), 1.0)
         seqs = self._windows(arr)
         rng = np.random.default_rng(self.random_state)
-        train = seqs if seqs.shape[0] <= self.max_windows else seqs[rng.choice(seqs.shape[0], self.max_windows, replace=False)]
-        self.model_ = train_vae(train, epochs=self.epochs, hidden=self.hidden, latent=self.latent,
-                                random_state=self.random_state)
+        train = (
+            seqs
+            if seqs.shape[0] <= self.max_windows
+            else seqs[rng.choice(seqs.shape[0], self.max_windows, replace=False)]
+        )
+        self.model_ = train_vae(
+            train, epochs=self.epochs, hidden=self.hidden, latent=self.latent, random_state=self.random_state
+        )
         self._set_outputs(self._score(seqs))
         return self
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from rankscope.models.base import (
     BaseDetector,
     check_contamination,
@@ -54,4 +55,3 @@ class MadZScore(BaseDetector):
     def decision_function(self, X: Any) -> np.ndarray:
         check_is_fitted(self)
         return self._score(self._check_X(X, fitting=False))
-

@@ -10,6 +10,7 @@ an alert needs the same machine on top for ``continuity_s`` (Minder uses 4 minut
 from __future__ import annotations
 
 import numpy as np
+
 from rankscope.models._peer import PeerDetector, robust_z_across_machines, windows
 from rankscope.models.base import check_positive
 from rankscope.spine import InputError

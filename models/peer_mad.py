@@ -8,6 +8,7 @@ continuity rule as :class:`~rankscope.models.peer_distance.PeerDistance`.
 from __future__ import annotations
 
 import numpy as np
+
 from rankscope.models._peer import PeerDetector, windows
 
 

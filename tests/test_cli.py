@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
+
 from rankscope.cli.main import app
 from rankscope.datasets.store.store import Store
 from rankscope.harness.synthetic import generate_job
-from typer.testing import CliRunner
 
 runner = CliRunner()
 
@@ -84,8 +85,9 @@ def test_bad_inputs_get_one_line_and_exit_2(tmp_path, probe_dir):
     _bad(_run("diagnose", tmp_path / "nope"), "no such file")
     _bad(_run("diagnose", tmp_path), "no stack dumps")
     _bad(_run("diagnose", probe_dir / "pyspy" / "text", "--layout", "tp=3,pp=0"), "pp=0")
-    _bad(_run("diagnose", probe_dir / "pyspy" / "text", "--layout", "tp=2", "--gpus-per-node", "1"),
-         "outside the layout")
+    _bad(
+        _run("diagnose", probe_dir / "pyspy" / "text", "--layout", "tp=2", "--gpus-per-node", "1"), "outside the layout"
+    )
     _bad(_run("diagnose", probe_dir / "pyspy" / "text", "--order", "tp-xx"), "unknown dimension")
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "rank0.txt").write_text("Error: Permission denied\n")

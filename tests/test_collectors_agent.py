@@ -11,6 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+
 from rankscope.collectors.agent import Agent
 from rankscope.config import AgentConfig
 from rankscope.datasets.store.store import Store
@@ -47,9 +48,19 @@ def mini_job(tmp_path: Path):
 
 
 def config(tmp_path: Path, run_dir: Path, **kw: object) -> AgentConfig:
-    base = dict(store=str(tmp_path / "store"), job="mini", node="host-a", run_dir=str(run_dir),
-                metric_interval_seconds=0.2, discovery_interval_seconds=0.5, flush_interval_seconds=1.0,
-                stall_seconds=1.5, capture_flight_recorder=False, kernel_log="", max_runtime_seconds=40.0)
+    base = dict(
+        store=str(tmp_path / "store"),
+        job="mini",
+        node="host-a",
+        run_dir=str(run_dir),
+        metric_interval_seconds=0.2,
+        discovery_interval_seconds=0.5,
+        flush_interval_seconds=1.0,
+        stall_seconds=1.5,
+        capture_flight_recorder=False,
+        kernel_log="",
+        max_runtime_seconds=40.0,
+    )
     base.update(kw)
     return AgentConfig(**base)  # type: ignore[arg-type]
 
@@ -71,8 +82,13 @@ def test_agent_captures_a_stall_and_writes_every_table(tmp_path: Path, mini_job)
     procs = store.read("processes")
     assert set(procs.filter(pl.col("role") == "trainer")["rank"].to_list()) == {0, 1}
     metrics = set(store.read("metrics")["metric"].to_list())
-    assert {"train_loss", "train_step_time_seconds", "process_resident_memory_bytes", "node_load1",
-            "rankscope_agent_cpu_seconds_total"} <= metrics
+    assert {
+        "train_loss",
+        "train_step_time_seconds",
+        "process_resident_memory_bytes",
+        "node_load1",
+        "rankscope_agent_cpu_seconds_total",
+    } <= metrics
     kinds = store.read("events")["kind"].to_list()
     assert "stall" in kinds and kinds.count("agent") == 2 + len(agent.messages)
     if not agent.gpu.available:
@@ -93,11 +109,29 @@ def test_agent_captures_a_stall_and_writes_every_table(tmp_path: Path, mini_job)
 
 def test_agent_trigger_file_and_sigterm_flush(tmp_path: Path, mini_job) -> None:
     proc, run_dir = mini_job
-    cmd = [sys.executable, "-m", "rankscope", "agent", str(tmp_path / "store"), "--job", "mini",
-           "--run-dir", str(run_dir), "--launcher-pid", str(proc.pid), "--stall-seconds", "600",
-           "--metric-interval-seconds", "0.2"]
-    env = {**os.environ, "RANKSCOPE_AGENT_DISCOVERY_INTERVAL_SECONDS": "0.5", "RANKSCOPE_AGENT_KERNEL_LOG": "",
-           "RANKSCOPE_AGENT_FLUSH_INTERVAL_SECONDS": "600"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "rankscope",
+        "agent",
+        str(tmp_path / "store"),
+        "--job",
+        "mini",
+        "--run-dir",
+        str(run_dir),
+        "--launcher-pid",
+        str(proc.pid),
+        "--stall-seconds",
+        "600",
+        "--metric-interval-seconds",
+        "0.2",
+    ]
+    env = {
+        **os.environ,
+        "RANKSCOPE_AGENT_DISCOVERY_INTERVAL_SECONDS": "0.5",
+        "RANKSCOPE_AGENT_KERNEL_LOG": "",
+        "RANKSCOPE_AGENT_FLUSH_INTERVAL_SECONDS": "600",
+    }
     agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 30
@@ -126,8 +160,17 @@ def test_agent_trigger_file_and_sigterm_flush(tmp_path: Path, mini_job) -> None:
 
 
 def test_daemon_rejects_a_bad_config_in_one_line(tmp_path: Path) -> None:
-    for arg in ('{"store": "x", "bogus": 1}', "{not json", '{"store": "x", "stall_seconds": -1}',
-                '{"store": "x", "slow_factor": "fast"}'):
-        r = subprocess.run([sys.executable, "-m", "rankscope.collectors.daemon", arg],
-                           capture_output=True, text=True, timeout=60)
+    for arg in (
+        '{"store": "x", "bogus": 1}',
+        "{not json",
+        '{"store": "x", "stall_seconds": -1}',
+        '{"store": "x", "slow_factor": "fast"}',
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "rankscope.collectors.daemon", arg],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("rankscope: error:"), r.stderr

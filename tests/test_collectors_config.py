@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from rankscope.config import AgentConfig, resolve_agent
 from rankscope.spine import InputError
 
@@ -29,12 +30,15 @@ def test_config_file_from_env_json_and_bool_coercion(tmp_path: Path) -> None:
     assert cfg.gpu is False and cfg.capture_flight_recorder is False and cfg.disk_paths == ("/a", "/b")
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [
-    ({"metric_interval_seconds": 0}, "metric_interval_seconds"),
-    ({"stall_seconds": -1}, "stall_seconds"),
-    ({"capture_rounds": 0}, "capture_rounds"),
-    ({"slow_factor": 0.5}, "slow_factor"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"metric_interval_seconds": 0}, "metric_interval_seconds"),
+        ({"stall_seconds": -1}, "stall_seconds"),
+        ({"capture_rounds": 0}, "capture_rounds"),
+        ({"slow_factor": 0.5}, "slow_factor"),
+    ],
+)
 def test_validation_names_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(InputError, match=field):
         AgentConfig(store="s", **kwargs)

@@ -11,8 +11,9 @@ from pathlib import Path
 from rankscope.collectors import discovery
 
 
-def fake_proc(root: Path, pid: int, ppid: int, comm: str, cmdline: str, env: dict[str, str] | None = None,
-              start: int = 100) -> None:
+def fake_proc(
+    root: Path, pid: int, ppid: int, comm: str, cmdline: str, env: dict[str, str] | None = None, start: int = 100
+) -> None:
     d = root / str(pid)
     d.mkdir(parents=True)
     fields = ["S", str(ppid)] + ["0"] * 17 + [str(start)] + ["0"] * 5
@@ -23,8 +24,14 @@ def fake_proc(root: Path, pid: int, ppid: int, comm: str, cmdline: str, env: dic
 
 
 def rank_env(rank: int) -> dict[str, str]:
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": "2", "GROUP_RANK": "0",
-            "MASTER_ADDR": "10.0.0.1", "PATH": "/usr/bin"}
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank % 2),
+        "WORLD_SIZE": "2",
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "10.0.0.1",
+        "PATH": "/usr/bin",
+    }
 
 
 def test_fake_tree_roles_ranks_and_children(tmp_path: Path) -> None:
@@ -88,7 +95,14 @@ time.sleep(60)
 
 
 def test_discovers_real_children() -> None:
-    env = {**os.environ, "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1", "MASTER_ADDR": "127.0.0.1"}
+    env = {
+        **os.environ,
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+    }
     proc = subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"

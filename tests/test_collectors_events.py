@@ -7,6 +7,7 @@ import types
 from pathlib import Path
 
 import pytest
+
 from rankscope.collectors.events import (
     KINDS,
     DiskWatcher,
@@ -18,15 +19,23 @@ from rankscope.collectors.events import (
 )
 
 
-@pytest.mark.parametrize(("line", "kind", "severity", "action"), [
-    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.", "xid", "critical", "evict"),
-    ("6,1234,5678901,-;NVRM: Xid (PCI:0000:b1:00): 48, pid=99, An uncorrectable double bit error", "xid", "critical", "evict"),
-    ("[ 12.3] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception", "xid", "warning", "stop-time-check"),
-    ("NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.", "gpu_lost", "critical", "evict"),
-    ("EXT4-fs error (device nvme0n1p1): Remounting filesystem read-only", "fs_readonly", "critical", "evict"),
-    ("mlx5_core 0000:5e:00.0 ens1f0: Link down", "nic_down", "warning", "tolerate"),
-    ("ixgbe 0000:01:00.0 eth0: NIC Link is Down", "nic_down", "warning", "tolerate"),
-])
+@pytest.mark.parametrize(
+    ("line", "kind", "severity", "action"),
+    [
+        ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.", "xid", "critical", "evict"),
+        (
+            "6,1234,5678901,-;NVRM: Xid (PCI:0000:b1:00): 48, pid=99, An uncorrectable double bit error",
+            "xid",
+            "critical",
+            "evict",
+        ),
+        ("[ 12.3] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception", "xid", "warning", "stop-time-check"),
+        ("NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.", "gpu_lost", "critical", "evict"),
+        ("EXT4-fs error (device nvme0n1p1): Remounting filesystem read-only", "fs_readonly", "critical", "evict"),
+        ("mlx5_core 0000:5e:00.0 ens1f0: Link down", "nic_down", "warning", "tolerate"),
+        ("ixgbe 0000:01:00.0 eth0: NIC Link is Down", "nic_down", "warning", "tolerate"),
+    ],
+)
 def test_kernel_lines(line: str, kind: str, severity: str, action: str) -> None:
     ev = parse_kernel_line(line)
     assert ev is not None and (ev.kind, ev.severity, ev.action) == (kind, severity, action)
@@ -43,7 +52,13 @@ def test_xid_labels_and_unrelated_lines() -> None:
 
 def test_every_kind_has_a_policy() -> None:
     for kind, (sev, act) in KINDS.items():
-        assert sev in ("info", "warning", "critical") and act in ("evict", "tolerate", "stop-time-check", "capture", "none")
+        assert sev in ("info", "warning", "critical") and act in (
+            "evict",
+            "tolerate",
+            "stop-time-check",
+            "capture",
+            "none",
+        )
         assert Event(kind, "x").severity == sev
 
 
@@ -109,8 +124,12 @@ def test_nvml_xid_events_and_lost_gpu() -> None:
             raise RuntimeError("NVML_ERROR_TIMEOUT")
         return pending.pop()
 
-    nv = types.SimpleNamespace(nvmlEventSetCreate=lambda: "set", nvmlDeviceRegisterEvents=lambda h, t, s: None,
-                               nvmlEventTypeXidCriticalError=8, nvmlEventSetWait_v2=wait)
+    nv = types.SimpleNamespace(
+        nvmlEventSetCreate=lambda: "set",
+        nvmlDeviceRegisterEvents=lambda h, t, s: None,
+        nvmlEventTypeXidCriticalError=8,
+        nvmlEventSetWait_v2=wait,
+    )
     sampler = types.SimpleNamespace(available=True, nvml=nv, handles=["h0", "h1"], lost={0})
     evs = NvmlEvents(sampler).poll()
     kinds = {(e.kind, e.gpu) for e in evs}

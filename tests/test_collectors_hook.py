@@ -43,8 +43,13 @@ time.sleep(30)
 
 def start(tmp_path: Path, mode: str) -> subprocess.Popen:
     env = {**os.environ, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "RANKSCOPE_RANKS_PER_NODE": "2"}
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path), mode], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(tmp_path), mode],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     assert line == "ready", proc.stderr.read() if proc.stderr else ""
@@ -172,8 +177,10 @@ def test_a_second_sigterm_mid_dump_never_yields_a_wrong_main_thread(tmp_path: Pa
         proc.wait(timeout=10)
         ident = json.loads((run / f"pid{proc.pid}.json").read_text())
         stack = run / f"pid{proc.pid}.stack.txt"
-        dump = process_dump(HookProcess(proc.pid, {"stack.txt": str(stack)}, {"stack.txt": stack.name}),
-                            main_thread_id=main_thread_id(ident))
+        dump = process_dump(
+            HookProcess(proc.pid, {"stack.txt": str(stack)}, {"stack.txt": stack.name}),
+            main_thread_id=main_thread_id(ident),
+        )
         outcomes.append(dump.status)
         if dump.status != "cut":
             assert dump.main_thread is not None and dump.main_thread.frames[0].function == "deep", stack.read_text()
@@ -183,8 +190,9 @@ def test_a_second_sigterm_mid_dump_never_yields_a_wrong_main_thread(tmp_path: Pa
 def test_post_mortem_of_a_dump_cut_before_the_main_thread_is_no_evidence(tmp_path: Path) -> None:
     (tmp_path / "pid5.json").write_text(json.dumps({"pid": 5, "rank": 0, "main_thread_id": 0x7F01}))
     (tmp_path / "pid5.stack.txt").write_text(
-        '# rankscope: stack requested at 100.0\nThread 0x00007f01 (most recent call first):\n'
+        "# rankscope: stack requested at 100.0\nThread 0x00007f01 (most recent call first):\n"
         '  File "/job/train.py", line 9 in step\n'  # the agent's request: not what it wrote as it died
-        'Thread 0x00007f02 (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line ')
+        'Thread 0x00007f02 (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line '
+    )
     dump, method = stacks.post_mortem(5, tmp_path)
     assert (dump.status, method) == ("cut", "post-mortem") and "no evidence" in (dump.error or "")

@@ -27,8 +27,14 @@ def fake_host(root: Path, *, busy: int, idle: int = 900) -> tuple[str, str]:
     (proc / "42" / "stat").write_text(f"42 (python) {' '.join(fields)}\n")
     eth = sys_ / "class" / "net" / "eth0"
     (eth / "statistics").mkdir(parents=True, exist_ok=True)
-    for name, value in {"rx_bytes": 1000, "tx_bytes": 2000, "rx_errors": 1, "tx_errors": 0, "rx_dropped": 3,
-                        "tx_dropped": 0}.items():
+    for name, value in {
+        "rx_bytes": 1000,
+        "tx_bytes": 2000,
+        "rx_errors": 1,
+        "tx_errors": 0,
+        "rx_dropped": 3,
+        "tx_dropped": 0,
+    }.items():
         (eth / "statistics" / name).write_text(f"{value}\n")
     (eth / "carrier").write_text("1\n")
     (eth / "carrier_changes").write_text("4\n")
@@ -102,28 +108,45 @@ class FakeNvml(types.SimpleNamespace):
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
-    def nvmlDeviceGetCount(self) -> int: return 2
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> object:
         if self.lost and h == 0:
             raise self.NVMLError(15)
         return types.SimpleNamespace(gpu=80, memory=40)
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> object: return types.SimpleNamespace(used=2**30, total=2**34)
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int: return 250_000
-    def nvmlDeviceGetTemperature(self, h: int, kind: int) -> int: return 65
-    def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int: return 1410
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int: return 4
-    def nvmlDeviceGetTotalEccErrors(self, h: int, t: int, c: int) -> int: return 3 if t else 0
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> object:
+        return types.SimpleNamespace(used=2**30, total=2**34)
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return 250_000
+
+    def nvmlDeviceGetTemperature(self, h: int, kind: int) -> int:
+        return 65
+
+    def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
+        return 1410
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
+        return 4
+
+    def nvmlDeviceGetTotalEccErrors(self, h: int, t: int, c: int) -> int:
+        return 3 if t else 0
 
     def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
         if h == 1:
             raise self.NVMLError(3)  # NOT_SUPPORTED
         return (1, 0, 0, 0)
 
-    def nvmlDeviceGetPcieThroughput(self, h: int, c: int) -> int: return 100
-    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, c: int) -> int: return link
+    def nvmlDeviceGetPcieThroughput(self, h: int, c: int) -> int:
+        return 100
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, c: int) -> int:
+        return link
 
 
 def test_gpu_metrics_from_a_fake_nvml() -> None:
@@ -137,7 +160,10 @@ def test_gpu_metrics_from_a_fake_nvml() -> None:
     assert m["gpu_sm_clock_hertz"][0].value == 1.41e9
     assert m["gpu_temperature_celsius"][0].value == 65
     assert m["gpu_clock_event_reasons"][0].value == 4
-    assert {x.labels["type"]: x.value for x in m["gpu_ecc_errors_total"] if x.gpu == 0} == {"corrected": 0, "uncorrected": 3}
+    assert {x.labels["type"]: x.value for x in m["gpu_ecc_errors_total"] if x.gpu == 0} == {
+        "corrected": 0,
+        "uncorrected": 3,
+    }
     assert [x.gpu for x in m["gpu_remapped_rows_total"]] == [0, 0]  # GPU 1 unsupported, skipped
     assert m["gpu_pcie_throughput_bytes_per_second"][0].value == 100 * 1024
     assert {x.labels["counter"] for x in m["gpu_nvlink_errors_total"]} == {"dl_replay", "dl_recovery"}

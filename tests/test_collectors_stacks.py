@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from rankscope.collectors import stacks
 from rankscope.collectors.stall import StallDetector
 from rankscope.collectors.steps import (
@@ -35,8 +36,10 @@ waiting_here()
 
 @pytest.fixture
 def sleepers(tmp_path: Path):
-    procs = [subprocess.Popen([sys.executable, "-c", SLEEPER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SLEEPER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     yield procs
@@ -69,8 +72,9 @@ def test_fallback_to_faulthandler_when_pyspy_fails(sleepers, tmp_path: Path) -> 
 def test_failure_recorded_when_nothing_works(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        [cap] = stacks.capture_all([stacks.Target(proc.pid, 0, "trainer", "n")], run_dir=str(tmp_path),
-                                   pyspy=str(tmp_path / "no-py-spy"))
+        [cap] = stacks.capture_all(
+            [stacks.Target(proc.pid, 0, "trainer", "n")], run_dir=str(tmp_path), pyspy=str(tmp_path / "no-py-spy")
+        )
         assert cap.dump.status == "failed" and cap.method == "none"
         assert "no hook stack file" in (cap.dump.error or "")
     finally:
@@ -124,8 +128,10 @@ def test_trigger_signal_and_file(tmp_path: Path) -> None:
 
 def test_step_tailer_partial_lines_metrics_and_nan(tmp_path: Path) -> None:
     path = tmp_path / "pid42.steps.jsonl"
-    lines = [{"t": 100.0, "step": 1, "rank": 3, "loss": 2.0, "grad_norm": 1.0, "step_time_seconds": 0.5},
-             {"t": 101.0, "step": 2, "rank": 3, "loss": "nan", "grad_norm": 1.0, "step_time_seconds": 0.5}]
+    lines = [
+        {"t": 100.0, "step": 1, "rank": 3, "loss": 2.0, "grad_norm": 1.0, "step_time_seconds": 0.5},
+        {"t": 101.0, "step": 2, "rank": 3, "loss": "nan", "grad_norm": 1.0, "step_time_seconds": 0.5},
+    ]
     text = "".join(json.dumps(x) + "\n" for x in lines)
     path.write_text(text[:-20])  # second line incomplete
     tail = StepTailer(tmp_path)

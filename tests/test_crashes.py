@@ -8,6 +8,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+
 from rankscope.analytics import crashes
 from rankscope.analytics import diagnose as run_diagnose
 from rankscope.analytics.crashes import is_cascade, latest_incident
@@ -29,10 +30,15 @@ def crash_verdict(exits, topology, *, job="", anchor=None):
     f = crashes.facts(exits, topology, anchor=anchor)
     return crashes.verdict(f, topology, job=job) if f is not None else None
 
-GLOO_PEER = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
-             "[127.0.0.1]:13001. This is typically caused by a remote worker crashing.")
-NCCL_TIMEOUT = ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, "
-                "NumelIn=1048576, Timeout(ms)=600000) ran for 600023 milliseconds before timing out.")
+
+GLOO_PEER = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:13001. This is typically caused by a remote worker crashing."
+)
+NCCL_TIMEOUT = (
+    "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, "
+    "NumelIn=1048576, Timeout(ms)=600000) ran for 600023 milliseconds before timing out."
+)
 TOPO = Topology.from_layout(Layout.parse("tp=2,pp=2,dp=2"), gpus_per_node=2)
 
 
@@ -40,24 +46,29 @@ def ex(rank: int, t: float, kind: str = "RuntimeError", message: str = "boom", *
     return ProcessExit(rank, 1_000_000.0 + t, kind, message, **kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("kind", "message", "cascade"), [
-    ("RuntimeError", GLOO_PEER, True),
-    ("DistBackendError", NCCL_TIMEOUT, True),
-    ("SIGTERM", "terminated by a signal (faulthandler dumped its stack as it stopped)", True),
-    ("RuntimeError", "Connection reset by peer", True),
-    ("RuntimeError", "CUDA error: an illegal memory access was encountered", False),
-    ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB", False),
-    ("fatal signal", "Segmentation fault", False),
-    ("vanished", "", False),
-])
+@pytest.mark.parametrize(
+    ("kind", "message", "cascade"),
+    [
+        ("RuntimeError", GLOO_PEER, True),
+        ("DistBackendError", NCCL_TIMEOUT, True),
+        ("SIGTERM", "terminated by a signal (faulthandler dumped its stack as it stopped)", True),
+        ("RuntimeError", "Connection reset by peer", True),
+        ("RuntimeError", "CUDA error: an illegal memory access was encountered", False),
+        ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB", False),
+        ("fatal signal", "Segmentation fault", False),
+        ("vanished", "", False),
+    ],
+)
 def test_cascade_classification(kind: str, message: str, cascade: bool) -> None:
     assert is_cascade(ex(0, 0, kind, message)) is cascade
 
 
 def test_first_primary_failure_is_the_culprit_and_the_cascade_is_not() -> None:
-    exits = [ex(6, 0.0, message="injected crash on rank 6 at step 4", where="injected_crash (faultjob.py:109)"),
-             *(ex(r, 0.6 + 0.1 * r, message=GLOO_PEER) for r in (0, 2, 4, 7)),
-             *(ex(r, 1.5, "SIGTERM", "terminated by a signal") for r in (1, 3, 5))]
+    exits = [
+        ex(6, 0.0, message="injected crash on rank 6 at step 4", where="injected_crash (faultjob.py:109)"),
+        *(ex(r, 0.6 + 0.1 * r, message=GLOO_PEER) for r in (0, 2, 4, 7)),
+        *(ex(r, 1.5, "SIGTERM", "terminated by a signal") for r in (1, 3, 5)),
+    ]
     v = crash_verdict(exits, TOPO, job="j")
     assert v is not None and v.verdict == "crash"
     assert v.culprit_ranks == (6,) and v.culprit_nodes == ("node-3",) and v.suspect_nodes == ("node-3",)
@@ -112,16 +123,39 @@ def test_crash_verdict_leads_and_keeps_the_stack_clusters(tmp_path: Path) -> Non
 
 def test_exits_from_agent_events_structured_and_text_only() -> None:
     ts = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
-    events = pl.DataFrame({
-        "job": ["j"] * 4, "ts": [ts] * 4, "node": ["node-3", "node-0", "node-1", "node-1"],
-        "kind": ["process_exit", "process_exit", "process_exit", "stall"],
-        "severity": ["critical", "critical", "info", "warning"], "gpu": [None] * 4, "rank": [6, 0, 2, None],
-        "message": ["rank 6 (pid 9) exited: RuntimeError: injected crash", "rank 0 (pid 3) exited: "
-                    "RuntimeError: " + GLOO_PEER, "rank 2 (pid 4) exited: exit: normal", "no progress"],
-        "labels": [json.dumps({"exception": "RuntimeError", "message": "injected crash", "where": "f (a.py:1)",
-                               "time_source": "hook"}), json.dumps({"exception": "RuntimeError"}), None, None],
-        "pid": [9, 3, 4, None], "action": ["stop-time-check"] * 3 + ["capture"],
-    }, schema_overrides={"gpu": pl.Int32, "rank": pl.Int32, "pid": pl.Int64})
+    events = pl.DataFrame(
+        {
+            "job": ["j"] * 4,
+            "ts": [ts] * 4,
+            "node": ["node-3", "node-0", "node-1", "node-1"],
+            "kind": ["process_exit", "process_exit", "process_exit", "stall"],
+            "severity": ["critical", "critical", "info", "warning"],
+            "gpu": [None] * 4,
+            "rank": [6, 0, 2, None],
+            "message": [
+                "rank 6 (pid 9) exited: RuntimeError: injected crash",
+                "rank 0 (pid 3) exited: RuntimeError: " + GLOO_PEER,
+                "rank 2 (pid 4) exited: exit: normal",
+                "no progress",
+            ],
+            "labels": [
+                json.dumps(
+                    {
+                        "exception": "RuntimeError",
+                        "message": "injected crash",
+                        "where": "f (a.py:1)",
+                        "time_source": "hook",
+                    }
+                ),
+                json.dumps({"exception": "RuntimeError"}),
+                None,
+                None,
+            ],
+            "pid": [9, 3, 4, None],
+            "action": ["stop-time-check"] * 3 + ["capture"],
+        },
+        schema_overrides={"gpu": pl.Int32, "rank": pl.Int32, "pid": pl.Int64},
+    )
     exits = exits_from_events(events)
     assert [(e.rank, e.kind, e.node) for e in exits] == [(6, "RuntimeError", "node-3"), (0, "RuntimeError", "node-0")]
     assert exits[0].where == "f (a.py:1)" and exits[1].message == GLOO_PEER and is_cascade(exits[1])
@@ -129,9 +163,19 @@ def test_exits_from_agent_events_structured_and_text_only() -> None:
 
 def test_exit_records_in_a_dump_directory_give_a_crash_verdict(tmp_path: Path) -> None:
     def record(pid: int, rank: int, t: float, tp: str, msg: str) -> None:
-        (tmp_path / f"pid{pid}.exit.json").write_text(json.dumps(
-            {"pid": pid, "rank": rank, "role": "trainer", "time": t, "type": tp, "message": msg,
-             "frames": [{"function": "step", "file": "/x/train.py", "line": 7}]}))
+        (tmp_path / f"pid{pid}.exit.json").write_text(
+            json.dumps(
+                {
+                    "pid": pid,
+                    "rank": rank,
+                    "role": "trainer",
+                    "time": t,
+                    "type": tp,
+                    "message": msg,
+                    "frames": [{"function": "step", "file": "/x/train.py", "line": 7}],
+                }
+            )
+        )
 
     record(100, 5, 10.0, "RuntimeError", "CUDA error: an illegal memory access was encountered")
     record(101, 4, 10.8, "RuntimeError", GLOO_PEER)
@@ -153,13 +197,17 @@ def test_death_signal_reads_faulthandler_output_written_at_death(tmp_path: Path)
     assert death_signal(7, tmp_path)[0] == "SIGTERM"  # type: ignore[index]
     assert death_signal(7, tmp_path, offset=f.stat().st_size) is None  # already consumed by a capture
     with f.open("a") as fh:
-        fh.write('Fatal Python error: Segmentation fault\n\nCurrent thread 0x01 (most recent call first):\n'
-                 '  File "a.py", line 2 in g\n')
+        fh.write(
+            "Fatal Python error: Segmentation fault\n\nCurrent thread 0x01 (most recent call first):\n"
+            '  File "a.py", line 2 in g\n'
+        )
     kind, message, _ = death_signal(7, tmp_path)  # type: ignore[misc]
     assert (kind, message) == ("fatal signal", "Segmentation fault")
 
     g = tmp_path / "pid8.stack.txt"  # only a dump the agent asked for, then SIGKILL: nothing written at death
-    g.write_text('# rankscope: stack requested at 1000.5\nThread 0x01 (most recent call first):\n  File "a.py", line 1 in f\n')
+    g.write_text(
+        '# rankscope: stack requested at 1000.5\nThread 0x01 (most recent call first):\n  File "a.py", line 1 in f\n'
+    )
     assert death_signal(8, tmp_path) is None
 
 

@@ -38,8 +38,13 @@ def kill_tree(job: subprocess.Popen) -> None:
 
 
 def diagnose_json(path: Path, *flags: str) -> dict:
-    diag = subprocess.run([sys.executable, "-m", "rankscope", "diagnose", str(path), *flags, "--format", "json"],
-                          capture_output=True, text=True, timeout=60)
+    diag = subprocess.run(
+        [sys.executable, "-m", "rankscope", "diagnose", str(path), *flags, "--format", "json"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert diag.returncode == 0, diag.stderr[-3000:]
     return json.loads(diag.stdout)
 
@@ -56,11 +61,33 @@ def run_fault(tmp_path: Path, fault: str, rank: int) -> tuple[dict, dict]:
     job = subprocess.Popen(argv, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     try:
         agent = subprocess.run(
-            [sys.executable, "-m", "rankscope", "agent", str(store), "--job", "e2e", "--run-dir", str(run_dir),
-             "--stall-seconds", "3", "--exit-after-captures", "1", "--launcher-pid", str(job.pid),
-             "--max-runtime-seconds", "80", "--metric-interval-seconds", "0.5"],
-            capture_output=True, text=True, timeout=100,
-            env={**os.environ, "RANKSCOPE_AGENT_DISCOVERY_INTERVAL_SECONDS": "1", "RANKSCOPE_AGENT_KERNEL_LOG": ""})
+            [
+                sys.executable,
+                "-m",
+                "rankscope",
+                "agent",
+                str(store),
+                "--job",
+                "e2e",
+                "--run-dir",
+                str(run_dir),
+                "--stall-seconds",
+                "3",
+                "--exit-after-captures",
+                "1",
+                "--launcher-pid",
+                str(job.pid),
+                "--max-runtime-seconds",
+                "80",
+                "--metric-interval-seconds",
+                "0.5",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=100,
+            env={**os.environ, "RANKSCOPE_AGENT_DISCOVERY_INTERVAL_SECONDS": "1", "RANKSCOPE_AGENT_KERNEL_LOG": ""},
+        )
     finally:
         kill_tree(job)
         log.close()
@@ -70,18 +97,22 @@ def run_fault(tmp_path: Path, fault: str, rank: int) -> tuple[dict, dict]:
     return diagnose_json(store, "--layout", "tp=2,pp=2,dp=2", "--gpus-per-node", "2"), diagnose_json(run_dir)
 
 
-@pytest.mark.parametrize(("fault", "rank", "culprits", "kind"), [
-    ("compute_hang", 5, ["node-2"], "hang"),
-    ("dataloader_stall", 3, ["node-1"], "hang"),
-    # the other ranks fail 0.5-3 s after the crash ("Connection closed by peer", SIGTERM from torchrun);
-    # the stacks alone can then look inconclusive: the exits' order names the first failure
-    ("crash", 6, ["node-3"], "crash"),
-    # rank 1 (stage 0) skips its send to rank 5 (stage 1): each waits to receive from the other, and
-    # rank 4 waits for rank 5 in a TP all_reduce. A lost message between two stages: both ends.
-    ("p2p_stuck", 1, ["node-0", "node-2"], "hang"),
-])
-def test_agent_and_diagnose_name_the_faulty_node(tmp_path: Path, fault: str, rank: int, culprits: list[str],
-                                                 kind: str) -> None:
+@pytest.mark.parametrize(
+    ("fault", "rank", "culprits", "kind"),
+    [
+        ("compute_hang", 5, ["node-2"], "hang"),
+        ("dataloader_stall", 3, ["node-1"], "hang"),
+        # the other ranks fail 0.5-3 s after the crash ("Connection closed by peer", SIGTERM from torchrun);
+        # the stacks alone can then look inconclusive: the exits' order names the first failure
+        ("crash", 6, ["node-3"], "crash"),
+        # rank 1 (stage 0) skips its send to rank 5 (stage 1): each waits to receive from the other, and
+        # rank 4 waits for rank 5 in a TP all_reduce. A lost message between two stages: both ends.
+        ("p2p_stuck", 1, ["node-0", "node-2"], "hang"),
+    ],
+)
+def test_agent_and_diagnose_name_the_faulty_node(
+    tmp_path: Path, fault: str, rank: int, culprits: list[str], kind: str
+) -> None:
     from_store, from_run_dir = run_fault(tmp_path, fault, rank)
     for verdict in (from_store, from_run_dir):
         assert verdict["verdict"] == kind, verdict

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from rankscope.analytics import collectives
 from rankscope.datasets.domain.flight_recorder import FRDump, PGInfo
 from rankscope.datasets.domain.topology import Layout, Topology
@@ -59,8 +60,9 @@ def test_wavefront_prefers_the_model_parallel_group() -> None:
     assert len(a.stalls) > 1  # DP and default groups stall too, downstream of the TP stall
 
 
-@pytest.mark.parametrize("fault, field", [("size_mismatch", "sizes"), ("op_mismatch", "op"),
-                                          ("dtype_mismatch", "dtypes")])
+@pytest.mark.parametrize(
+    "fault, field", [("size_mismatch", "sizes"), ("op_mismatch", "op"), ("dtype_mismatch", "dtypes")]
+)
 def test_mismatch_is_a_code_fault_not_a_machine(fault: str, field: str) -> None:
     syn = generate_fr("tp=2,pp=2,dp=8", fault=fault, seed=3)
     a = collectives.facts(syn.dumps(), syn.topology)
@@ -119,6 +121,7 @@ def test_missing_dumps_of_bystanders_and_of_the_culprit() -> None:
 def _as_gloo(dumps: list[FRDump]) -> list[FRDump]:
     """What gloo writes: no pg_config."""
     from dataclasses import replace
+
     return [replace(d, pg_config={}) for d in dumps]
 
 
@@ -141,8 +144,10 @@ def test_split_group_reusing_a_name_keeps_groups_apart() -> None:
     renamed = []
     for d in dumps:  # both TP groups renamed "tp": pg_config members tell them apart
         tp_name = next(n for n, k in syn.pg_kinds.items() if k == "tp" and n in d.pg_config)
-        cfg = {("tp" if n == tp_name else n): (PGInfo("tp", c.desc, c.ranks) if n == tp_name else c)
-               for n, c in d.pg_config.items()}
+        cfg = {
+            ("tp" if n == tp_name else n): (PGInfo("tp", c.desc, c.ranks) if n == tp_name else c)
+            for n, c in d.pg_config.items()
+        }
         entries = tuple(e._replace(pg_name="tp") if e.pg_name == tp_name else e for e in d.entries)
         renamed.append(FRDump(d.rank, entries, d.version, cfg, {}, source_file=d.source_file))
     a = collectives.facts(renamed, syn.topology)
@@ -159,6 +164,7 @@ def test_bad_input() -> None:
 
 def test_result_is_frozen_and_serializable() -> None:
     import json
+
     a = collectives.facts(generate_fr("tp=2,dp=4", fault="missing").dumps())
     json.dumps(a.to_dict())
     assert a.explain().startswith("Flight Recorder: HANG")
@@ -172,7 +178,9 @@ _CULPRIT = re.compile(r"Culprit rank (\d+)")
 
 def _torchfrtrace(directory: Path) -> tuple[int, set[int], set[int], str]:
     code = "import sys; from torch.distributed.flight_recorder.fr_trace import main; main(sys.argv[1:])"
-    p = subprocess.run([sys.executable, "-c", code, str(directory)], capture_output=True, text=True, timeout=240)
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(directory)], check=False, capture_output=True, text=True, timeout=240
+    )
     text = p.stdout + p.stderr
     missing = {int(x) for m in _MISSING.finditer(text) for x in m.group(1).replace(" ", "").split(",") if x}
     culprits = {int(m.group(1)) for m in _CULPRIT.finditer(text)}
@@ -204,6 +212,7 @@ def test_agrees_with_torchfrtrace_where_it_names_a_culprit(tmp_path: Path) -> No
 def test_a_member_that_never_used_the_group_is_missing_from_it() -> None:
     """NCCL records a group in pg_config/pg_status only once the rank used it: absence = never reached."""
     from dataclasses import replace
+
     syn = generate_fr("tp=4,dp=2", fault="missing", steps=1, at="tp", seed=1)
     culprit = syn.truth.culprit_ranks[0]
     dumps = []
@@ -211,8 +220,11 @@ def test_a_member_that_never_used_the_group_is_missing_from_it() -> None:
         if d.rank == culprit:
             tp = next(n for n, k in syn.pg_kinds.items() if k == "tp" and n in d.pg_config)
             assert not any(e.pg_name == tp for e in d.entries)  # it stopped before its first TP collective
-            d = replace(d, pg_config={n: c for n, c in d.pg_config.items() if n != tp},
-                        pg_status={n: s for n, s in d.pg_status.items() if n != tp})
+            d = replace(
+                d,
+                pg_config={n: c for n, c in d.pg_config.items() if n != tp},
+                pg_status={n: s for n, s in d.pg_status.items() if n != tp},
+            )
         dumps.append(d)
     a = collectives.facts(dumps, syn.topology)
     assert a.culprit_ranks == (culprit,) and a.stopped_kind == "tp"

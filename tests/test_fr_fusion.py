@@ -12,12 +12,25 @@ from rankscope.datasets.readers.flight_recorder import read_fr_dir
 from rankscope.harness.synthetic_fr import generate_fr
 
 
-def _stacks(verdict: str = "hang", suspects: tuple[str, ...] = (), culprits: tuple[str, ...] = (),
-            ranks: tuple[int, ...] = (), confidence: float = 0.7) -> Verdict:
-    return Verdict(verdict, confidence=confidence, suspect_nodes=suspects, culprit_nodes=culprits,
-                   culprit_ranks=ranks, suspect_ranks=ranks, sources=("stacks",), reasons=("stack outliers",),
-                   evidence=(Evidence("stacks", "not-in-collective", "rank outside the collective", ranks),),
-                   n_snapshots=1)
+def _stacks(
+    verdict: str = "hang",
+    suspects: tuple[str, ...] = (),
+    culprits: tuple[str, ...] = (),
+    ranks: tuple[int, ...] = (),
+    confidence: float = 0.7,
+) -> Verdict:
+    return Verdict(
+        verdict,
+        confidence=confidence,
+        suspect_nodes=suspects,
+        culprit_nodes=culprits,
+        culprit_ranks=ranks,
+        suspect_ranks=ranks,
+        sources=("stacks",),
+        reasons=("stack outliers",),
+        evidence=(Evidence("stacks", "not-in-collective", "rank outside the collective", ranks),),
+        n_snapshots=1,
+    )
 
 
 def _probe_fr(probe_dir: Path) -> Verdict:
@@ -75,8 +88,10 @@ def test_healthy_stacks_and_hung_fr_keep_the_hang_with_less_confidence(probe_dir
     v = fuse(_stacks("healthy", confidence=0.8), fr)
     assert v.verdict == "hang" and v.culprit_nodes == ("node-3",) and v.confidence < fr.confidence
     assert "stacks say healthy, the Flight Recorder says hang" in v.details["disagreements"]
-    both_ok = fuse(_stacks("healthy", confidence=0.8), fr.with_updates(verdict="healthy", suspect_nodes=(),
-                                                                       culprit_nodes=(), confidence=0.6))
+    both_ok = fuse(
+        _stacks("healthy", confidence=0.8),
+        fr.with_updates(verdict="healthy", suspect_nodes=(), culprit_nodes=(), confidence=0.6),
+    )
     assert both_ok.verdict == "healthy" and both_ok.suspect_nodes == () and both_ok.confidence == 0.6
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+
 from rankscope.datasets.domain.flight_recorder import FRDump
 from rankscope.datasets.readers.flight_recorder import (
     is_fr_file,
@@ -39,6 +40,7 @@ def test_reads_the_real_gloo_probe_pickles_and_json(probe_dir: Path) -> None:
     js = read_fr_file(probe_dir / "fr" / "fr_hang_rank0.json")
     assert js.rank == 0 and js.source_format == "fr-json"
     assert js.pg_status["0"].last_enqueued == 6  # JSON writes the seq ids as strings
+
     def key(e):  # the two files are separate dumps: compare what they record, not when
         return (e.pg_name, e.collective_seq_id, e.profiling_name, e.input_sizes, e.input_dtypes, e.retired)
 
@@ -59,13 +61,18 @@ class _EvilEval:
 
 
 @pytest.mark.parametrize("payload", ["system", "eval", "nested"])
-def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path: Path, payload: str,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_malicious_pickle_is_refused_and_runs_nothing(
+    tmp_path: Path, payload: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     marker = tmp_path / "pwned"
     monkeypatch.setenv("FR_MARKER", str(marker))
     evil = {"system": _Evil(str(marker)), "eval": _EvilEval(), "nested": [{"x": _Evil(str(marker))}]}[payload]
-    dump = {"version": "2.10", "pg_config": {}, "pg_status": {},
-            "entries": [{"record_id": 0, "profiling_name": "nccl:all_reduce", "frames": evil}]}
+    dump = {
+        "version": "2.10",
+        "pg_config": {},
+        "pg_status": {},
+        "entries": [{"record_id": 0, "profiling_name": "nccl:all_reduce", "frames": evil}],
+    }
     path = tmp_path / "nccl_trace_rank_0"
     path.write_bytes(pickle.dumps(dump, protocol=2))
     with pytest.raises(ParseError) as err:
@@ -75,26 +82,43 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path: Path, payload: s
 
 
 def test_plain_containers_in_pickles_are_allowed(tmp_path: Path) -> None:
-    dump = {"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
-            "pg_status": {}, "entries": [{"record_id": 0, "pg_id": 0, "process_group": ("0", "default_pg"),
-                                          "collective_seq_id": 1, "profiling_name": "nccl:all_reduce",
-                                          "input_sizes": [[4]], "state": "completed", "tags": {1, 2},
-                                          "b": b"bytes", "f": frozenset([3])}]}
+    dump = {
+        "version": "2.4",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+        "pg_status": {},
+        "entries": [
+            {
+                "record_id": 0,
+                "pg_id": 0,
+                "process_group": ("0", "default_pg"),
+                "collective_seq_id": 1,
+                "profiling_name": "nccl:all_reduce",
+                "input_sizes": [[4]],
+                "state": "completed",
+                "tags": {1, 2},
+                "b": b"bytes",
+                "f": frozenset([3]),
+            }
+        ],
+    }
     path = tmp_path / "rank_1.pkl"
     path.write_bytes(pickle.dumps(dump, protocol=2))  # protocol 2 pickles sets via builtins.set
     d = read_fr_file(path)
     assert d.rank == 1 and d.pg_config["0"].ranks == (0, 1) and d.entries[0].input_sizes == ((4,),)
 
 
-@pytest.mark.parametrize("content, what", [
-    (b"\x80\x04\x95", "corrupt or truncated pickle"),
-    (b"{not json", "neither a pickle nor valid JSON"),
-    (b"[1, 2]", "not a Flight Recorder dict"),
-    (b'{"foo": 1}', "not a Flight Recorder dump"),
-    (b'{"entries": 5}', "'entries' is a int"),
-    (b'{"entries": [3]}', "entry 0 is a int"),
-    (b'{"entries": [], "pg_config": {"0": {"ranks": "[0, 1"}}}', "bad pg_config"),
-])
+@pytest.mark.parametrize(
+    "content, what",
+    [
+        (b"\x80\x04\x95", "corrupt or truncated pickle"),
+        (b"{not json", "neither a pickle nor valid JSON"),
+        (b"[1, 2]", "not a Flight Recorder dict"),
+        (b'{"foo": 1}', "not a Flight Recorder dump"),
+        (b'{"entries": 5}', "'entries' is a int"),
+        (b'{"entries": [3]}', "entry 0 is a int"),
+        (b'{"entries": [], "pg_config": {"0": {"ranks": "[0, 1"}}}', "bad pg_config"),
+    ],
+)
 def test_bad_files_raise_parse_error_naming_the_file(tmp_path: Path, content: bytes, what: str) -> None:
     path = tmp_path / "trace_3"
     path.write_bytes(content)
@@ -118,8 +142,10 @@ def test_rank_comes_from_argument_dump_or_name(tmp_path: Path) -> None:
 
 
 def test_old_and_odd_versions_are_tolerated(tmp_path: Path) -> None:
-    old = {"version": "1.5", "entries": [{"seq_id": 4, "pg_id": 2, "profiling_name": "all_reduce",
-                                          "state": "scheduled"}]}
+    old = {
+        "version": "1.5",
+        "entries": [{"seq_id": 4, "pg_id": 2, "profiling_name": "all_reduce", "state": "scheduled"}],
+    }
     path = tmp_path / "old_0.json"
     path.write_text(json.dumps(old))
     e = read_fr_file(path).entries[0]
@@ -156,8 +182,9 @@ def test_store_round_trip_keeps_what_the_analysis_needs(tmp_path: Path, probe_di
     store = Store(tmp_path / "store", create=True)
     store.write("collectives", fr_to_rows(dumps, "probe", node_of={r: f"n{r}" for r in range(4)}))
     back = fr_from_table(store.read_arrow("collectives", job="probe"))
-    assert [(d.rank, d.entries, d.pg_config, d.pg_status) for d in back] == \
-        [(d.rank, d.entries, d.pg_config, d.pg_status) for d in dumps]
+    assert [(d.rank, d.entries, d.pg_config, d.pg_status) for d in back] == [
+        (d.rank, d.entries, d.pg_config, d.pg_status) for d in dumps
+    ]
     back_pl = fr_from_table(store.read("collectives", job="probe"))
     assert [d.entries for d in back_pl] == [d.entries for d in dumps]
     syn = generate_fr("tp=2,pp=2,dp=2", fault="p2p_behind", steps=1).dumps()

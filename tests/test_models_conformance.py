@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from rankscope.models import DETECTORS, NotFittedError, make_detector
 from rankscope.spine import InputError, RankscopeError
 
@@ -147,8 +148,14 @@ def test_invalid_hyperparameters_name_the_parameter():
 def test_peer_distance_with_lstm_vae_denoiser():
     pytest.importorskip("torch")
     X, _ = _data(make_detector("peer-distance"))
-    det = make_detector("peer-distance", window_s=10.0, continuity_s=60.0, denoiser="lstm-vae",
-                        denoiser_epochs=2, denoiser_max_windows=64)
+    det = make_detector(
+        "peer-distance",
+        window_s=10.0,
+        continuity_s=60.0,
+        denoiser="lstm-vae",
+        denoiser_epochs=2,
+        denoiser_max_windows=64,
+    )
     det.fit(X)
     assert len(det.denoisers_) == X.shape[2]
     assert det.labels_[0] == 1

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import polars as pl
 import pytest
+
 from rankscope.analytics import performance
 from rankscope.analytics.performance.metrics import counters_to_rates, metric_cubes
 from rankscope.config import PerfConfig
@@ -79,7 +80,8 @@ def test_metrics_and_timings_agree():
     df, topo, truth = make_timings("tp=1,pp=1,dp=16", scenario="slow-machine", gpus_per_node=1, seed=5)
     node = truth.slow_nodes[0]
     metrics = run.to_long().with_columns(
-        pl.col("node").replace({run.faults[0].node: node, node: run.faults[0].node}).str.replace("node-00", "node-"))
+        pl.col("node").replace({run.faults[0].node: node, node: run.faults[0].node}).str.replace("node-00", "node-")
+    )
     metrics = metrics.with_columns(pl.col("node").str.replace(r"^node-0*(\d)", "node-$1"))
     v = diagnose_perf(metrics, df, topo)
     assert v.verdict == "fail-slow" and v.culprit_nodes == (node,)
@@ -95,8 +97,17 @@ def test_gpu_level_metrics_compare_gpus():
             v = 1.98e9 + rng.normal(0, 2e6, 600)
             if node == 2 and gpu == 3:
                 v[200:] *= 0.7
-            rows.append(pl.DataFrame({"ts": np.arange(600, dtype=float), "node": f"n{node}", "gpu": gpu,
-                                      "metric": "gpu_sm_clock_hertz", "value": v}))
+            rows.append(
+                pl.DataFrame(
+                    {
+                        "ts": np.arange(600, dtype=float),
+                        "node": f"n{node}",
+                        "gpu": gpu,
+                        "metric": "gpu_sm_clock_hertz",
+                        "value": v,
+                    }
+                )
+            )
     df = pl.concat(rows)
     cubes = metric_cubes(df)
     assert cubes[0].level == "gpu" and cubes[0].values.shape == (24, 600, 1)
@@ -129,9 +140,10 @@ def test_too_few_machines_is_inconclusive():
 
 
 def test_detect_command_over_files_and_store(tmp_path):
+    from typer.testing import CliRunner
+
     from rankscope.cli.main import app
     from rankscope.datasets.store.store import Store
-    from typer.testing import CliRunner
 
     df, _, truth = make_timings("tp=2,pp=2,dp=4", scenario="slow-machine", gpus_per_node=4, seed=1)
     (tmp_path / "dir").mkdir()
@@ -152,12 +164,16 @@ def test_jittered_and_coarse_sampling():
     run = make_metrics(n_machines=12, duration_s=1200, faults={"slow-cpu": 1}, onset_range_s=(200, 250), seed=21)
     df = run.to_long()
     offsets = {n: 0.1 * i for i, n in enumerate(run.nodes)}  # each node samples at its own sub-second offset
-    jit = df.with_columns(pl.col("ts") + pl.duration(microseconds=pl.col("node").replace_strict(offsets).mul(1e6).cast(pl.Int64)))
+    jit = df.with_columns(
+        pl.col("ts") + pl.duration(microseconds=pl.col("node").replace_strict(offsets).mul(1e6).cast(pl.Int64))
+    )
     cube = metric_cubes(jit)[0]
     assert cube.interval_s == pytest.approx(1.0) and cube.values.shape[1] <= 1201
     assert diagnose_perf(jit, None, None).culprit_nodes == (run.faults[0].node,)
     coarse = df.filter(pl.col("ts").dt.second() % 15 == 0)  # one sample per 15 s: longer than a 10 s window
     v = diagnose_perf(coarse, None, None)
     assert v.culprit_nodes == (run.faults[0].node,)
-    own = df.filter(pl.col("metric") == "gpu_power_watts").with_columns(pl.lit("rankscope_agent_cpu_seconds_total").alias("metric"))
+    own = df.filter(pl.col("metric") == "gpu_power_watts").with_columns(
+        pl.lit("rankscope_agent_cpu_seconds_total").alias("metric")
+    )
     assert all(c.metrics != ("rankscope_agent_cpu_seconds_total",) for c in metric_cubes(own)) and not metric_cubes(own)

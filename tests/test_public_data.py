@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rankscope.analytics.performance.stragglers import find_stragglers
 from rankscope.harness import public
 from rankscope.spine import InputError

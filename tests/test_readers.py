@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from rankscope.datasets.readers.dumpdir import read_stack_file, scan_dump_dir
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
@@ -79,23 +80,23 @@ def test_pyspy_json_truncated_salvages_complete_threads(probe_dir):
     assert bad.status == "failed" and "Permission denied" in bad.error
 
 
-FAULTHANDLER = '''Thread 0x00007f2a1c1fe640 (most recent call first):
+FAULTHANDLER = """Thread 0x00007f2a1c1fe640 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait
   File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
 
 Current thread 0x00007f2a2a3b4740 (most recent call first):
   File "/opt/conda/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2050 in all_reduce
   File "/workspace/Megatron-LM/pretrain_gpt.py", line 33 in <module>
-'''
+"""
 
-TRACEBACK = '''Stack (most recent call last):
+TRACEBACK = """Stack (most recent call last):
   File "/opt/job/train.py", line 33, in <module>
     main()
   File "/opt/job/train.py", line 20, in main
     dist.all_reduce(t)
   File "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", line 2050, in all_reduce
     work.wait()
-'''
+"""
 
 
 def test_faulthandler_innermost_first_and_main_thread():
@@ -126,14 +127,28 @@ def test_dump_dir_manifest_snapshots_and_missing(tmp_path):
         d = tmp_path / f"snapshot-{s}"
         d.mkdir()
         (d / "rank0.txt").write_text(PYSPY_TEXT)
-        (d / "rank1.json").write_text(json.dumps([{"pid": 9, "thread_name": "MainThread", "frames": [
-            {"name": "<module>", "filename": "/x/train.py", "line": 3}]}]))
+        (d / "rank1.json").write_text(
+            json.dumps(
+                [
+                    {
+                        "pid": 9,
+                        "thread_name": "MainThread",
+                        "frames": [{"name": "<module>", "filename": "/x/train.py", "line": 3}],
+                    }
+                ]
+            )
+        )
     dd = scan_dump_dir(tmp_path, gpus_per_node=1)
     assert sorted((f.snapshot, f.rank, f.node) for f in dd.files) == [
-        (0, 0, "node-0"), (0, 1, "node-1"), (1, 0, "node-0"), (1, 1, "node-1")]
+        (0, 0, "node-0"),
+        (0, 1, "node-1"),
+        (1, 0, "node-0"),
+        (1, 1, "node-1"),
+    ]
     (tmp_path / "manifest.csv").write_text(
         "file,rank,node,role,snapshot\nsnapshot-0/rank0.txt,0,hostA,trainer,0\nsnapshot-0/rank1.json,1,hostB,,0\n"
-        "snapshot-0/rank2.txt,2,hostB,trainer,0\n")
+        "snapshot-0/rank2.txt,2,hostB,trainer,0\n"
+    )
     dd = scan_dump_dir(tmp_path)
     by_rank = {f.rank: f for f in dd.files}
     assert by_rank[0].node == "hostA" and by_rank[1].node == "hostB"
@@ -141,11 +156,14 @@ def test_dump_dir_manifest_snapshots_and_missing(tmp_path):
     assert any("not in manifest" in n for n in dd.notes)
 
 
-@pytest.mark.parametrize("manifest, msg", [
-    ("file,rank\nrank0.txt,0\n", "missing node"),
-    ("file,rank,node\nrank0.txt,x,n\n", "not a non-negative integer"),
-    ("file,rank,node,role\nrank0.txt,0,n,gpu\n", "role 'gpu'"),
-])
+@pytest.mark.parametrize(
+    "manifest, msg",
+    [
+        ("file,rank\nrank0.txt,0\n", "missing node"),
+        ("file,rank,node\nrank0.txt,x,n\n", "not a non-negative integer"),
+        ("file,rank,node,role\nrank0.txt,0,n,gpu\n", "role 'gpu'"),
+    ],
+)
 def test_bad_manifest_is_one_clear_error(tmp_path, manifest, msg):
     (tmp_path / "rank0.txt").write_text(PYSPY_TEXT)
     (tmp_path / "manifest.csv").write_text(manifest)

@@ -17,6 +17,7 @@ def diagnose(procs, topology, **kw):
     """The one entry point over partial inputs (as the tests build them)."""
     return run_diagnose(Inputs(job=kw.pop("job", ""), topology=topology, procs=tuple(procs), **kw))
 
+
 WAIT = """Thread 0x00007f00000000c1 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 327 in wait
   File "/usr/lib/python3.11/threading.py", line 982 in run
@@ -35,20 +36,46 @@ Thread 0x00007f00000000c3 (most recent call first):
   File "<frozen runpy>", line 88 in _run_code
   File "<frozen runpy>", line 198 in _run_module_as_main
 """
-BUSY = WAIT.replace('distributed_c10d.py", line 3252 in all_reduce\n  File "/venv/torch/distributed/c10d_logger.py", '
-                    'line 83 in wrapper', 'functional.py", line 2201 in linear')
+BUSY = WAIT.replace(
+    'distributed_c10d.py", line 3252 in all_reduce\n  File "/venv/torch/distributed/c10d_logger.py", '
+    "line 83 in wrapper",
+    'functional.py", line 2201 in linear',
+)
 
 
-def hooked(run: Path, pid: int, rank: int, node: str, *, started: float = 100.0, stack: str | None = None,
-           role: str = "trainer", coords: dict | None = None, steps: list[float] = (), ppid: int = 1) -> None:
-    ident = {"pid": pid, "ppid": ppid, "rank": rank, "node": node, "role": role, "world_size": 4, "started": started,
-             "coords": coords if coords is not None else {"tp": rank % 2, "dp": rank // 2, "pp": 0}}
+def hooked(
+    run: Path,
+    pid: int,
+    rank: int,
+    node: str,
+    *,
+    started: float = 100.0,
+    stack: str | None = None,
+    role: str = "trainer",
+    coords: dict | None = None,
+    steps: list[float] = (),
+    ppid: int = 1,
+) -> None:
+    ident = {
+        "pid": pid,
+        "ppid": ppid,
+        "rank": rank,
+        "node": node,
+        "role": role,
+        "world_size": 4,
+        "started": started,
+        "coords": coords if coords is not None else {"tp": rank % 2, "dp": rank // 2, "pp": 0},
+    }
     (run / f"pid{pid}.json").write_text(json.dumps(ident))
     (run / f"pid{pid}.stack.txt").write_text(stack or "")
     if steps:
-        (run / f"pid{pid}.steps.jsonl").write_text("".join(
-            json.dumps({"t": 1000.0 + i, "step": i, "rank": rank, "step_time_seconds": d}) + "\n"
-            for i, d in enumerate(steps)) + "{truncated")
+        (run / f"pid{pid}.steps.jsonl").write_text(
+            "".join(
+                json.dumps({"t": 1000.0 + i, "step": i, "rank": rank, "step_time_seconds": d}) + "\n"
+                for i, d in enumerate(steps)
+            )
+            + "{truncated"
+        )
 
 
 def test_run_directory_is_a_dump_directory(tmp_path: Path) -> None:
@@ -77,7 +104,7 @@ def test_run_directory_is_a_dump_directory(tmp_path: Path) -> None:
 
 
 def test_faulthandler_main_thread_is_the_one_not_started_by_threading() -> None:
-    (dump,) = parse_traceback_text(WAIT.replace(' in <module>', ' in run_script'))
+    (dump,) = parse_traceback_text(WAIT.replace(" in <module>", " in run_script"))
     assert dump.main_thread is not None and dump.main_thread.frames[0].function == "all_reduce"
 
 
@@ -85,12 +112,22 @@ def test_bad_identity_values_and_stale_exit_records(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     for rank in range(4):
-        hooked(run, 100 + rank, rank, f"host-{rank // 2}", stack=WAIT, started=1000.0,
-               coords={"TENSOR_MODEL_PARALLEL_GROUP": rank})  # not our dimension names
+        hooked(
+            run,
+            100 + rank,
+            rank,
+            f"host-{rank // 2}",
+            stack=WAIT,
+            started=1000.0,
+            coords={"TENSOR_MODEL_PARALLEL_GROUP": rank},
+        )  # not our dimension names
     ident = json.loads((run / "pid102.json").read_text())
     (run / "pid102.json").write_text(json.dumps({**ident, "started": "yesterday"}))
-    (run / "pid999.exit.json").write_text(json.dumps(  # an earlier run's crash, identity long gone
-        {"pid": 999, "rank": 3, "time": 500.0, "type": "RuntimeError", "message": "old", "frames": []}))
+    (run / "pid999.exit.json").write_text(
+        json.dumps(  # an earlier run's crash, identity long gone
+            {"pid": 999, "rank": 3, "time": 500.0, "type": "RuntimeError", "message": "old", "frames": []}
+        )
+    )
     inp = load_inputs(run, layout="tp=2,dp=2", gpus_per_node=2)
     assert inp.exits == () and any("exit record(s) from before this run" in n for n in inp.notes), inp.notes
     inp = load_inputs(run, gpus_per_node=2)  # no --layout: the unusable coordinates are a note, not an error
@@ -99,12 +136,14 @@ def test_bad_identity_values_and_stale_exit_records(tmp_path: Path) -> None:
 
 
 def test_faulthandler_importing_thread_is_not_the_main_one() -> None:
-    text = ('Thread 0x02 (most recent call first):\n  File "/x/lib.py", line 3 in <module>\n'
-            '  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed\n'
-            '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
-            '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
-            'Current thread 0x01 (most recent call first):\n  File "/job/train.py", line 9 in step\n'
-            '  File "/job/train.py", line 20 in <module>\n  File "<frozen runpy>", line 88 in _run_code\n')
+    text = (
+        'Thread 0x02 (most recent call first):\n  File "/x/lib.py", line 3 in <module>\n'
+        '  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed\n'
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
+        '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+        'Current thread 0x01 (most recent call first):\n  File "/job/train.py", line 9 in step\n'
+        '  File "/job/train.py", line 20 in <module>\n  File "<frozen runpy>", line 88 in _run_code\n'
+    )
     (dump,) = parse_traceback_text(text)
     assert dump.main_thread is not None and dump.main_thread.frames[0].function == "step"
 
@@ -154,7 +193,7 @@ def test_a_dump_cut_off_before_the_main_thread_is_no_evidence() -> None:
     (dump,) = parse_traceback_text(CUT_BEFORE_MAIN, "pid9.stack.txt")
     assert dump.status == "cut" and dump.main_thread is None and "main thread" in (dump.error or "")
     # cut inside the main thread itself: the main thread is the last one, its outer frames lost
-    main_cut = WAIT[:WAIT.index('  File "/job/train.py", line 332')] + '  File "/job/tr'
+    main_cut = WAIT[: WAIT.index('  File "/job/train.py", line 332')] + '  File "/job/tr'
     (dump,) = parse_traceback_text(main_cut)
     assert dump.status == "partial" and dump.main_thread is not None
     assert dump.main_thread.frames[0].function == "all_reduce"
@@ -194,8 +233,15 @@ def test_teardown_cuts_and_empty_stack_files_do_not_name_a_culprit(tmp_path: Pat
     run = tmp_path / "run"
     run.mkdir()
     for rank in range(8):
-        hooked(run, 100 + rank, rank, f"host-{rank // 2}", stack=BUSY if rank == 5 else WAIT,
-               coords={"tp": rank % 2, "dp": rank // 2, "pp": 0}, steps=[0.1, 0.1])
+        hooked(
+            run,
+            100 + rank,
+            rank,
+            f"host-{rank // 2}",
+            stack=BUSY if rank == 5 else WAIT,
+            coords={"tp": rank % 2, "dp": rank // 2, "pp": 0},
+            steps=[0.1, 0.1],
+        )
     (run / "pid100.stack.txt").write_text(CUT_BEFORE_MAIN)
     (run / "pid102.stack.txt").write_text("")
     inp = load_inputs(run, gpus_per_node=2)
@@ -212,11 +258,11 @@ def test_teardown_cuts_and_empty_stack_files_do_not_name_a_culprit(tmp_path: Pat
 
 
 def test_the_hook_recorded_main_thread_id_names_the_main_thread_exactly() -> None:
-    (dump,) = parse_traceback_text(WAIT, main_thread_id=0x7f00000000c3)
-    assert dump.main_thread is not None and dump.main_thread.thread_id == 0x7f00000000c3
+    (dump,) = parse_traceback_text(WAIT, main_thread_id=0x7F00000000C3)
+    assert dump.main_thread is not None and dump.main_thread.thread_id == 0x7F00000000C3
     # a spawned thread's innermost frame alone looks like any main thread; the id says it is not one
     one_frame = WAIT.split("\n\n")[0].split("\n")[0] + '\n  File "/job/train.py", line 5 in <lambda>'
-    assert parse_traceback_text(one_frame, main_thread_id=0x7f00000000c3)[0].status == "cut"
+    assert parse_traceback_text(one_frame, main_thread_id=0x7F00000000C3)[0].status == "cut"
     assert parse_traceback_text(one_frame)[0].status == "partial"  # without the id: a guess
 
 
@@ -225,8 +271,15 @@ def test_a_rank_killed_outright_is_not_hidden_behind_a_healthy_verdict(tmp_path:
     run = tmp_path / "run"
     run.mkdir()
     for rank in range(8):
-        hooked(run, 100 + rank, rank, f"host-{rank // 2}", stack="" if rank == 2 else WAIT,
-               coords={"tp": rank % 2, "dp": rank // 2, "pp": 0}, steps=[0.1, 0.1])
+        hooked(
+            run,
+            100 + rank,
+            rank,
+            f"host-{rank // 2}",
+            stack="" if rank == 2 else WAIT,
+            coords={"tp": rank % 2, "dp": rank // 2, "pp": 0},
+            steps=[0.1, 0.1],
+        )
     (run / "pid103.steps.jsonl").write_text('{"t": 1e999999, "step": 9, "rank": 3}\n{"t": ' + "9" * 400 + "}\n")
     inp = load_inputs(run, gpus_per_node=2)
     v = diagnose(inp.procs, inp.topology, job=inp.job)
@@ -235,10 +288,12 @@ def test_a_rank_killed_outright_is_not_hidden_behind_a_healthy_verdict(tmp_path:
 
 
 def test_faulthandler_lists_at_most_100_threads() -> None:
-    spawned = ('Thread 0x{:016x} (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line 327 in wait\n'
-               '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
-               '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n')
-    text = "\n".join(spawned.format(0x7f0000001000 + i) for i in range(100)) + "...\n"
-    for main_id in (0x7f0000000b80, None):
+    spawned = (
+        'Thread 0x{:016x} (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line 327 in wait\n'
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
+        '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n'
+    )
+    text = "\n".join(spawned.format(0x7F0000001000 + i) for i in range(100)) + "...\n"
+    for main_id in (0x7F0000000B80, None):
         (dump,) = parse_traceback_text(text, main_thread_id=main_id)
         assert dump.status == "cut" and "at most 100 threads" in (dump.error or ""), dump.error

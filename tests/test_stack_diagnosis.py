@@ -4,6 +4,7 @@ culprit's minimal group, healthy jobs get no suspects; plus the real gloo probe.
 from __future__ import annotations
 
 import pytest
+
 from rankscope.analytics import diagnose as run_diagnose
 from rankscope.analytics import stacks
 from rankscope.config import StackConfig
@@ -23,6 +24,7 @@ def diagnose(procs, topology, **kw):
     """The one entry point over partial inputs (as the tests build them)."""
     return run_diagnose(Inputs(job=kw.pop("job", ""), topology=topology, procs=tuple(procs), **kw))
 
+
 LAYOUTS = [("tp=4,pp=2,dp=4", 4), ("tp=2,cp=2,pp=2,dp=4", 8), ("tp=1,pp=4,dp=8", 4), ("tp=4,dp=8", 8)]
 
 
@@ -40,9 +42,7 @@ def _supported(layout, fault):
     pp = dict(p.split("=") for p in layout.split(",")).get("pp", "1")
     if fault == "p2p-hang" and pp == "1":
         return False
-    if fault == "collective-hang" and mp == 1:
-        return False
-    return True
+    return not (fault == "collective-hang" and mp == 1)
 
 
 @pytest.mark.parametrize("layout,gpn", LAYOUTS)
@@ -109,8 +109,10 @@ def test_busy_side_threads_of_outliers_are_evidence(tmp_path, probe_dir):
     for r in range(3):
         (tmp_path / f"rank{r}.txt").write_text((probe_dir / "pyspy/text" / f"rank{r}.txt").read_text())
     rank3 = (probe_dir / "pyspy/text/rank3.txt").read_text()
-    rank3 += ('Thread 11950 (active): "ckpt-writer"\n    write (torch/serialization.py:880)\n'
-              '    _save (torch/serialization.py:1200)\n    run (threading.py:982)\n')
+    rank3 += (
+        'Thread 11950 (active): "ckpt-writer"\n    write (torch/serialization.py:880)\n'
+        "    _save (torch/serialization.py:1200)\n    run (threading.py:982)\n"
+    )
     (tmp_path / "rank3.txt").write_text(rank3)
     inputs = load_inputs(tmp_path, gpus_per_node=1)
     v = diagnose_stacks(inputs.procs, inputs.topology)
@@ -135,8 +137,12 @@ def test_a_collective_waiting_on_a_stuck_pipeline_transfer_blames_the_transfer(t
     dp_wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "main@/job/train.py:201", "<module>@/job/train.py:332")
     recv_grad = _fh("recv@/t/distributed_c10d.py:2799", "main@/job/train.py:183", "<module>@/job/train.py:332")
     recv_act = _fh("recv@/t/distributed_c10d.py:2799", "main@/job/train.py:187", "<module>@/job/train.py:332")
-    tp_wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "forward@/job/train.py:249",
-                  "main@/job/train.py:190", "<module>@/job/train.py:332")
+    tp_wait = _fh(
+        "all_reduce@/t/distributed_c10d.py:3252",
+        "forward@/job/train.py:249",
+        "main@/job/train.py:190",
+        "<module>@/job/train.py:332",
+    )
     stacks = {0: recv_grad, 1: recv_grad, 2: dp_wait, 3: dp_wait, 4: tp_wait, 5: recv_act, 6: dp_wait, 7: dp_wait}
     for r, text in stacks.items():
         (tmp_path / f"rank{r}.txt").write_text(text)
@@ -148,7 +154,7 @@ def test_a_collective_waiting_on_a_stuck_pipeline_transfer_blames_the_transfer(t
 
 def test_frozen_stacks_while_steps_complete_are_fail_slow_not_a_hang(tmp_path):
     import polars as pl
-    
+
     wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "main@/job/train.py:201", "<module>@/job/train.py:332")
     slow = _fh("sleep@/job/train.py:105", "main@/job/train.py:172", "<module>@/job/train.py:332")
     for snap in (0, 1):
@@ -157,12 +163,22 @@ def test_frozen_stacks_while_steps_complete_are_fail_slow_not_a_hang(tmp_path):
             (tmp_path / f"snapshot-{snap}" / f"rank{r}.txt").write_text(slow if r == 2 else wait)
     inp = load_inputs(tmp_path, layout="tp=2,pp=2,dp=2", gpus_per_node=2)
     times = {0: 1000.0, 1: 1010.0}
-    hung = pl.DataFrame({"rank": [2] * 3, "step": [1, 2, 3], "op": ["step"] * 3, "duration_s": [2.0] * 3,
-                         "start_s": [990.0, 992.0, 994.0]})
+    hung = pl.DataFrame(
+        {
+            "rank": [2] * 3,
+            "step": [1, 2, 3],
+            "op": ["step"] * 3,
+            "duration_s": [2.0] * 3,
+            "start_s": [990.0, 992.0, 994.0],
+        }
+    )
     v = diagnose(inp.procs, inp.topology, job="t", timings=hung, snapshot_times=times)
     assert v.verdict == "hang"  # the last step ended before the first snapshot
-    moving = hung.vstack(pl.DataFrame({"rank": [2, 2], "step": [4, 5], "op": ["step"] * 2, "duration_s": [4.0] * 2,
-                                       "start_s": [1000.0, 1004.0]}))
+    moving = hung.vstack(
+        pl.DataFrame(
+            {"rank": [2, 2], "step": [4, 5], "op": ["step"] * 2, "duration_s": [4.0] * 2, "start_s": [1000.0, 1004.0]}
+        )
+    )
     v = diagnose(inp.procs, inp.topology, job="t", timings=moving, snapshot_times=times)
     assert v.verdict == "fail-slow" and v.culprit_ranks == (2,) and "slow, not hung" in v.reasons[0]
 

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import pytest
+
 from rankscope.datasets.store.schemas import TABLES
 from rankscope.datasets.store.store import Store
 from rankscope.spine import InputError, StoreError
 
 
 def _rows(job="j1", n=3):
-    return [{"job": job, "snapshot": 0, "rank": r, "node": f"node-{r}", "role": "trainer", "status": "ok",
-             "frames": [{"function": "all_reduce", "file": "torch/distributed/distributed_c10d.py", "line": 1}]}
-            for r in range(n)]
+    return [
+        {
+            "job": job,
+            "snapshot": 0,
+            "rank": r,
+            "node": f"node-{r}",
+            "role": "trainer",
+            "status": "ok",
+            "frames": [{"function": "all_reduce", "file": "torch/distributed/distributed_c10d.py", "line": 1}],
+        }
+        for r in range(n)
+    ]
 
 
 def test_write_read_and_sql(tmp_path):
@@ -76,6 +86,7 @@ def test_stacks_round_trip_through_the_store(tmp_path):
 
     def diagnose_stacks(procs, topology):
         return stacks.verdict(stacks.facts(procs, topology), topology)
+
     from rankscope.datasets.domain.stacks import from_dumps
     from rankscope.datasets.store.stacks_table import from_table, to_table
     from rankscope.harness.synthetic import generate_job

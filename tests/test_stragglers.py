@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+
 from rankscope.analytics.performance.stragglers import find_stragglers
 from rankscope.config import StragglerConfig
 from rankscope.datasets.domain.topology import Layout, Topology
@@ -24,8 +25,9 @@ def test_slow_machine_is_blamed_with_onset(seed, layout, gpus):
     assert set(rep.slow_ranks[0].ops) == {"forward", "backward"}
 
 
-@pytest.mark.parametrize("scenario, kind", [("slow-stage", "stage"), ("data-imbalance", "data"),
-                                            ("global-slowdown", "job-wide")])
+@pytest.mark.parametrize(
+    "scenario, kind", [("slow-stage", "stage"), ("data-imbalance", "data"), ("global-slowdown", "job-wide")]
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_imbalance_blames_no_machine(scenario, kind, seed):
     df, topo, truth = make_timings("tp=2,pp=4,dp=8", scenario=scenario, seed=seed)
@@ -44,8 +46,12 @@ def test_healthy_job_has_nothing():
 
 def test_one_noisy_step_blames_no_one():
     df, topo, _ = make_timings("tp=1,pp=1,dp=16", scenario="healthy", gpus_per_node=1, seed=4)
-    df = df.with_columns(pl.when((pl.col("rank") == 5) & (pl.col("step") == 50)).then(pl.col("duration_s") * 10)
-                         .otherwise(pl.col("duration_s")).alias("duration_s"))
+    df = df.with_columns(
+        pl.when((pl.col("rank") == 5) & (pl.col("step") == 50))
+        .then(pl.col("duration_s") * 10)
+        .otherwise(pl.col("duration_s"))
+        .alias("duration_s")
+    )
     assert find_stragglers(df, topo).slow_ranks == ()
 
 
@@ -72,7 +78,9 @@ def test_bad_input_is_named():
     with pytest.raises(InputError, match="missing column"):
         find_stragglers(pl.DataFrame({"rank": [0], "step": [1]}))
     with pytest.raises(InputError, match="negative"):
-        find_stragglers(pl.DataFrame({"rank": [0, 1, 2], "step": [0, 0, 0], "op": ["f"] * 3, "duration_s": [1.0, -1.0, 1.0]}))
+        find_stragglers(
+            pl.DataFrame({"rank": [0, 1, 2], "step": [0, 0, 0], "op": ["f"] * 3, "duration_s": [1.0, -1.0, 1.0]})
+        )
     with pytest.raises(InputError, match="min_slowdown_ratio"):
         StragglerConfig(min_slowdown_ratio=0.9)
 

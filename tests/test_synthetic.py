@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.base import to_rows
 from rankscope.harness.synthetic import FAULTS, SyntheticJob, generate_job
@@ -33,8 +34,11 @@ def _mains(job: SyntheticJob, snapshot: int = 0) -> dict[int, tuple[str, ...]]:
 
 def _peers(job: SyntheticJob, r: int) -> list[int]:
     t = job.topology
-    return [x for x in range(t.world_size)
-            if t.coords["dp"][x] == t.coords["dp"][r] and t.coords["pp"][x] == t.coords["pp"][r] and x != r]
+    return [
+        x
+        for x in range(t.world_size)
+        if t.coords["dp"][x] == t.coords["dp"][r] and t.coords["pp"][x] == t.coords["pp"][r] and x != r
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -168,13 +172,16 @@ def test_same_seed_same_job_and_fault_rank_honoured():
     assert _job("compute-hang", fault_rank=5).truth.culprit_ranks == (5,)
 
 
-@pytest.mark.parametrize("kwargs, what", [
-    ({"fault": "meltdown"}, "fault='meltdown'"),
-    ({"fault": "compute-hang", "fault_rank": 99}, "fault_rank=99"),
-    ({"fault": "compute-hang", "n_snapshots": 0}, "n_snapshots=0"),
-    ({"fault": "dataloader-stall", "dataloader_workers": 0}, "dataloader_workers"),
-    ({"fault": "none", "node_format": "host-{name}"}, "node_format"),
-])
+@pytest.mark.parametrize(
+    "kwargs, what",
+    [
+        ({"fault": "meltdown"}, "fault='meltdown'"),
+        ({"fault": "compute-hang", "fault_rank": 99}, "fault_rank=99"),
+        ({"fault": "compute-hang", "n_snapshots": 0}, "n_snapshots=0"),
+        ({"fault": "dataloader-stall", "dataloader_workers": 0}, "dataloader_workers"),
+        ({"fault": "none", "node_format": "host-{name}"}, "node_format"),
+    ],
+)
 def test_bad_arguments_name_the_parameter(kwargs, what):
     with pytest.raises(InputError, match=what.replace("(", r"\(")):
         generate_job(LAYOUT, gpus_per_node=GPUS, **kwargs)
@@ -220,8 +227,9 @@ def test_to_rows_fit_the_stacks_table(tmp_path, jobs):
     rows = job.to_rows("synth")
     assert len(rows) == sum(len(d.dump.threads) for d in job.dumps)
     first = job.dumps[0]
-    assert rows[:len(first.dump.threads)] == to_rows(first.dump, job="synth", snapshot=0, rank=first.rank,
-                                                      node=first.node, role=first.role, time=rows[0]["time"])
+    assert rows[: len(first.dump.threads)] == to_rows(
+        first.dump, job="synth", snapshot=0, rank=first.rank, node=first.node, role=first.role, time=rows[0]["time"]
+    )
     assert {r["snapshot"] for r in rows} == set(range(5))
     Store(tmp_path / "store", create=True).write("stacks", rows)
     df = Store(tmp_path / "store").read("stacks", job="synth")
@@ -294,12 +302,14 @@ def test_round_trip_through_the_readers(tmp_path, fault):
         got = parse_json((by_fmt["pyspy-json"] / jrel).read_text(), jrel)
         assert got[0].pid == want.pid and got[0].main_thread.thread_id == want.main_thread.thread_id
         env = job.env_of(d.node)
-        assert [(f.function, f.line, f.file) for f in got[0].main_thread.frames] == \
-            [(f.function, f.line, env.abs_from_short(f.file)) for f in want.main_thread.frames]
+        assert [(f.function, f.line, f.file) for f in got[0].main_thread.frames] == [
+            (f.function, f.line, env.abs_from_short(f.file)) for f in want.main_thread.frames
+        ]
 
         got = parse_fh((by_fmt["faulthandler"] / rel).read_text(), rel)
-        assert [(f.function, f.line) for f in got[0].main_thread.frames] == \
-            [(co_name(f.function), f.line) for f in want.main_thread.frames]
+        assert [(f.function, f.line) for f in got[0].main_thread.frames] == [
+            (co_name(f.function), f.line) for f in want.main_thread.frames
+        ]
 
 
 def test_dump_dir_reader_recovers_roles(tmp_path):
@@ -311,7 +321,7 @@ def test_dump_dir_reader_recovers_roles(tmp_path):
         assert len(dd.files) == len(job.dumps)
         roles = {}
         for f in dd.files:
-            (proc, role), = dumpdir.assign_roles(f)
+            ((proc, role),) = dumpdir.assign_roles(f)
             roles[f.path.rsplit("/", 1)[-1].split(".")[0]] = (f.rank, role)
         for d, name in ((d, _stem(d, job)) for d in job.dumps):
             assert roles[name] == (d.rank, d.role)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+
 from rankscope.datasets.readers.tables import (
     find_metric_files,
     find_timing_files,
@@ -14,15 +15,23 @@ from rankscope.spine import InputError, ParseError
 
 
 def _metrics(n=4):
-    return pl.DataFrame({"ts": [float(i) for i in range(n)], "node": ["a", "b"] * (n // 2),
-                         "metric": ["gpu_power_watts"] * n, "value": [1.0 * i for i in range(n)]})
+    return pl.DataFrame(
+        {
+            "ts": [float(i) for i in range(n)],
+            "node": ["a", "b"] * (n // 2),
+            "metric": ["gpu_power_watts"] * n,
+            "value": [1.0 * i for i in range(n)],
+        }
+    )
 
 
 def test_finds_files_by_prefix(tmp_path):
     _metrics().write_csv(tmp_path / "metrics.csv")
     _metrics().write_parquet(tmp_path / "metrics-node2.parquet")
     (tmp_path / "sub").mkdir()
-    pl.DataFrame({"rank": [0], "step": [1], "op": ["fwd"], "duration_s": [0.1]}).write_csv(tmp_path / "sub" / "timings_0.csv")
+    pl.DataFrame({"rank": [0], "step": [1], "op": ["fwd"], "duration_s": [0.1]}).write_csv(
+        tmp_path / "sub" / "timings_0.csv"
+    )
     (tmp_path / "notes.txt").write_text("x")
     (tmp_path / "metrics.json").write_text("{}")
     assert [p.name for p in find_metric_files(tmp_path)] == ["metrics-node2.parquet", "metrics.csv"]
@@ -43,19 +52,30 @@ def test_reads_metrics_with_numeric_or_iso_timestamps(tmp_path):
 
 
 def test_reads_timings_with_optional_columns(tmp_path):
-    pl.DataFrame({"rank": [0, 1], "step": [1, 1], "op": ["fwd", "fwd"], "duration_s": [0.1, 0.2],
-                  "pp": [0, 1], "node": ["n0", "n1"]}).write_parquet(tmp_path / "timings.parquet")
+    pl.DataFrame(
+        {
+            "rank": [0, 1],
+            "step": [1, 1],
+            "op": ["fwd", "fwd"],
+            "duration_s": [0.1, 0.2],
+            "pp": [0, 1],
+            "node": ["n0", "n1"],
+        }
+    ).write_parquet(tmp_path / "timings.parquet")
     df = read_timings(find_timing_files(tmp_path))
     assert df.columns == ["rank", "step", "op", "duration_s", "node", "pp"]
     assert df["rank"].dtype == pl.Int32
 
 
-@pytest.mark.parametrize("content, what", [
-    ("ts,node,value\n1,a,2\n", "missing column"),
-    ("ts,node,metric,value\n1,a,m,abc\n", "column 'value'"),
-    ("ts,node,metric,value\nyesterday,a,m,1\n", "ts"),
-    ("ts,node,metric,value\n1,,m,1\n", "empty"),
-])
+@pytest.mark.parametrize(
+    "content, what",
+    [
+        ("ts,node,value\n1,a,2\n", "missing column"),
+        ("ts,node,metric,value\n1,a,m,abc\n", "column 'value'"),
+        ("ts,node,metric,value\nyesterday,a,m,1\n", "ts"),
+        ("ts,node,metric,value\n1,,m,1\n", "empty"),
+    ],
+)
 def test_bad_metric_file_names_file_and_problem(tmp_path, content, what):
     path = tmp_path / "metrics.csv"
     path.write_text(content)

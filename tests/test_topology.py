@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from rankscope.datasets.domain.topology import (
     DIMS,
     KINDS,
@@ -22,8 +23,14 @@ sizes = st.sampled_from([1, 2, 3, 4])
 @st.composite
 def layouts(draw):
     order = draw(st.permutations(list(DIMS)))
-    lay = Layout(tp=draw(sizes), cp=draw(st.sampled_from([1, 2])), ep=draw(st.sampled_from([1, 2])),
-                 dp=draw(sizes), pp=draw(sizes), order=tuple(order))
+    lay = Layout(
+        tp=draw(sizes),
+        cp=draw(st.sampled_from([1, 2])),
+        ep=draw(st.sampled_from([1, 2])),
+        dp=draw(sizes),
+        pp=draw(sizes),
+        order=tuple(order),
+    )
     gpn = draw(st.sampled_from([d for d in (1, 2, 4, 8) if lay.world_size % d == 0]))
     return lay, gpn
 
@@ -68,8 +75,9 @@ def test_from_table_with_coordinates_round_trips(arg):
     lay, gpn = arg
     topo = Topology.from_layout(lay, gpus_per_node=gpn)
     rows = topo.to_rows("j")
-    again = Topology.from_table([r["rank"] for r in rows], [r["node"] for r in rows],
-                                coords={d: [r[d] for r in rows] for d in DIMS})
+    again = Topology.from_table(
+        [r["rank"] for r in rows], [r["node"] for r in rows], coords={d: [r[d] for r in rows] for d in DIMS}
+    )
     for kind in ("tp", "pp", "dp"):
         a = {frozenset(g.ranks) for g in topo.groups(kind)}
         b = {frozenset(g.ranks) for g in again.groups(kind)}
@@ -91,10 +99,16 @@ def test_order_override_changes_groups():
     assert topo.group_of("pp", 0).ranks == (0, 1)
 
 
-@pytest.mark.parametrize("text, msg", [
-    ("tp=0,dp=2", "at least 1"), ("xx=2", "unknown dimension"), ("tp=2,tp=4", "twice"), ("tp:2", "cannot read"),
-    ("", "no dimensions"),
-])
+@pytest.mark.parametrize(
+    "text, msg",
+    [
+        ("tp=0,dp=2", "at least 1"),
+        ("xx=2", "unknown dimension"),
+        ("tp=2,tp=4", "twice"),
+        ("tp:2", "cannot read"),
+        ("", "no dimensions"),
+    ],
+)
 def test_bad_layouts_get_clear_errors(text, msg):
     with pytest.raises(LayoutError, match=msg):
         parse_layout(text)

@@ -30,9 +30,13 @@ from rankscope.datasets.domain.topology import Topology
 from rankscope.spine import InputError, paused_gc
 
 
-def facts(dumps: Sequence[FRDump], topology: Topology | None = None,
-          memberships: Mapping[str, Sequence[int]] | None = None, *,
-          config: CollectivesConfig | None = None) -> CollectiveAnalysis:
+def facts(
+    dumps: Sequence[FRDump],
+    topology: Topology | None = None,
+    memberships: Mapping[str, Sequence[int]] | None = None,
+    *,
+    config: CollectivesConfig | None = None,
+) -> CollectiveAnalysis:
     """Analyze every rank's FR dump: the facts and the finding they support (see the module docstring).
 
     ``topology`` maps ranks to parallel groups and nodes (and fills in members gloo does not record);
@@ -50,15 +54,20 @@ def facts(dumps: Sequence[FRDump], topology: Topology | None = None,
     return result
 
 
-def _facts(dumps: Sequence[FRDump], topology: Topology | None, memberships: Mapping[str, Sequence[int]] | None,
-           cfg: CollectivesConfig) -> tuple[CollectiveFacts, list[str]]:
+def _facts(
+    dumps: Sequence[FRDump],
+    topology: Topology | None,
+    memberships: Mapping[str, Sequence[int]] | None,
+    cfg: CollectivesConfig,
+) -> tuple[CollectiveFacts, list[str]]:
     by_rank, dropped = dedupe(dumps)
     unique = list(by_rank.values())
     keys, cfg_members = group_keys(unique)
     world = topology.world_size if topology is not None else world_from(unique, memberships)
     if topology is not None and max(by_rank) >= world:
-        raise InputError(f"Flight Recorder dump of rank {max(by_rank)} but the topology has {world} ranks; "
-                         "check the layout")
+        raise InputError(
+            f"Flight Recorder dump of rank {max(by_rank)} but the topology has {world} ranks; check the layout"
+        )
     groups = resolve_groups(unique, keys, cfg_members, world, topology, memberships)
     tables = build_tables(by_rank, keys, groups)
     missing_at = MissingAt(tables, groups, by_rank)
@@ -71,6 +80,17 @@ def _facts(dumps: Sequence[FRDump], topology: Topology | None, memberships: Mapp
     def node(r: int) -> tuple[str, ...]:
         return (topology.node_of(r),) if topology is not None and r < topology.world_size else ()
 
-    return CollectiveFacts(graph, tuple(stalls), groups, mismatches(tables.sigs, groups), slow, scores, world,
-                           tuple(sorted(by_rank)), tuple(r for r in range(world) if r not in by_rank),
-                           tables.n_entries, node, node_lookup(topology)), dropped
+    return CollectiveFacts(
+        graph,
+        tuple(stalls),
+        groups,
+        mismatches(tables.sigs, groups),
+        slow,
+        scores,
+        world,
+        tuple(sorted(by_rank)),
+        tuple(r for r in range(world) if r not in by_rank),
+        tables.n_entries,
+        node,
+        node_lookup(topology),
+    ), dropped

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from rankscope.datasets.domain.flight_recorder import FRDump
 from rankscope.datasets.domain.topology import Topology
 
@@ -21,9 +22,18 @@ KIND_ORDER = {"tp": 0, "cp": 1, "ep": 2, "pp": 3, "mp": 4, "other": 5, "dp": 6, 
 """Wavefront order: model-parallel groups stop first, data-parallel next, the default group last."""
 
 _DESC_KINDS = (
-    ("default_pg", "world"), ("tensor", "tp"), ("pipeline", "pp"), ("context", "cp"), ("expert", "ep"),
-    ("data", "dp"), ("model_parallel", "mp"), ("mesh_tp", "tp"), ("mesh_pp", "pp"), ("mesh_cp", "cp"),
-    ("mesh_ep", "ep"), ("mesh_dp", "dp"),
+    ("default_pg", "world"),
+    ("tensor", "tp"),
+    ("pipeline", "pp"),
+    ("context", "cp"),
+    ("expert", "ep"),
+    ("data", "dp"),
+    ("model_parallel", "mp"),
+    ("mesh_tp", "tp"),
+    ("mesh_pp", "pp"),
+    ("mesh_cp", "cp"),
+    ("mesh_ep", "ep"),
+    ("mesh_dp", "dp"),
 )
 
 GroupKey = str
@@ -66,7 +76,7 @@ def group_keys(dumps: Sequence[FRDump]) -> tuple[dict[int, dict[str, GroupKey]],
                 keys[n] = n
                 continue
             seen = variants.setdefault(n, [])
-            for i, other in enumerate(seen):
+            for i, other in enumerate(seen):  # noqa: B007 - i is used after the loop (the variant found)
                 if other is ranks or other == ranks:
                     break
             else:
@@ -136,8 +146,7 @@ def _from_topology(seen: set[int], topology: Topology | None) -> tuple[tuple[int
     return tuple(int(r) for r in obs), "observed"
 
 
-def group_kind(ranks: Sequence[int], desc: str, world_size: int,
-               topology: Topology | None) -> tuple[str, int]:
+def group_kind(ranks: Sequence[int], desc: str, world_size: int, topology: Topology | None) -> tuple[str, int]:
     """The group's kind and topology index: by comparing members with the topology, else by description."""
     if len(ranks) == world_size and world_size > 0:
         return "world", 0

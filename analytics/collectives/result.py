@@ -31,11 +31,20 @@ class GroupStall:
         by_state: dict[str, list[int]] = {}
         for r, (enq, start, done) in sorted(self.progress.items()):
             by_state.setdefault(f"enqueued {enq} / started {start} / completed {done}", []).append(r)
-        return {"pg": self.pg, "desc": self.desc, "kind": self.kind, "index": self.index, "seq": self.seq,
-                "op": self.op, "n_members": len(self.members), "missing_ranks": list(self.missing_ranks),
-                "no_dump_ranks": rank_ranges(self.no_dump_ranks), "waiting_ranks": rank_ranges(self.waiting_ranks),
-                "membership": self.membership,
-                "progress": {k: rank_ranges(v) for k, v in list(by_state.items())[:20]}}
+        return {
+            "pg": self.pg,
+            "desc": self.desc,
+            "kind": self.kind,
+            "index": self.index,
+            "seq": self.seq,
+            "op": self.op,
+            "n_members": len(self.members),
+            "missing_ranks": list(self.missing_ranks),
+            "no_dump_ranks": rank_ranges(self.no_dump_ranks),
+            "waiting_ranks": rank_ranges(self.waiting_ranks),
+            "membership": self.membership,
+            "progress": {k: rank_ranges(v) for k, v in list(by_state.items())[:20]},
+        }
 
 
 @dataclass(frozen=True)
@@ -53,9 +62,17 @@ class Mismatch:
     majority: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pg": self.pg, "desc": self.desc, "kind": self.kind, "seq": self.seq, "field": self.field,
-                "ranks": list(self.ranks), "expected": self.expected, "found": self.found,
-                "majority": self.majority}
+        return {
+            "pg": self.pg,
+            "desc": self.desc,
+            "kind": self.kind,
+            "seq": self.seq,
+            "field": self.field,
+            "ranks": list(self.ranks),
+            "expected": self.expected,
+            "found": self.found,
+            "majority": self.majority,
+        }
 
 
 @dataclass(frozen=True)
@@ -91,17 +108,27 @@ class CollectiveAnalysis:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "status": self.status.value, "world_size": self.world_size, "n_dumps": len(self.dumped_ranks),
-            "culprit_ranks": list(self.culprit_ranks), "missing_ranks": list(self.missing_ranks),
-            "stopped_pg": self.stopped_pg, "stopped_kind": self.stopped_kind, "stopped_index": self.stopped_index,
+            "status": self.status.value,
+            "world_size": self.world_size,
+            "n_dumps": len(self.dumped_ranks),
+            "culprit_ranks": list(self.culprit_ranks),
+            "missing_ranks": list(self.missing_ranks),
+            "stopped_pg": self.stopped_pg,
+            "stopped_kind": self.stopped_kind,
+            "stopped_index": self.stopped_index,
             "stopped_members": rank_ranges(self.stopped_members),
-            "stalls": [s.to_dict() for s in self.stalls[:50]], "n_stalls": len(self.stalls),
+            "stalls": [s.to_dict() for s in self.stalls[:50]],
+            "n_stalls": len(self.stalls),
             "mismatches": [m.to_dict() for m in self.mismatches[:50]],
             "slow_ranks": list(self.slow_ranks),
-            "slow_scores": {str(r): round(s, 3) for r, s in sorted(self.slow_scores.items(),
-                                                                   key=lambda kv: -kv[1])[:20]},
-            "no_dump_ranks": rank_ranges(self.no_dump_ranks), "n_groups": self.n_groups,
-            "n_entries": self.n_entries, "confidence": round(self.confidence, 3), "reasons": list(self.reasons),
+            "slow_scores": {
+                str(r): round(s, 3) for r, s in sorted(self.slow_scores.items(), key=lambda kv: -kv[1])[:20]
+            },
+            "no_dump_ranks": rank_ranges(self.no_dump_ranks),
+            "n_groups": self.n_groups,
+            "n_entries": self.n_entries,
+            "confidence": round(self.confidence, 3),
+            "reasons": list(self.reasons),
             "evidence": [e.to_dict() for e in self.evidence],
         }
 

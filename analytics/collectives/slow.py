@@ -43,8 +43,12 @@ def slow_scores(durations: Mapping[DurationKey, list[tuple[int, float]]]) -> dic
     return {r: statistics.median(v) for r, v in per_rank.items() if v}
 
 
-def strongest_per_group(cands: Sequence[int], scores: Mapping[int, float], groups: Mapping[GroupKey, GroupInfo],
-                        keys: Mapping[int, Mapping[str, GroupKey]]) -> tuple[int, ...]:
+def strongest_per_group(
+    cands: Sequence[int],
+    scores: Mapping[int, float],
+    groups: Mapping[GroupKey, GroupInfo],
+    keys: Mapping[int, Mapping[str, GroupKey]],
+) -> tuple[int, ...]:
     """Late ranks, minus those sharing a model-parallel group with a later one (its delay spreads to them)."""
     keep = []
     for r in cands:
@@ -54,8 +58,9 @@ def strongest_per_group(cands: Sequence[int], scores: Mapping[int, float], group
     return tuple(sorted(keep))
 
 
-def mismatches(sigs: Mapping[tuple[GroupKey, int], Mapping[tuple[Signature, ...], list[int]]],
-               groups: Mapping[GroupKey, GroupInfo]) -> tuple[Mismatch, ...]:
+def mismatches(
+    sigs: Mapping[tuple[GroupKey, int], Mapping[tuple[Signature, ...], list[int]]], groups: Mapping[GroupKey, GroupInfo]
+) -> tuple[Mismatch, ...]:
     """Collectives whose members disagree; the majority's signature is the expected one."""
     out = []
     for (g, seq), by_sig in sigs.items():

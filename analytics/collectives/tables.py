@@ -15,10 +15,19 @@ from dataclasses import dataclass, field
 from rankscope.analytics.collectives.groups import GroupInfo, GroupKey
 from rankscope.datasets.domain.flight_recorder import FRDump, FREntry
 
-VARIABLE_SIZE_OPS = frozenset({
-    "all_to_all", "all_to_all_single", "all_to_all_v_single", "all_gather_v", "reduce_scatter_v",
-    "gather", "scatter", "alltoall", "alltoall_base",
-})
+VARIABLE_SIZE_OPS = frozenset(
+    {
+        "all_to_all",
+        "all_to_all_single",
+        "all_to_all_v_single",
+        "all_gather_v",
+        "reduce_scatter_v",
+        "gather",
+        "scatter",
+        "alltoall",
+        "alltoall_base",
+    }
+)
 """Ops whose members legitimately pass different sizes: only op and dtypes are compared."""
 MARKER_OPS = frozenset({"coalesced", "ALLGATHER_coalesced", "REDUCE_SCATTER_coalesced"})
 _STATEFUL_BACKENDS = ("nccl", "ncclx", "rccl", "rcclx", "xccl", "hccl", "mccl")
@@ -80,10 +89,10 @@ def world_from(dumps: Sequence[FRDump], memberships: Mapping[str, Sequence[int]]
     for d in dumps:
         for cfg in d.pg_config.values():
             if cfg.ranks:
-                hi = max(hi, max(cfg.ranks))
+                hi = max(hi, *cfg.ranks)
     for v in (memberships or {}).values():
         if v:
-            hi = max(hi, max(int(x) for x in v))
+            hi = max(hi, *(int(x) for x in v))
     return hi + 1
 
 
@@ -99,7 +108,8 @@ class ProgressTables:
     comp: defaultdict[GroupKey, dict[int, int]] = field(default_factory=_seq_map)  # last completed seq
     started: defaultdict[GroupKey, dict[int, int]] = field(default_factory=_seq_map)  # last started seq
     sigs: defaultdict[tuple[GroupKey, int], defaultdict[tuple[Signature, ...], list[int]]] = field(
-        default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+        default_factory=lambda: defaultdict(lambda: defaultdict(list))
+    )
     ops_at: dict[tuple[GroupKey, int], str] = field(default_factory=dict)  # profiling name per collective
     durations: defaultdict[DurationKey, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
     pending: defaultdict[int, list[tuple[GroupKey, FREntry]]] = field(default_factory=lambda: defaultdict(list))
@@ -132,8 +142,14 @@ def _p2p(t: ProgressTables, r: int, g: GroupKey, e: FREntry, info: GroupInfo, do
         t.p2p_timed[(g, s, d, e.op)].append((r, e.duration_ms))
 
 
-def _collective(t: ProgressTables, r: int, g: GroupKey, e: FREntry, done: bool,
-                rank_sigs: defaultdict[tuple[GroupKey, int], list[Signature]]) -> None:
+def _collective(
+    t: ProgressTables,
+    r: int,
+    g: GroupKey,
+    e: FREntry,
+    done: bool,
+    rank_sigs: defaultdict[tuple[GroupKey, int], list[Signature]],
+) -> None:
     seq = e.collective_seq_id
     if seq > t.enq[g][r]:
         t.enq[g][r] = seq
@@ -150,8 +166,9 @@ def _collective(t: ProgressTables, r: int, g: GroupKey, e: FREntry, done: bool,
         t.durations[(g, seq)].append((r, e.duration_ms))
 
 
-def build_tables(by_rank: Mapping[int, FRDump], keys: Mapping[int, Mapping[str, GroupKey]],
-                 groups: Mapping[GroupKey, GroupInfo]) -> ProgressTables:
+def build_tables(
+    by_rank: Mapping[int, FRDump], keys: Mapping[int, Mapping[str, GroupKey]], groups: Mapping[GroupKey, GroupInfo]
+) -> ProgressTables:
     """One pass over every rank's entries."""
     t = ProgressTables()
     for r, d in by_rank.items():

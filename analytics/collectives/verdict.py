@@ -25,8 +25,15 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
     """The verdict the Flight Recorder evidence alone supports (source ``flight_recorder``)."""
     a = analysis
     details = {"flight_recorder": {k: v for k, v in a.to_dict().items() if k not in ("evidence", "reasons")}}
-    common = dict(job=job, confidence=round(min(max(a.confidence, 0.0), 1.0), 3), reasons=a.reasons,
-                  evidence=a.evidence, sources=("flight_recorder",), world_size=a.world_size, details=details)
+    common = dict(
+        job=job,
+        confidence=round(min(max(a.confidence, 0.0), 1.0), 3),
+        reasons=a.reasons,
+        evidence=a.evidence,
+        sources=("flight_recorder",),
+        world_size=a.world_size,
+        details=details,
+    )
     nodes = node_lookup(topology)
     if a.status == "mismatch":
         ranks = a.mismatch_ranks
@@ -36,8 +43,15 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
     if a.status == "fail-slow":
         n = nodes(a.slow_ranks)
         group = SuspectGroup("node", (), a.slow_ranks, n) if n else None
-        return Verdict(Severity.FAIL_SLOW, suspect_nodes=n, culprit_nodes=n, suspect_ranks=a.slow_ranks,
-                       culprit_ranks=a.slow_ranks, suspect_group=group, **common)  # type: ignore[arg-type]
+        return Verdict(
+            Severity.FAIL_SLOW,
+            suspect_nodes=n,
+            culprit_nodes=n,
+            suspect_ranks=a.slow_ranks,
+            culprit_ranks=a.slow_ranks,
+            suspect_group=group,
+            **common,
+        )  # type: ignore[arg-type]
     # hang
     culprits = a.culprit_ranks
     if a.stopped_kind in MODEL_PARALLEL and a.stopped_members:
@@ -62,13 +76,19 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
         group = SuspectGroup(kind, indices, suspect_ranks, suspect_nodes)
     reasons = a.reasons
     if culprits and suspect_nodes:
-        reasons = reasons + (f"Isolate {len(suspect_nodes)} node(s) ({_words(kind)}); culprit rank(s) "
-                             f"{rank_ranges(culprits)[:200]} on {', '.join(culprit_nodes[:8])}.",)
-    return Verdict(Severity.HANG, suspect_nodes=suspect_nodes, culprit_nodes=culprit_nodes, suspect_ranks=suspect_ranks,
-                   culprit_ranks=culprits, suspect_group=group,
-                   **{**common, "reasons": reasons})  # type: ignore[arg-type]
-
-
+        reasons = reasons + (
+            f"Isolate {len(suspect_nodes)} node(s) ({_words(kind)}); culprit rank(s) "
+            f"{rank_ranges(culprits)[:200]} on {', '.join(culprit_nodes[:8])}.",
+        )
+    return Verdict(
+        Severity.HANG,
+        suspect_nodes=suspect_nodes,
+        culprit_nodes=culprit_nodes,
+        suspect_ranks=suspect_ranks,
+        culprit_ranks=culprits,
+        suspect_group=group,
+        **{**common, "reasons": reasons},
+    )  # type: ignore[arg-type]
 
 
 def _words(kind: str) -> str:

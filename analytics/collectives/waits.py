@@ -22,8 +22,9 @@ P2PWait = tuple[GroupKey, int, int, str]  # (group, waiting rank, peer it waits 
 class MissingAt:
     """(dumped members that never enqueued ``seq`` of group ``g``, members without a dump), cached."""
 
-    def __init__(self, tables: ProgressTables, groups: Mapping[GroupKey, GroupInfo],
-                 by_rank: Mapping[int, FRDump]) -> None:
+    def __init__(
+        self, tables: ProgressTables, groups: Mapping[GroupKey, GroupInfo], by_rank: Mapping[int, FRDump]
+    ) -> None:
         self._t, self._groups, self._by_rank = tables, groups, by_rank
         self._cache: dict[tuple[GroupKey, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
@@ -32,8 +33,10 @@ class MissingAt:
         if hit is None:
             e = self._t.enq[g]
             members = self._groups[g].ranks
-            hit = (tuple(m for m in members if m in self._by_rank and e.get(m, 0) < seq),  # absent: never used it
-                   tuple(m for m in members if m not in self._by_rank))
+            hit = (
+                tuple(m for m in members if m in self._by_rank and e.get(m, 0) < seq),  # absent: never used it
+                tuple(m for m in members if m not in self._by_rank),
+            )
             self._cache[(g, seq)] = hit
         return hit
 
@@ -83,8 +86,13 @@ def wait_graph(t: ProgressTables, groups: Mapping[GroupKey, GroupInfo], missing_
     return out
 
 
-def group_stalls(t: ProgressTables, groups: Mapping[GroupKey, GroupInfo], by_rank: Mapping[int, FRDump],
-                 stuck: Mapping[tuple[GroupKey, int], list[int]], missing_at: MissingAt) -> list[GroupStall]:
+def group_stalls(
+    t: ProgressTables,
+    groups: Mapping[GroupKey, GroupInfo],
+    by_rank: Mapping[int, FRDump],
+    stuck: Mapping[tuple[GroupKey, int], list[int]],
+    missing_at: MissingAt,
+) -> list[GroupStall]:
     """Groups whose members did not all reach a collective (or are stuck in one), model-parallel first."""
     stalls = []
     stuck_by_group: dict[GroupKey, list[int]] = defaultdict(list)
@@ -104,8 +112,21 @@ def group_stalls(t: ProgressTables, groups: Mapping[GroupKey, GroupInfo], by_ran
         miss, nodump = missing_at(g, seq)
         st_g, co_g = t.started[g], t.comp[g]
         progress = {m: (e.get(m, 0), st_g.get(m, 0), co_g.get(m, 0)) for m in info.ranks if m in by_rank}
-        stalls.append(GroupStall(info.name, info.desc, info.kind, info.index, seq, t.ops_at.get((g, seq), ""),
-                                 info.ranks, miss, nodump, tuple(sorted(stuck.get((g, seq), ()))), info.source,
-                                 progress))
+        stalls.append(
+            GroupStall(
+                info.name,
+                info.desc,
+                info.kind,
+                info.index,
+                seq,
+                t.ops_at.get((g, seq), ""),
+                info.ranks,
+                miss,
+                nodump,
+                tuple(sorted(stuck.get((g, seq), ()))),
+                info.source,
+                progress,
+            )
+        )
     stalls.sort(key=lambda s: (KIND_ORDER.get(s.kind, 5), len(s.members), s.pg))
     return stalls

@@ -73,8 +73,7 @@ def _signature(e: ProcessExit) -> str:
     return f"{e.kind}: {_NUMBERS.sub('N', ' '.join(e.message.split())[:200])}"
 
 
-def latest_incident(exits: Sequence[ProcessExit], window_s: float, *,
-                    anchor: float | None = None) -> list[ProcessExit]:
+def latest_incident(exits: Sequence[ProcessExit], window_s: float, *, anchor: float | None = None) -> list[ProcessExit]:
     """The trainer exits of the latest incident, the earliest per rank, oldest first.
 
     ``anchor`` (the time of the evidence being diagnosed, e.g. the latest stack capture) keeps
@@ -110,8 +109,13 @@ class CrashFacts:
         return self.node_of_rank[e.rank]
 
 
-def facts(exits: Sequence[ProcessExit], topology: Topology | None, *, config: CrashConfig | None = None,
-          anchor: float | None = None) -> CrashFacts | None:
+def facts(
+    exits: Sequence[ProcessExit],
+    topology: Topology | None,
+    *,
+    config: CrashConfig | None = None,
+    anchor: float | None = None,
+) -> CrashFacts | None:
     """The latest incident in ``exits`` (near ``anchor`` when given), or None when no trainer exited abnormally."""
     cfg = config or CrashConfig()
     incident = latest_incident(exits, cfg.incident_window_seconds, anchor=anchor)
@@ -121,19 +125,33 @@ def facts(exits: Sequence[ProcessExit], topology: Topology | None, *, config: Cr
     incident = [e for e in incident if 0 <= e.rank < world]
     if not incident:
         return None
-    node_of = {e.rank: (topology.node_names[int(topology.node_index[e.rank])] if topology is not None
-                        else e.node or f"rank-{e.rank}") for e in incident}
+    node_of = {
+        e.rank: (
+            topology.node_names[int(topology.node_index[e.rank])]
+            if topology is not None
+            else e.node or f"rank-{e.rank}"
+        )
+        for e in incident
+    }
     primary = tuple(e for e in incident if not is_cascade(e))
     cascade = tuple(e for e in incident if is_cascade(e))
     by_sig: dict[str, list[ProcessExit]] = {}
     for e in primary:
         by_sig.setdefault(_signature(e), []).append(e)
-    widespread = [g for g in by_sig.values()
-                  if len(g) >= max(2, cfg.widespread_fraction * world) and g[0].kind != "vanished"]
+    widespread = [
+        g for g in by_sig.values() if len(g) >= max(2, cfg.widespread_fraction * world) and g[0].kind != "vanished"
+    ]
     pool = primary or tuple(incident)
     culprits = tuple(e for e in pool if e.time - pool[0].time <= cfg.tie_seconds)
-    return CrashFacts(tuple(incident), primary, cascade, world, node_of,
-                      tuple(max(widespread, key=len)) if widespread else (), culprits)
+    return CrashFacts(
+        tuple(incident),
+        primary,
+        cascade,
+        world,
+        node_of,
+        tuple(max(widespread, key=len)) if widespread else (),
+        culprits,
+    )
 
 
 def verdict(f: CrashFacts, topology: Topology | None, *, job: str = "") -> Verdict:
@@ -150,10 +168,19 @@ def _details(f: CrashFacts) -> dict[str, object]:
     prim = {id(e) for e in f.primary}
     return {
         "first_failure_time": t0,
-        "exits": [{"rank": e.rank, "node": f.node_of(e), "after_s": round(e.time - t0, 3),
-                   "kind": e.kind, "message": " ".join(e.message.split())[:300], "where": e.where,
-                   "cause": "primary" if id(e) in prim else "cascade", "time_source": e.time_source}
-                  for e in f.incident],
+        "exits": [
+            {
+                "rank": e.rank,
+                "node": f.node_of(e),
+                "after_s": round(e.time - t0, 3),
+                "kind": e.kind,
+                "message": " ".join(e.message.split())[:300],
+                "where": e.where,
+                "cause": "primary" if id(e) in prim else "cascade",
+                "time_source": e.time_source,
+            }
+            for e in f.incident
+        ],
         "n_primary": len(f.primary),
         "n_cascade": len(f.cascade),
     }
@@ -162,12 +189,23 @@ def _details(f: CrashFacts) -> dict[str, object]:
 def _widespread(f: CrashFacts, job: str) -> Verdict:
     g = f.widespread
     ranks = tuple(sorted(e.rank for e in g))
-    reasons = (f"{len(g)} of {f.world} ranks failed with the same error ({g[0].describe()}): a code, data "
-               "or configuration fault, not a machine; nothing to evict.",)
+    reasons = (
+        f"{len(g)} of {f.world} ranks failed with the same error ({g[0].describe()}): a code, data "
+        "or configuration fault, not a machine; nothing to evict.",
+    )
     evidence = (Evidence("events", "widespread-crash", g[0].describe(), ranks, merge_nodes([f.node_of(e) for e in g])),)
-    return Verdict(Severity.CRASH, job=job, confidence=0.8, suspect_ranks=tuple(sorted(e.rank for e in f.incident)),
-                   culprit_ranks=ranks, reasons=reasons, evidence=evidence, sources=("events",),
-                   world_size=f.world, details={"crash": _details(f)})
+    return Verdict(
+        Severity.CRASH,
+        job=job,
+        confidence=0.8,
+        suspect_ranks=tuple(sorted(e.rank for e in f.incident)),
+        culprit_ranks=ranks,
+        reasons=reasons,
+        evidence=evidence,
+        sources=("events",),
+        world_size=f.world,
+        details={"crash": _details(f)},
+    )
 
 
 def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
@@ -182,19 +220,25 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
         reasons = [f"Rank {first.rank} on {f.node_of(first)} failed first: {first.describe()}."]
     else:
         confidence = 0.5
-        reasons = [f"Every failure reports a lost peer; the earliest is rank {first.rank} on {f.node_of(first)} "
-                   f"({first.describe()}). The root cause left no record here (its process may have been killed)."]
+        reasons = [
+            f"Every failure reports a lost peer; the earliest is rank {first.rank} on {f.node_of(first)} "
+            f"({first.describe()}). The root cause left no record here (its process may have been killed)."
+        ]
     for e in culprits[1:]:
         reasons.append(f"Rank {e.rank} on {f.node_of(e)} failed at the same moment: {e.describe()}.")
     if cascade and f.primary:
         lo, hi = min(e.time for e in cascade) - first.time, max(e.time for e in cascade) - first.time
         when = f"{lo:.1f}-{hi:.1f} s later" if lo >= 0 else f"between {-lo:.1f} s before and {hi:.1f} s after it"
-        reasons.append(f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {when} "
-                       f"with errors that report a lost peer ({_short_kind(cascade[0])}): a cascade, not separate faults.")
+        reasons.append(
+            f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {when} "
+            f"with errors that report a lost peer ({_short_kind(cascade[0])}): a cascade, not separate faults."
+        )
     others = [e for e in f.primary if e not in culprits]
     if others:
-        reasons.append(f"{len(others)} later failure(s) not recognised as a cascade: ranks "
-                       f"{rank_ranges(e.rank for e in others)} (first: {others[0].describe()}).")
+        reasons.append(
+            f"{len(others)} later failure(s) not recognised as a cascade: ranks "
+            f"{rank_ranges(e.rank for e in others)} (first: {others[0].describe()})."
+        )
     return confidence, reasons
 
 
@@ -202,19 +246,43 @@ def _first_failure(f: CrashFacts, topology: Topology | None, job: str) -> Verdic
     confidence, reasons = _first_failure_words(f)
     nodes = merge_nodes([f.node_of(e) for e in f.culprits])
     ranks = tuple(sorted(e.rank for e in f.culprits))
-    evidence = [Evidence("events", "first-failure" if f.primary else "earliest-failure", e.describe(),
-                         (e.rank,), (f.node_of(e),)) for e in f.culprits]
+    evidence = [
+        Evidence(
+            "events", "first-failure" if f.primary else "earliest-failure", e.describe(), (e.rank,), (f.node_of(e),)
+        )
+        for e in f.culprits
+    ]
     if f.cascade:
-        evidence.append(Evidence("events", "cascade-failure", _short_kind(f.cascade[0]),
-                                 tuple(e.rank for e in f.cascade), merge_nodes([f.node_of(e) for e in f.cascade]), 0.2))
+        evidence.append(
+            Evidence(
+                "events",
+                "cascade-failure",
+                _short_kind(f.cascade[0]),
+                tuple(e.rank for e in f.cascade),
+                merge_nodes([f.node_of(e) for e in f.cascade]),
+                0.2,
+            )
+        )
     group = None
     if topology is not None:
         idx = tuple(sorted({int(topology.node_index[r]) for r in ranks}))
         group_ranks = tuple(int(r) for r in topology.ranks if int(topology.node_index[r]) in idx)
         group = SuspectGroup("node", idx, group_ranks, nodes)
-    return Verdict(Severity.CRASH, job=job, confidence=confidence, suspect_nodes=nodes, culprit_nodes=nodes,
-                   suspect_ranks=ranks, culprit_ranks=ranks, reasons=tuple(reasons), suspect_group=group,
-                   evidence=tuple(evidence), sources=("events",), world_size=f.world, details={"crash": _details(f)})
+    return Verdict(
+        Severity.CRASH,
+        job=job,
+        confidence=confidence,
+        suspect_nodes=nodes,
+        culprit_nodes=nodes,
+        suspect_ranks=ranks,
+        culprit_ranks=ranks,
+        reasons=tuple(reasons),
+        suspect_group=group,
+        evidence=tuple(evidence),
+        sources=("events",),
+        world_size=f.world,
+        details={"crash": _details(f)},
+    )
 
 
 def _short_kind(e: ProcessExit) -> str:

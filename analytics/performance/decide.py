@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
+
 from rankscope.analytics.performance.metrics import (
     MetricAlert,
     MetricFindings,
@@ -37,8 +38,13 @@ class PerfFacts:
     config: PerfConfig
 
 
-def facts(metrics: pl.DataFrame | None, timings: pl.DataFrame | None, topology: Topology | None, *,
-          config: PerfConfig | None = None) -> PerfFacts | None:
+def facts(
+    metrics: pl.DataFrame | None,
+    timings: pl.DataFrame | None,
+    topology: Topology | None,
+    *,
+    config: PerfConfig | None = None,
+) -> PerfFacts | None:
     """Metric outliers and timing stragglers; None when there are neither metrics nor timings."""
     cfg = config or PerfConfig()
     have_metrics = metrics is not None and metrics.height > 0
@@ -46,8 +52,7 @@ def facts(metrics: pl.DataFrame | None, timings: pl.DataFrame | None, topology: 
     if not have_metrics and not have_timings:
         return None
     findings = detect_metric_outliers(metrics, config=cfg) if metrics is not None and have_metrics else None
-    report = find_stragglers(timings, topology, config=cfg.stragglers) if timings is not None and have_timings \
-        else None
+    report = find_stragglers(timings, topology, config=cfg.stragglers) if timings is not None and have_timings else None
     sources = tuple(s for s, ok in (("metrics", have_metrics), ("timings", have_timings)) if ok)
     return PerfFacts(findings, report, sources, cfg)
 
@@ -74,12 +79,21 @@ def _metric_words(f: PerfFacts, w: _Words) -> None:
         w.drivers.setdefault(a.node, [])
         w.drivers[a.node] += [d for d in a.drivers if d not in w.drivers[a.node]]
         w.onset[a.node] = min(w.onset.get(a.node, iso(a.onset_s)), iso(a.onset_s))
-        w.evidence.append(Evidence("metrics", "peer-outlier",
-                                   f"{a.unit} unlike its {a.level} peers since {iso(a.onset_s)} (score {a.score:.1f}; "
-                                   f"driven by {', '.join(a.drivers)})", nodes=(a.node,), weight=min(1.0, a.score / 50)))
+        w.evidence.append(
+            Evidence(
+                "metrics",
+                "peer-outlier",
+                f"{a.unit} unlike its {a.level} peers since {iso(a.onset_s)} (score {a.score:.1f}; "
+                f"driven by {', '.join(a.drivers)})",
+                nodes=(a.node,),
+                weight=min(1.0, a.score / 50),
+            )
+        )
     for a in list(w.metric_nodes.values())[:5]:
-        w.metric_reasons.append(f"{a.unit} has behaved unlike its peers since {iso(a.onset_s)} (score "
-                                f"{a.score:.1f}, threshold {f.config.threshold:g}), driven by {', '.join(a.drivers)}")
+        w.metric_reasons.append(
+            f"{a.unit} has behaved unlike its peers since {iso(a.onset_s)} (score "
+            f"{a.score:.1f}, threshold {f.config.threshold:g}), driven by {', '.join(a.drivers)}"
+        )
     w.details["metric_alerts"] = [a.to_dict() for a in alerts]
 
 
@@ -88,15 +102,23 @@ def _timing_words(report: StragglerReport, w: _Words) -> None:
         w.drivers.setdefault(s.node, [])
         w.drivers[s.node] += [f"op:{o}" for o in s.ops if f"op:{o}" not in w.drivers[s.node]]
         w.step_onset[s.node] = min(w.step_onset.get(s.node, s.onset_step), s.onset_step)
-        w.evidence.append(Evidence("timings", "slow-rank",
-                                   f"rank {s.rank} {s.ratio:.2f}x slower than its peers from step {s.onset_step} "
-                                   f"in {', '.join(s.ops)}", ranks=(s.rank,), nodes=(s.node,),
-                                   weight=min(1.0, (s.ratio - 1) * 2)))
+        w.evidence.append(
+            Evidence(
+                "timings",
+                "slow-rank",
+                f"rank {s.rank} {s.ratio:.2f}x slower than its peers from step {s.onset_step} in {', '.join(s.ops)}",
+                ranks=(s.rank,),
+                nodes=(s.node,),
+                weight=min(1.0, (s.ratio - 1) * 2),
+            )
+        )
     for node in report.slow_nodes[:5]:
         worst = max((s for s in report.slow_ranks if s.node == node), key=lambda s: s.ratio)
         n_r = sum(1 for s in report.slow_ranks if s.node == node)
-        w.timing_reasons.append(f"{node}: {n_r} rank(s) up to {worst.ratio:.2f}x slower than their symmetric peers "
-                                f"({report.peer_kind}) from step {w.step_onset[node]}, in {', '.join(worst.ops)}")
+        w.timing_reasons.append(
+            f"{node}: {n_r} rank(s) up to {worst.ratio:.2f}x slower than their symmetric peers "
+            f"({report.peer_kind}) from step {w.step_onset[node]}, in {', '.join(worst.ops)}"
+        )
     for imb in report.imbalances:
         w.evidence.append(Evidence("timings", f"{imb.kind}-imbalance", imb.reason, weight=0.5))
 
@@ -106,9 +128,14 @@ def _words(f: PerfFacts) -> _Words:
     _metric_words(f, w)
     if f.report is not None:
         _timing_words(f.report, w)
-    w.details = {"drivers": w.drivers, "onset": None, "onset_by_node": w.onset, "onset_step": w.step_onset,
-                 "metric_alerts": w.details["metric_alerts"],
-                 "timings": f.report.to_dict() if f.report is not None else None}
+    w.details = {
+        "drivers": w.drivers,
+        "onset": None,
+        "onset_by_node": w.onset,
+        "onset_step": w.step_onset,
+        "metric_alerts": w.details["metric_alerts"],
+        "timings": f.report.to_dict() if f.report is not None else None,
+    }
     return w
 
 
@@ -136,15 +163,31 @@ def _slow_ranks(f: PerfFacts, w: _Words, job: str) -> Verdict | None:
     culprits = both or slow_nodes[:1] + tuple(n for n in slow_nodes[1:] if _close(report, n, slow_nodes[0]))
     first_step = min(w.step_onset[n] for n in culprits)
     secs = [s.onset_s for s in report.slow_ranks if s.node in culprits and s.onset_s is not None]
-    w.details["onset"] = (min(w.onset[n] for n in culprits if n in w.onset) if any(n in w.onset for n in culprits)
-                          else f"step {first_step}" + (f" (t={min(secs):g} s)" if secs else ""))
-    reasons = ([f"timings and metrics agree on {', '.join(both)}"] if both else []) + w.timing_reasons \
-        + w.metric_reasons + w.notes
-    return Verdict(Severity.FAIL_SLOW, job=job, confidence=0.9 if both else 0.75, suspect_nodes=suspects,
-                   culprit_nodes=culprits, suspect_ranks=tuple(sorted(s.rank for s in report.slow_ranks)),
-                   culprit_ranks=tuple(s.rank for s in report.slow_ranks if s.node in culprits),
-                   reasons=tuple(reasons), evidence=tuple(w.evidence), sources=f.sources,
-                   world_size=_world(f), details=w.details)
+    w.details["onset"] = (
+        min(w.onset[n] for n in culprits if n in w.onset)
+        if any(n in w.onset for n in culprits)
+        else f"step {first_step}" + (f" (t={min(secs):g} s)" if secs else "")
+    )
+    reasons = (
+        ([f"timings and metrics agree on {', '.join(both)}"] if both else [])
+        + w.timing_reasons
+        + w.metric_reasons
+        + w.notes
+    )
+    return Verdict(
+        Severity.FAIL_SLOW,
+        job=job,
+        confidence=0.9 if both else 0.75,
+        suspect_nodes=suspects,
+        culprit_nodes=culprits,
+        suspect_ranks=tuple(sorted(s.rank for s in report.slow_ranks)),
+        culprit_ranks=tuple(s.rank for s in report.slow_ranks if s.node in culprits),
+        reasons=tuple(reasons),
+        evidence=tuple(w.evidence),
+        sources=f.sources,
+        world_size=_world(f),
+        details=w.details,
+    )
 
 
 def _metric_outliers(f: PerfFacts, w: _Words, job: str) -> Verdict | None:
@@ -160,27 +203,60 @@ def _metric_outliers(f: PerfFacts, w: _Words, job: str) -> Verdict | None:
         reasons += [i.reason for i in f.report.imbalances]
         reasons.append("the timings show no straggler: the outlier has not (yet) slowed training")
     kind = Severity.DEGRADED if health or f.report is not None else Severity.FAIL_SLOW
-    return Verdict(kind, job=job, confidence=0.7 if not health else 0.6, suspect_nodes=suspects,
-                   culprit_nodes=culprits, reasons=tuple(reasons), evidence=tuple(w.evidence), sources=f.sources,
-                   world_size=_world(f), details=w.details)
+    return Verdict(
+        kind,
+        job=job,
+        confidence=0.7 if not health else 0.6,
+        suspect_nodes=suspects,
+        culprit_nodes=culprits,
+        reasons=tuple(reasons),
+        evidence=tuple(w.evidence),
+        sources=f.sources,
+        world_size=_world(f),
+        details=w.details,
+    )
 
 
 def _imbalance(f: PerfFacts, w: _Words, job: str) -> Verdict | None:
     if f.report is None or not f.report.imbalances:
         return None
     reasons = w.metric_reasons + w.notes + [i.reason for i in f.report.imbalances] + ["no machine is blamed"]
-    return Verdict(Severity.IMBALANCE, job=job, confidence=0.7, reasons=tuple(reasons), evidence=tuple(w.evidence),
-                   sources=f.sources, world_size=f.report.n_ranks, details=w.details)
+    return Verdict(
+        Severity.IMBALANCE,
+        job=job,
+        confidence=0.7,
+        reasons=tuple(reasons),
+        evidence=tuple(w.evidence),
+        sources=f.sources,
+        world_size=f.report.n_ranks,
+        details=w.details,
+    )
 
 
 def _quiet(f: PerfFacts, w: _Words, job: str) -> Verdict:
     reasons = w.metric_reasons + w.notes
     if f.report is None and f.findings is not None and f.findings.n_units == 0:
-        return Verdict(Severity.INCONCLUSIVE, job=job, confidence=0.0, reasons=tuple(reasons) or ("no usable metrics",),
-                       sources=f.sources, details=w.details)
-    reasons.append("no machine behaves unlike its peers" + (" and no rank is slower than its peers" if f.report else ""))
-    return Verdict(Severity.HEALTHY, job=job, confidence=0.8, reasons=tuple(reasons), evidence=tuple(w.evidence),
-                   sources=f.sources, world_size=_world(f), details=w.details)
+        return Verdict(
+            Severity.INCONCLUSIVE,
+            job=job,
+            confidence=0.0,
+            reasons=tuple(reasons) or ("no usable metrics",),
+            sources=f.sources,
+            details=w.details,
+        )
+    reasons.append(
+        "no machine behaves unlike its peers" + (" and no rank is slower than its peers" if f.report else "")
+    )
+    return Verdict(
+        Severity.HEALTHY,
+        job=job,
+        confidence=0.8,
+        reasons=tuple(reasons),
+        evidence=tuple(w.evidence),
+        sources=f.sources,
+        world_size=_world(f),
+        details=w.details,
+    )
 
 
 def _close(report: StragglerReport, node: str, top: str) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
 from rankscope.analytics.faultdomain import cover
 from rankscope.analytics.verdict import Severity, SuspectGroup, Verdict
 from rankscope.datasets.domain.topology import KINDS, Topology
@@ -88,7 +89,7 @@ def flag_round(a: Round, topology: Topology, *, alpha: float = 0.01) -> RoundFla
     """
     if len(a.outlier_ranks) < 2:
         return None
-    from scipy.stats import binom  # noqa: PLC0415 (only multi-snapshot jobs need scipy)
+    from scipy.stats import binom
 
     out = np.asarray(a.outlier_ranks, dtype=np.int64)
     rate = out.size / topology.world_size
@@ -120,8 +121,9 @@ def _members(topology: Topology, kind: str, group: int) -> tuple[tuple[int, ...]
     return g.ranks, g.nodes
 
 
-def degrader(rounds: Sequence[Round], topology: Topology, *, alpha: float = 0.01,
-             min_votes: int = 1) -> Degrader | None:
+def degrader(
+    rounds: Sequence[Round], topology: Topology, *, alpha: float = 0.01, min_votes: int = 1
+) -> Degrader | None:
     """Vote over rounds, and find the ranks that persistently keep the others waiting.
 
     Votes: each round flags one group (:func:`flag_round`); the most-flagged group wins when it has
@@ -131,7 +133,7 @@ def degrader(rounds: Sequence[Round], topology: Topology, *, alpha: float = 0.01
     next pipeline stage), the degrader is the smallest cover of both; without a vote, the culprits'
     own cover (this also catches a lone slow rank in a pure data-parallel job).
     """
-    from scipy.stats import binom  # noqa: PLC0415
+    from scipy.stats import binom
 
     flags = [f for f in (flag_round(a, topology, alpha=alpha) for a in rounds) if f is not None]
     counts: Counter[int] = Counter()
@@ -140,8 +142,11 @@ def degrader(rounds: Sequence[Round], topology: Topology, *, alpha: float = 0.01
         counts.update(a.busy_ranks)
         rates.append(len(a.busy_ranks) / topology.world_size)
     base = max(float(np.mean(rates)) if rates else 0.0, 1e-6)
-    persistent = {r: k for r, k in counts.items()
-                  if k >= min_votes and base < 0.5 and binom.sf(k - 1, len(rounds), base) <= alpha / topology.world_size}
+    persistent = {
+        r: k
+        for r, k in counts.items()
+        if k >= min_votes and base < 0.5 and binom.sf(k - 1, len(rounds), base) <= alpha / topology.world_size
+    }
     voted = None
     if flags:
         votes = Counter((f.kind, f.group) for f in flags)
@@ -174,8 +179,9 @@ def degrader(rounds: Sequence[Round], topology: Topology, *, alpha: float = 0.01
         group = SuspectGroup(kind, (gidx,), ranks, nodes)
     else:
         return None
-    return Degrader(group, n, len(rounds), tuple(flags), culprits, {r: counts[r] for r in culprits},
-                    voted[0] if voted else None)
+    return Degrader(
+        group, n, len(rounds), tuple(flags), culprits, {r: counts[r] for r in culprits}, voted[0] if voted else None
+    )
 
 
 def steps_overrule(v: Verdict, timings: Any, snapshot_times: Mapping[int, float]) -> Verdict:
@@ -185,20 +191,25 @@ def steps_overrule(v: Verdict, timings: Any, snapshot_times: Mapping[int, float]
     the same place (a rank that sleeps or spins 2 s per step) while the job still advances; the
     step records settle it.
     """
-    import polars as pl  # noqa: PLC0415
+    import polars as pl
 
     times = sorted(t for t in snapshot_times.values() if t is not None)
     if len(times) < 2 or not {"start_s", "duration_s", "step"} <= set(timings.columns):
         return v
     t0, t1 = times[0], times[-1]
-    done = timings.filter(pl.col("start_s").is_not_null()).with_columns(
-        (pl.col("start_s") + pl.col("duration_s")).alias("end_s")).filter(
-        (pl.col("end_s") > t0) & (pl.col("end_s") <= t1))
+    done = (
+        timings.filter(pl.col("start_s").is_not_null())
+        .with_columns((pl.col("start_s") + pl.col("duration_s")).alias("end_s"))
+        .filter((pl.col("end_s") > t0) & (pl.col("end_s") <= t1))
+    )
     if done.height == 0:
         return v
     steps = done.get_column("step").n_unique()
-    reason = (f"The stacks look the same in every snapshot, but {steps} step(s) completed between the first and "
-              f"the last snapshot ({t1 - t0:.0f} s apart): the job is slow, not hung; the outliers are where it "
-              "waits on the slow rank(s).")
-    return v.with_updates(verdict=Severity.FAIL_SLOW, reasons=(reason, *v.reasons),
-                          details={**v.details, "steps_during_snapshots": steps})
+    reason = (
+        f"The stacks look the same in every snapshot, but {steps} step(s) completed between the first and "
+        f"the last snapshot ({t1 - t0:.0f} s apart): the job is slow, not hung; the outliers are where it "
+        "waits on the slow rank(s)."
+    )
+    return v.with_updates(
+        verdict=Severity.FAIL_SLOW, reasons=(reason, *v.reasons), details={**v.details, "steps_during_snapshots": steps}
+    )

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+
 from rankscope.config import PerfConfig
 from rankscope.datasets.domain.topology import Topology
 from rankscope.models.peer_distance import PeerDistance
@@ -52,8 +53,15 @@ class MetricAlert:
     level: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"unit": self.unit, "node": self.node, "score": round(self.score, 2), "onset": iso(self.onset_s),
-                "alert": iso(self.alert_s), "drivers": list(self.drivers), "level": self.level}
+        return {
+            "unit": self.unit,
+            "node": self.node,
+            "score": round(self.score, 2),
+            "onset": iso(self.onset_s),
+            "alert": iso(self.alert_s),
+            "drivers": list(self.drivers),
+            "level": self.level,
+        }
 
 
 def iso(t: float) -> str:
@@ -69,19 +77,27 @@ def _seconds(ts: pl.Series) -> np.ndarray:
         raise InputError(f"metrics: column 'ts' must be a timestamp or seconds, not {ts.dtype}") from None
 
 
-def metric_cubes(metrics: pl.DataFrame, *, rate_window_seconds: float = 120.0,
-                 counter_allowance: float = 2.0) -> list[MetricCube]:
+def metric_cubes(
+    metrics: pl.DataFrame, *, rate_window_seconds: float = 120.0, counter_allowance: float = 2.0
+) -> list[MetricCube]:
     """Long-form metrics as one cube per level (GPU rows, node rows), counters turned into rates."""
     missing = [c for c in ("ts", "node", "metric", "value") if c not in metrics.columns]
     if missing:
         raise InputError(f"metrics: missing column(s) {missing}; required: ts, node, metric, value")
     df = metrics.select(
-        pl.col("node").cast(pl.Utf8), pl.col("metric").cast(pl.Utf8),
+        pl.col("node").cast(pl.Utf8),
+        pl.col("metric").cast(pl.Utf8),
         pl.col("value").cast(pl.Float64, strict=False),
-        (pl.col("gpu").cast(pl.Int64, strict=False) if "gpu" in metrics.columns else pl.lit(None, pl.Int64)).alias("gpu"),
+        (pl.col("gpu").cast(pl.Int64, strict=False) if "gpu" in metrics.columns else pl.lit(None, pl.Int64)).alias(
+            "gpu"
+        ),
     ).with_columns(pl.Series("t", _seconds(metrics["ts"])))
-    df = df.filter(pl.col("value").is_finite() & pl.col("node").is_not_null() & pl.col("t").is_not_null()
-                   & ~pl.col("metric").str.starts_with(SELF_PREFIX))
+    df = df.filter(
+        pl.col("value").is_finite()
+        & pl.col("node").is_not_null()
+        & pl.col("t").is_not_null()
+        & ~pl.col("metric").str.starts_with(SELF_PREFIX)
+    )
     if df.height == 0:
         return []
     # the sampling interval of each node (nodes sample at different offsets), then the typical one
@@ -95,8 +111,12 @@ def metric_cubes(metrics: pl.DataFrame, *, rate_window_seconds: float = 120.0,
         part = df.filter(pl.col("metric").is_in(sorted(gpu_metrics)) == (level == "gpu"))
         if part.height == 0:
             continue
-        unit = (pl.col("node") + "/gpu" + pl.col("gpu").fill_null(-1).cast(pl.Utf8)) if level == "gpu" else pl.col("node")
-        part = part.with_columns(unit.alias("unit"), ((pl.col("t") - t0) / interval).round().cast(pl.Int64).alias("bin"))
+        unit = (
+            (pl.col("node") + "/gpu" + pl.col("gpu").fill_null(-1).cast(pl.Utf8)) if level == "gpu" else pl.col("node")
+        )
+        part = part.with_columns(
+            unit.alias("unit"), ((pl.col("t") - t0) / interval).round().cast(pl.Int64).alias("bin")
+        )
         part = part.group_by("unit", "node", "metric", "bin").agg(pl.col("value").mean())
         units = part.select("unit", "node").unique().sort("unit")
         names = tuple(sorted(part["metric"].unique().to_list()))
@@ -104,13 +124,18 @@ def metric_cubes(metrics: pl.DataFrame, *, rate_window_seconds: float = 120.0,
         ui = {u: i for i, u in enumerate(units["unit"].to_list())}
         mi = {m: i for i, m in enumerate(names)}
         cube = np.full((len(ui), n_t, len(names)), np.nan, dtype=np.float32)
-        cube[np.fromiter((ui[u] for u in part["unit"].to_list()), np.int64, part.height), part["bin"].to_numpy(),
-             np.fromiter((mi[m] for m in part["metric"].to_list()), np.int64, part.height)] = part["value"].to_numpy()
+        cube[
+            np.fromiter((ui[u] for u in part["unit"].to_list()), np.int64, part.height),
+            part["bin"].to_numpy(),
+            np.fromiter((mi[m] for m in part["metric"].to_list()), np.int64, part.height),
+        ] = part["value"].to_numpy()
         cube = _ffill(cube)
-        cube = counters_to_rates(cube, names, interval_s=interval, rate_window_s=rate_window_seconds,
-                                 allowance=counter_allowance)
-        cubes.append(MetricCube(cube, tuple(units["unit"].to_list()), tuple(units["node"].to_list()), names, t0,
-                                interval, level))
+        cube = counters_to_rates(
+            cube, names, interval_s=interval, rate_window_s=rate_window_seconds, allowance=counter_allowance
+        )
+        cubes.append(
+            MetricCube(cube, tuple(units["unit"].to_list()), tuple(units["node"].to_list()), names, t0, interval, level)
+        )
     return cubes
 
 
@@ -124,8 +149,14 @@ def _ffill(cube: np.ndarray) -> np.ndarray:
     return np.take_along_axis(cube, idx, axis=1)
 
 
-def counters_to_rates(values: np.ndarray, names: tuple[str, ...] | list[str], *, interval_s: float,
-                      rate_window_s: float, allowance: float = 0.0) -> np.ndarray:
+def counters_to_rates(
+    values: np.ndarray,
+    names: tuple[str, ...] | list[str],
+    *,
+    interval_s: float,
+    rate_window_s: float,
+    allowance: float = 0.0,
+) -> np.ndarray:
     """Prometheus-style ``rate(x[window])`` for every ``*_total`` metric; a counter reset counts as 0.
 
     ``allowance`` events per window are forgiven (``max(0, increase - allowance) / window``): a couple of
@@ -165,25 +196,39 @@ def detect_metric_outliers(metrics: pl.DataFrame, *, config: PerfConfig | None =
     alerts: list[MetricAlert] = []
     notes: list[str] = []
     n_units = 0
-    for cube in metric_cubes(metrics, rate_window_seconds=cfg.rate_window_seconds,
-                             counter_allowance=cfg.counter_allowance):
+    for cube in metric_cubes(
+        metrics, rate_window_seconds=cfg.rate_window_seconds, counter_allowance=cfg.counter_allowance
+    ):
         n, t = cube.values.shape[:2]
         if n < cfg.min_machines:
             notes.append(f"{cube.level} metrics: only {n} {cube.level}(s), peer comparison needs {cfg.min_machines}")
             continue
         if t * cube.interval_s < max(cfg.window_seconds, cube.interval_s):
-            notes.append(f"{cube.level} metrics: {t * cube.interval_s:g} s of data, shorter than one "
-                         f"{cfg.window_seconds:g} s window")
+            notes.append(
+                f"{cube.level} metrics: {t * cube.interval_s:g} s of data, shorter than one "
+                f"{cfg.window_seconds:g} s window"
+            )
             continue
         n_units += n
-        det = PeerDistance(window_s=max(cfg.window_seconds, cube.interval_s), continuity_s=cfg.continuity_seconds,
-                           sample_interval_s=cube.interval_s, threshold=cfg.threshold)
+        det = PeerDistance(
+            window_s=max(cfg.window_seconds, cube.interval_s),
+            continuity_s=cfg.continuity_seconds,
+            sample_interval_s=cube.interval_s,
+            threshold=cfg.threshold,
+        )
         found = det.fit(cube.values).detect(cube.values)
         for i in found.alerted:
-            alerts.append(MetricAlert(
-                cube.units[i], cube.unit_nodes[i], float(found.scores[i]),
-                cube.t0_s + found.onset_index[i] * cube.interval_s, cube.t0_s + found.alert_index[i] * cube.interval_s,
-                tuple(cube.metrics[j] for j in found.drivers(int(i))), cube.level))
+            alerts.append(
+                MetricAlert(
+                    cube.units[i],
+                    cube.unit_nodes[i],
+                    float(found.scores[i]),
+                    cube.t0_s + found.onset_index[i] * cube.interval_s,
+                    cube.t0_s + found.alert_index[i] * cube.interval_s,
+                    tuple(cube.metrics[j] for j in found.drivers(int(i))),
+                    cube.level,
+                )
+            )
     return MetricFindings(tuple(sorted(alerts, key=lambda a: -a.score)), n_units, tuple(notes))
 
 
@@ -198,7 +243,7 @@ def job_nodes_only(metrics: Any, topology: Topology) -> tuple[Any, list[str]]:
     Only when some metric nodes are job nodes: with disjoint names (hostnames vs node-N) nothing
     can be matched, and every node is kept.
     """
-    import polars as pl  # noqa: PLC0415
+    import polars as pl
 
     names = set(metrics.get_column("node").unique().to_list())
     inside = names & set(topology.node_names)

@@ -3,7 +3,8 @@
 Per op and step, each rank's duration is divided by the median of its peers on other nodes (ranks
 of the same pipeline stage across data-parallel replicas and tensor ranks): NVRx's relative score, inverted so
 that 1.4 means 40 % slower. A rank is blamed only for an *episode*: a change point after which the
-rolling median of its ratio stays above ``min_slowdown_ratio`` (1.25, about NVRx's 0.75 score) for ``min_episode_steps`` steps and
+rolling median of its ratio stays above ``min_slowdown_ratio`` (1.25, about NVRx's 0.75 score) for
+``min_episode_steps`` steps and
 the shift is significant against the peers' noise; one noisy step blames no one.
 
 Only compute ops blame a rank: in a collective (all-reduce, send/recv, barrier, ...) the ranks that
@@ -21,15 +22,34 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+
 from rankscope.analytics.performance.episodes import Episode, episodes, noise
 from rankscope.config import StragglerConfig
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology
 from rankscope.spine import InputError
 
 REQUIRED = ("rank", "step", "op", "duration_s")
-COMM_WORDS = ("allreduce", "all-reduce", "all_reduce", "allgather", "all-gather", "all_gather", "reduce-scatter",
-              "reduce_scatter", "reducescatter", "broadcast", "barrier", "send", "recv", "p2p", "comm", "wait",
-              "nccl", "collective", "sync")
+COMM_WORDS = (
+    "allreduce",
+    "all-reduce",
+    "all_reduce",
+    "allgather",
+    "all-gather",
+    "all_gather",
+    "reduce-scatter",
+    "reduce_scatter",
+    "reducescatter",
+    "broadcast",
+    "barrier",
+    "send",
+    "recv",
+    "p2p",
+    "comm",
+    "wait",
+    "nccl",
+    "collective",
+    "sync",
+)
 """Ops that wait for other ranks: a rank slow in them is a victim of a straggler, not the straggler."""
 
 
@@ -52,8 +72,15 @@ class SlowRank:
     significance: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "node": self.node, "ratio": round(self.ratio, 3), "onset_step": self.onset_step,
-                "onset_s": self.onset_s, "ops": list(self.ops), "significance": round(self.significance, 1)}
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "ratio": round(self.ratio, 3),
+            "onset_step": self.onset_step,
+            "onset_s": self.onset_s,
+            "ops": list(self.ops),
+            "significance": round(self.significance, 1),
+        }
 
 
 @dataclass(frozen=True)
@@ -67,8 +94,13 @@ class Imbalance:
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "ratio": round(self.ratio, 3), "where": self.where,
-                "onset_step": self.onset_step, "reason": self.reason}
+        return {
+            "kind": self.kind,
+            "ratio": round(self.ratio, 3),
+            "where": self.where,
+            "onset_step": self.onset_step,
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -92,19 +124,28 @@ class StragglerReport:
         return tuple(sorted(best, key=lambda n: -best[n]))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"slow_ranks": [s.to_dict() for s in self.slow_ranks],
-                "imbalances": [i.to_dict() for i in self.imbalances], "n_ranks": self.n_ranks,
-                "n_steps": self.n_steps, "ops": list(self.ops), "peer_kind": self.peer_kind, "notes": list(self.notes)}
+        return {
+            "slow_ranks": [s.to_dict() for s in self.slow_ranks],
+            "imbalances": [i.to_dict() for i in self.imbalances],
+            "n_ranks": self.n_ranks,
+            "n_steps": self.n_steps,
+            "ops": list(self.ops),
+            "peer_kind": self.peer_kind,
+            "notes": list(self.notes),
+        }
 
     def explain(self) -> str:
         lines = [f"{self.n_ranks} ranks, {self.n_steps} steps, ops {', '.join(self.ops)}; peers: {self.peer_kind}"]
         for s in self.slow_ranks:
-            lines.append(f"rank {s.rank} on {s.node}: {s.ratio:.2f}x its peers from step {s.onset_step} in {', '.join(s.ops)}")
+            lines.append(
+                f"rank {s.rank} on {s.node}: {s.ratio:.2f}x its peers from step {s.onset_step} in {', '.join(s.ops)}"
+            )
         lines.extend(i.reason for i in self.imbalances)
         return "\n".join(lines)
 
 
 # -- inputs -------------------------------------------------------------------------------------
+
 
 def check_timings(timings: pl.DataFrame) -> pl.DataFrame:
     """The required columns with usable types; an InputError names what is wrong."""
@@ -113,7 +154,9 @@ def check_timings(timings: pl.DataFrame) -> pl.DataFrame:
         raise InputError(f"timings: missing column(s) {missing}; required: {list(REQUIRED)}")
     try:
         df = timings.with_columns(
-            pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64), pl.col("op").cast(pl.Utf8),
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            pl.col("op").cast(pl.Utf8),
             pl.col("duration_s").cast(pl.Float64),
         )
     except pl.exceptions.PolarsError as exc:
@@ -129,23 +172,27 @@ def check_timings(timings: pl.DataFrame) -> pl.DataFrame:
 def topology_for(timings: pl.DataFrame, topology: Topology | None, notes: list[str] | None = None) -> Topology:
     """The given topology, else (or when it cannot describe the timings) one built from the timing columns."""
     ranks = np.unique(timings["rank"].to_numpy())
-    has_coords = any(d in timings.columns and timings[d].null_count() == 0 and timings[d].max() > 0 for d in DIMS if d != "dp")
+    has_coords = any(
+        d in timings.columns and timings[d].null_count() == 0 and timings[d].max() > 0 for d in DIMS if d != "dp"
+    )
     if topology is not None:
         flat = all(topology.sizes[d] == 1 for d in DIMS if d != "dp")
         if ranks.max() < topology.world_size and not (flat and has_coords):
             return topology
-        why = (f"rank {int(ranks.max())} is outside the given topology ({topology.description})"
-               if ranks.max() >= topology.world_size else "the given topology is pure data parallel")
+        why = (
+            f"rank {int(ranks.max())} is outside the given topology ({topology.description})"
+            if ranks.max() >= topology.world_size
+            else "the given topology is pure data parallel"
+        )
         if notes is not None:
             notes.append(f"timings: {why}; using the node and tp/pp/dp columns of the timings instead")
-    per_rank = timings.group_by("rank").agg(
-        [pl.col(c).first() for c in ("node", *DIMS) if c in timings.columns]
-    ).sort("rank")
+    per_rank = (
+        timings.group_by("rank").agg([pl.col(c).first() for c in ("node", *DIMS) if c in timings.columns]).sort("rank")
+    )
     world = int(ranks.max()) + 1
     if per_rank.height != world:
         raise InputError(f"timings: ranks must be 0..{world - 1} without gaps (found {per_rank.height} ranks)")
-    nodes = (per_rank["node"].cast(pl.Utf8).fill_null("").to_list() if "node" in per_rank.columns
-             else [""] * world)
+    nodes = per_rank["node"].cast(pl.Utf8).fill_null("").to_list() if "node" in per_rank.columns else [""] * world
     nodes = [n or f"rank-{r}" for r, n in zip(per_rank["rank"].to_list(), nodes)]
     dims = {d: per_rank[d].to_list() for d in DIMS if d in per_rank.columns and per_rank[d].null_count() == 0}
     if dims:
@@ -156,14 +203,8 @@ def topology_for(timings: pl.DataFrame, topology: Topology | None, notes: list[s
 # -- episodes -----------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
-
 # -- the analysis -------------------------------------------------------------------------------
+
 
 def _matrices(df: pl.DataFrame, world: int) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
     steps = np.unique(df["step"].to_numpy())
@@ -286,26 +327,44 @@ def _blame(p: _Peers, per_rank: Episodes, per_replica: Episodes) -> tuple[list[S
             continue  # a blamed machine explains it
         ratio = float(max(ep.ratio for _, ep in eps))
         onset = min(ep.start for _, ep in eps)
-        imbalances.append(Imbalance(
-            "replica", ratio, f"replica {rep}", int(p.steps[onset]),
-            f"replica {rep} is {ratio:.2f}x slower at every pipeline stage from step {int(p.steps[onset])} "
-            "across several nodes: data imbalance (heavier batches), not one machine"))
+        imbalances.append(
+            Imbalance(
+                "replica",
+                ratio,
+                f"replica {rep}",
+                int(p.steps[onset]),
+                f"replica {rep} is {ratio:.2f}x slower at every pipeline stage from step {int(p.steps[onset])} "
+                "across several nodes: data imbalance (heavier batches), not one machine",
+            )
+        )
     world = p.topo.world_size
     if len(slow_set) > world // 2:
-        imbalances.append(Imbalance("job-wide", 1.0, "more than half of the ranks", None,
-                                    f"{len(slow_set)} of {world} ranks are slower than their peers: no single "
-                                    "machine stands out"))
+        imbalances.append(
+            Imbalance(
+                "job-wide",
+                1.0,
+                "more than half of the ranks",
+                None,
+                f"{len(slow_set)} of {world} ranks are slower than their peers: no single machine stands out",
+            )
+        )
         slow_set = set()
     slow_ranks = []
     for r in sorted(slow_set):
         eps = per_rank[r]
         first = min(ep.start for _, ep in eps)
         start = p.start
-        slow_ranks.append(SlowRank(
-            r, p.topo.node_of(r), float(max(ep.ratio for _, ep in eps)), int(p.steps[first]),
-            None if start is None or not np.isfinite(start[first]) else float(start[first]),
-            tuple(op for op, _ in sorted(eps, key=lambda e: -e[1].ratio)),
-            float(max(ep.significance for _, ep in eps))))
+        slow_ranks.append(
+            SlowRank(
+                r,
+                p.topo.node_of(r),
+                float(max(ep.ratio for _, ep in eps)),
+                int(p.steps[first]),
+                None if start is None or not np.isfinite(start[first]) else float(start[first]),
+                tuple(op for op, _ in sorted(eps, key=lambda e: -e[1].ratio)),
+                float(max(ep.significance for _, ep in eps)),
+            )
+        )
     return slow_ranks, imbalances
 
 
@@ -324,22 +383,37 @@ def _stage_imbalance(p: _Peers, cfg: StragglerConfig, busy: np.ndarray, slow_set
         if ep is not None and ep.significance >= cfg.min_significance and not _stage_has_culprit(s, pp, slow_set):
             others = [o for o in range(n_pp) if o != s]
             rel = float(np.nanmedian(stage[ep.start : ep.end, s]) / np.nanmedian(stage[ep.start : ep.end][:, others]))
-            base_rel = float(np.nanmedian(stage[: max(k, ep.start), s]) / np.nanmedian(stage[: max(k, ep.start)][:, others]))
-            if rel > base_rel * cfg.min_slowdown_ratio ** 0.5:
-                out.append(Imbalance(
-                    "stage", ep.ratio, f"pipeline stage {s}", int(steps[ep.start]),
-                    f"pipeline stage {s} (all {int(p.stage_sizes[s])} ranks) became {ep.ratio:.2f}x slower from step "
-                    f"{int(steps[ep.start])} while the other stages did not: a stage imbalance, not a machine"))
+            base_rel = float(
+                np.nanmedian(stage[: max(k, ep.start), s]) / np.nanmedian(stage[: max(k, ep.start)][:, others])
+            )
+            if rel > base_rel * cfg.min_slowdown_ratio**0.5:
+                out.append(
+                    Imbalance(
+                        "stage",
+                        ep.ratio,
+                        f"pipeline stage {s}",
+                        int(steps[ep.start]),
+                        f"pipeline stage {s} (all {int(p.stage_sizes[s])} ranks) became {ep.ratio:.2f}x slower "
+                        "from step "
+                        f"{int(steps[ep.start])} while the other stages did not: a stage imbalance, not a machine",
+                    )
+                )
     with warnings.catch_warnings():  # stages without any timing are all-NaN columns
         warnings.simplefilter("ignore", RuntimeWarning)
         persistent = np.nanmedian(lr, axis=0)
     worst = int(np.nanargmax(persistent)) if not np.all(np.isnan(persistent)) else 0
     if not out and persistent[worst] > min_log and not _stage_has_culprit(worst, pp, slow_set):
         ratio = float(np.exp(persistent[worst]))
-        out.append(Imbalance(
-            "stage", ratio, f"pipeline stage {worst}", None,
-            f"pipeline stage {worst} is {ratio:.2f}x slower than the fastest stage on every replica throughout: "
-            "the pipeline is unbalanced (layers per stage), not a machine"))
+        out.append(
+            Imbalance(
+                "stage",
+                ratio,
+                f"pipeline stage {worst}",
+                None,
+                f"pipeline stage {worst} is {ratio:.2f}x slower than the fastest stage on every replica throughout: "
+                "the pipeline is unbalanced (layers per stage), not a machine",
+            )
+        )
     return out
 
 
@@ -354,9 +428,13 @@ def _job_wide(p: _Peers, cfg: StragglerConfig, total: np.ndarray) -> Imbalance |
     if ep is None or ep.significance < cfg.min_significance:
         return None
     return Imbalance(
-        "job-wide", ep.ratio, "every rank", int(p.steps[ep.start]),
+        "job-wide",
+        ep.ratio,
+        "every rank",
+        int(p.steps[ep.start]),
         f"every worker became {ep.ratio:.2f}x slower together from step {int(p.steps[ep.start])}: a job-wide "
-        "change (data, configuration or shared infrastructure), no machine is blamed")
+        "change (data, configuration or shared infrastructure), no machine is blamed",
+    )
 
 
 def _data_imbalance(p: _Peers, cfg: StragglerConfig, busy: np.ndarray) -> Imbalance | None:
@@ -371,9 +449,13 @@ def _data_imbalance(p: _Peers, cfg: StragglerConfig, busy: np.ndarray) -> Imbala
     if not (frac >= cfg.intermittent_fraction and spread > rep_total.shape[1] // 2 and rep_total.shape[1] > 1):
         return None
     return Imbalance(
-        "data", float(np.nanquantile(rel, 0.95)), f"{spread} of {rep_total.shape[1]} replicas", None,
+        "data",
+        float(np.nanquantile(rel, 0.95)),
+        f"{spread} of {rep_total.shape[1]} replicas",
+        None,
         f"{frac:.0%} of (step, replica) pairs are over {cfg.min_slowdown_ratio:.2f}x the median replica, and the "
-        f"slow replica changes from step to step ({spread} replicas take turns): data imbalance, no straggler")
+        f"slow replica changes from step to step ({spread} replicas take turns): data imbalance, no straggler",
+    )
 
 
 def find_stragglers(
@@ -394,8 +476,15 @@ def find_stragglers(
     # with a blamed machine, everyone else waiting for it in collectives is its consequence, not a cause
     extra = [] if slow_ranks else [_job_wide(p, cfg, total), _data_imbalance(p, cfg, busy)]
     imbalances += [i for i in extra if i is not None]
-    return StragglerReport(tuple(sorted(slow_ranks, key=lambda s: -s.ratio)), tuple(imbalances), p.topo.world_size,
-                           int(p.steps.size), tuple(p.mats), p.peer_kind, tuple(notes))
+    return StragglerReport(
+        tuple(sorted(slow_ranks, key=lambda s: -s.ratio)),
+        tuple(imbalances),
+        p.topo.world_size,
+        int(p.steps.size),
+        tuple(p.mats),
+        p.peer_kind,
+        tuple(notes),
+    )
 
 
 def _sum_ops(parts: list[np.ndarray]) -> np.ndarray:
@@ -407,4 +496,3 @@ def _sum_ops(parts: list[np.ndarray]) -> np.ndarray:
 
 def _stage_has_culprit(stage: int, pp: np.ndarray, slow: set[int]) -> bool:
     return any(pp[r] == stage for r in slow)
-

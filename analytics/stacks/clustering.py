@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from rankscope.analytics.stacks.frames import classify, display, signature
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.spine import InputError
@@ -61,12 +62,19 @@ def _complete_truncated(procs: Sequence[ProcStacks], keys: list[tuple[str, ...] 
         k = keys[i]
         assert k is not None
         if k not in resolved:
-            resolved[k] = next((c for c in by_count if len(c) > len(k) and c[len(c) - len(k):] == k), k)
+            resolved[k] = next((c for c in by_count if len(c) > len(k) and c[len(c) - len(k) :] == k), k)
         keys[i] = resolved[k]
 
 
-def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool = False,
-            dominance: float = 0.5, start_id: int = 0, replica_of: np.ndarray | None = None) -> list[Cluster]:
+def cluster(
+    procs: Sequence[ProcStacks],
+    *,
+    role: str = "trainer",
+    lines: bool = False,
+    dominance: float = 0.5,
+    start_id: int = 0,
+    replica_of: np.ndarray | None = None,
+) -> list[Cluster]:
     """Cluster ``procs`` (one role, one snapshot) by signature, largest first, flagging healthy ones.
 
     Healthy: the largest cluster, and any cluster that shares a data-parallel replica with it and
@@ -122,10 +130,10 @@ def cluster(procs: Sequence[ProcStacks], *, role: str = "trainer", lines: bool =
         else:
             mine = replicas(members)
             healthy = bool(mine & top_replicas) and (
-                len(members) >= dominance * largest or len(mine) >= max(3, len(top_replicas) / 2))
+                len(members) >= dominance * largest or len(mine) >= max(3, len(top_replicas) / 2)
+            )
         rk = np.fromiter((r for r in (procs[i].rank for i in members) if r is not None), dtype=np.int64)
         ranks = tuple(np.unique(rk).tolist())
         representative = tuple(display(f) for f in reversed(rep.main)) if sig is not None else (frame,)
-        out.append(Cluster(start_id + n, role, sig or (), tuple(members), ranks, state, frame, healthy,
-                           representative))
+        out.append(Cluster(start_id + n, role, sig or (), tuple(members), ranks, state, frame, healthy, representative))
     return out

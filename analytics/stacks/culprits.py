@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from rankscope.analytics.stacks.clustering import Cluster
 from rankscope.analytics.stacks.snapshot import SnapshotAnalysis
 from rankscope.datasets.domain.topology import Topology

@@ -36,8 +36,11 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]]) -> Progress:
     prev: dict[int, tuple[str, ...]] | None = None
     compared = changed = 0
     for s in snaps:
-        cur = {p.rank: signature(p.main, lines=True) for p in by_snapshot[s]
-               if p.role == "trainer" and p.rank is not None and p.status not in ("failed", "cut")}
+        cur = {
+            p.rank: signature(p.main, lines=True)
+            for p in by_snapshot[s]
+            if p.role == "trainer" and p.rank is not None and p.status not in ("failed", "cut")
+        }
         if prev is not None:
             for r, sig in cur.items():
                 if r in prev:
@@ -59,8 +62,9 @@ class StackFacts:
     limits: Limits
 
 
-def facts(procs: Sequence[ProcStacks], topology: Topology, *, config: StackConfig | None = None,
-          limits: Limits | None = None) -> StackFacts:
+def facts(
+    procs: Sequence[ProcStacks], topology: Topology, *, config: StackConfig | None = None, limits: Limits | None = None
+) -> StackFacts:
     """Split ``procs`` by snapshot, measure progress, and analyze the snapshots the verdict needs."""
     cfg = config or StackConfig()
     by_snap: dict[int, list[ProcStacks]] = defaultdict(list)
@@ -69,6 +73,8 @@ def facts(procs: Sequence[ProcStacks], topology: Topology, *, config: StackConfi
     snaps = sorted(by_snap)
     prog = progress(by_snap) if len(snaps) > 1 else None
     wanted = snaps if prog is not None and prog.progressing else snaps[-1:]
-    analyses = tuple(analyze_snapshot(by_snap[s], topology, snapshot=s, lines=cfg.lines,
-                                      dominance=cfg.dominance_fraction) for s in wanted)
+    analyses = tuple(
+        analyze_snapshot(by_snap[s], topology, snapshot=s, lines=cfg.lines, dominance=cfg.dominance_fraction)
+        for s in wanted
+    )
     return StackFacts(analyses, prog, len(snaps), cfg, limits or Limits())

@@ -20,8 +20,18 @@ from rankscope.datasets.domain.stacks import is_hook_idle_frame, is_launcher_fra
 
 _SITE = re.compile(r"^.*?/(?:site|dist)-packages/")
 _STDLIB = re.compile(r"^.*?/lib(?:64)?/python\d+(?:\.\d+)?/")
-_REPO_ROOTS = ("megatron/", "torch/", "torchtitan/", "deepspeed/", "transformers/", "apex/", "nemo/",
-               "vllm/", "fairscale/", "accelerate/")
+_REPO_ROOTS = (
+    "megatron/",
+    "torch/",
+    "torchtitan/",
+    "deepspeed/",
+    "transformers/",
+    "apex/",
+    "nemo/",
+    "vllm/",
+    "fairscale/",
+    "accelerate/",
+)
 
 
 class FrameLike(Protocol):
@@ -35,15 +45,15 @@ def normalize_file(path: str) -> str:
     p = path.replace("\\", "/")
     m = _SITE.match(p)
     if m:
-        return p[m.end():]
+        return p[m.end() :]
     m = _STDLIB.match(p)
     if m:
-        return p[m.end():]
+        return p[m.end() :]
     if p.startswith("/"):
         for root in _REPO_ROOTS:
             i = p.rfind("/" + root)
             if i >= 0:
-                return p[i + 1:]
+                return p[i + 1 :]
         return p.rsplit("/", 1)[-1]
     return p
 
@@ -89,30 +99,116 @@ def display(f: FrameLike) -> str:
     return f"{f.function} ({loc}:{f.line})" if f.line is not None else f"{f.function} ({loc})"
 
 
-COLLECTIVE_OPS = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
-    "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "barrier", "monitored_barrier",
-    "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "all_gather_object",
-    "broadcast_object_list", "all_reduce_coalesced", "all_gather_coalesced", "gather_object",
-    "scatter_object_list", "_coalescing_manager", "allreduce", "allgather", "reducescatter",
-})
-P2P_OPS = frozenset({
-    "send", "recv", "isend", "irecv", "batch_isend_irecv", "_batched_p2p_ops", "_p2p_ops", "_communicate",
-    "send_forward", "recv_forward", "send_backward", "recv_backward", "send_forward_recv_backward",
-    "send_backward_recv_forward", "send_forward_recv_forward", "send_backward_recv_backward",
-    "send_object_list", "recv_object_list",
-})
+COLLECTIVE_OPS = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "_all_gather_base",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "_reduce_scatter_base",
+        "broadcast",
+        "barrier",
+        "monitored_barrier",
+        "all_to_all",
+        "all_to_all_single",
+        "reduce",
+        "gather",
+        "scatter",
+        "all_gather_object",
+        "broadcast_object_list",
+        "all_reduce_coalesced",
+        "all_gather_coalesced",
+        "gather_object",
+        "scatter_object_list",
+        "_coalescing_manager",
+        "allreduce",
+        "allgather",
+        "reducescatter",
+    }
+)
+P2P_OPS = frozenset(
+    {
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "batch_isend_irecv",
+        "_batched_p2p_ops",
+        "_p2p_ops",
+        "_communicate",
+        "send_forward",
+        "recv_forward",
+        "send_backward",
+        "recv_backward",
+        "send_forward_recv_backward",
+        "send_backward_recv_forward",
+        "send_forward_recv_forward",
+        "send_backward_recv_backward",
+        "send_object_list",
+        "recv_object_list",
+    }
+)
 DATALOADER_WAIT = frozenset({"_next_data", "_get_data", "_try_get_data", "__next__"})
-CHECKPOINT_WAIT = frozenset({"maybe_finalize_async_save", "finalize_async_save", "finalize_async_calls",
-                             "wait_until_finished"})
-IO_LEAVES = frozenset({
-    "read", "readinto", "readline", "readlines", "write", "writelines", "fsync", "fdatasync", "flush", "pread",
-    "pwrite", "open", "_save", "save", "load", "_write_item", "write_data", "_write_files_from_queue",
-    "copyfileobj", "copy", "copy2", "stat", "listdir", "scandir", "makedirs", "mmap", "_load", "_read",
-    "write_bytes", "read_bytes", "_legacy_save", "_save_to_file",
-})
-IDLE_LEAVES = frozenset({"wait", "select", "poll", "_poll", "get", "sleep", "acquire", "_wait_for_tstate_lock",
-                         "join", "accept", "recv_into", "_recv", "_recv_bytes", "epoll", "wait_for"})
+CHECKPOINT_WAIT = frozenset(
+    {"maybe_finalize_async_save", "finalize_async_save", "finalize_async_calls", "wait_until_finished"}
+)
+IO_LEAVES = frozenset(
+    {
+        "read",
+        "readinto",
+        "readline",
+        "readlines",
+        "write",
+        "writelines",
+        "fsync",
+        "fdatasync",
+        "flush",
+        "pread",
+        "pwrite",
+        "open",
+        "_save",
+        "save",
+        "load",
+        "_write_item",
+        "write_data",
+        "_write_files_from_queue",
+        "copyfileobj",
+        "copy",
+        "copy2",
+        "stat",
+        "listdir",
+        "scandir",
+        "makedirs",
+        "mmap",
+        "_load",
+        "_read",
+        "write_bytes",
+        "read_bytes",
+        "_legacy_save",
+        "_save_to_file",
+    }
+)
+IDLE_LEAVES = frozenset(
+    {
+        "wait",
+        "select",
+        "poll",
+        "_poll",
+        "get",
+        "sleep",
+        "acquire",
+        "_wait_for_tstate_lock",
+        "join",
+        "accept",
+        "recv_into",
+        "_recv",
+        "_recv_bytes",
+        "epoll",
+        "wait_for",
+    }
+)
 
 
 def _is_dist(file: str) -> bool:
@@ -142,7 +238,9 @@ def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str
         return "io", 0
     # a few frames of I/O under a user frame (e.g. numpy read -> fromfile) still count as I/O
     for i, f in enumerate(frames[:4]):
-        if f.function.rsplit(".", 1)[-1] in IO_LEAVES and "data" in f.file + (frames[i + 1].file if i + 1 < len(frames) else ""):
+        if f.function.rsplit(".", 1)[-1] in IO_LEAVES and "data" in f.file + (
+            frames[i + 1].file if i + 1 < len(frames) else ""
+        ):
             return "io", i
     if leaf in IDLE_LEAVES or is_hook_idle_frame(frames[0]):
         return "idle", 0

@@ -39,8 +39,17 @@ class PrefixTree:
     lines: tuple[TreeLine, ...]
 
     def to_dict(self) -> list[dict]:
-        return [{"depth": ln.depth, "frame": ln.label, "n_ranks": ln.n_ranks, "ranks": ln.ranks,
-                 "clusters": list(ln.clusters), "diverges": ln.diverges} for ln in self.lines]
+        return [
+            {
+                "depth": ln.depth,
+                "frame": ln.label,
+                "n_ranks": ln.n_ranks,
+                "ranks": ln.ranks,
+                "clusters": list(ln.clusters),
+                "diverges": ln.diverges,
+            }
+            for ln in self.lines
+        ]
 
 
 def build(clusters: Sequence[Cluster], *, collapse: bool = True) -> PrefixTree:
@@ -63,11 +72,20 @@ def build(clusters: Sequence[Cluster], *, collapse: bool = True) -> PrefixTree:
                 break
             node = child
             labels.append(node.label)
-        label = labels[0] if len(labels) == 1 else (
-            f"{labels[0]} > {labels[-1]}" if len(labels) == 2
-            else f"{labels[0]} > ... {len(labels) - 2} frames ... > {labels[-1]}")
-        lines.append(TreeLine(depth, label, len(node.ranks), rank_ranges(node.ranks), tuple(node.clusters),
-                              len(node.children) > 1))
+        label = (
+            labels[0]
+            if len(labels) == 1
+            else (
+                f"{labels[0]} > {labels[-1]}"
+                if len(labels) == 2
+                else f"{labels[0]} > ... {len(labels) - 2} frames ... > {labels[-1]}"
+            )
+        )
+        lines.append(
+            TreeLine(
+                depth, label, len(node.ranks), rank_ranges(node.ranks), tuple(node.clusters), len(node.children) > 1
+            )
+        )
         for child in sorted(node.children.values(), key=lambda n: -len(n.ranks)):
             walk(child, depth + 1)
 

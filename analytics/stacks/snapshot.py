@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from rankscope.analytics.stacks.clustering import Cluster, cluster
 from rankscope.analytics.stacks.frames import classify, display
 from rankscope.datasets.domain.stacks import ProcStacks
@@ -151,16 +152,25 @@ def _trainer_findings(clusters: Sequence[Cluster], findings: _Findings) -> int:
     return healthy
 
 
-def _child_findings(children: dict[str, list[ProcStacks]], world: int, *, lines: bool, dominance: float,
-                    start_id: int, replica_of: np.ndarray | None, findings: _Findings) -> list[Cluster]:
+def _child_findings(
+    children: dict[str, list[ProcStacks]],
+    world: int,
+    *,
+    lines: bool,
+    dominance: float,
+    start_id: int,
+    replica_of: np.ndarray | None,
+    findings: _Findings,
+) -> list[Cluster]:
     """Cluster each child role among its own kind; a stuck or odd child makes its trainer rank suspect."""
     out: list[Cluster] = []
     for role in CHILD_ROLES:
         kids = children.get(role)
         if not kids:
             continue
-        cc = cluster(kids, role=role, lines=lines, dominance=dominance, start_id=start_id + len(out),
-                     replica_of=replica_of)
+        cc = cluster(
+            kids, role=role, lines=lines, dominance=dominance, start_id=start_id + len(out), replica_of=replica_of
+        )
         out.extend(cc)
         for c in (c for c in cc if not c.healthy):
             stuck = c.state in ("io", "compute", "failed")
@@ -169,11 +179,17 @@ def _child_findings(children: dict[str, list[ProcStacks]], world: int, *, lines:
                 if p.rank is None or not 0 <= p.rank < world:
                     continue
                 if stuck:
-                    findings.add(Finding(p.rank, "child-stuck",
-                                         f"its {role} process (pid {p.pid}) is stuck: in {c.state_frame}"))
+                    findings.add(
+                        Finding(p.rank, "child-stuck", f"its {role} process (pid {p.pid}) is stuck: in {c.state_frame}")
+                    )
                 else:
-                    findings.add(Finding(p.rank, "child-outlier",
-                                         f"its {role} process (pid {p.pid}) differs from its peers: in {c.state_frame}"))
+                    findings.add(
+                        Finding(
+                            p.rank,
+                            "child-outlier",
+                            f"its {role} process (pid {p.pid}) differs from its peers: in {c.state_frame}",
+                        )
+                    )
     return out
 
 
@@ -183,15 +199,18 @@ def _thread_notes(outliers: Sequence[int], trainers: Sequence[ProcStacks]) -> tu
     notes = []
     for r in outliers:
         p = by_rank.get(r)
-        for t in (p.others if p is not None else ()):
+        for t in p.others if p is not None else ():
             state, i = classify(t.frames, role="other")
             if state in ("io", "compute") and i >= 0:
-                notes.append((r, f"thread {t.thread_name or t.thread_id!s} is running ({state}): {display(t.frames[i])}"))
+                notes.append(
+                    (r, f"thread {t.thread_name or t.thread_id!s} is running ({state}): {display(t.frames[i])}")
+                )
     return tuple(notes)
 
 
-def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapshot: int = 0,
-                     lines: bool = False, dominance: float = 0.5) -> SnapshotAnalysis:
+def analyze_snapshot(
+    procs: Sequence[ProcStacks], topology: Topology, *, snapshot: int = 0, lines: bool = False, dominance: float = 0.5
+) -> SnapshotAnalysis:
     """Cluster one snapshot and explain every outlier rank."""
     roles = split_roles(procs)
     replica_of = topology.coords["dp"] if topology.sizes["dp"] > 1 else None
@@ -200,11 +219,31 @@ def analyze_snapshot(procs: Sequence[ProcStacks], topology: Topology, *, snapsho
     healthy = _trainer_findings(clusters, findings)
     missing = np.setdiff1d(topology.ranks, np.fromiter(roles.seen, dtype=np.int64, count=len(roles.seen)))
     for r in missing.tolist():
-        findings.add(Finding(int(r), "missing-dump", "no stack dump for this rank (process crashed, exited, or unreachable)"))
-    clusters.extend(_child_findings(roles.children, topology.world_size, lines=lines, dominance=dominance,
-                                    start_id=len(clusters), replica_of=replica_of, findings=findings))
+        findings.add(
+            Finding(int(r), "missing-dump", "no stack dump for this rank (process crashed, exited, or unreachable)")
+        )
+    clusters.extend(
+        _child_findings(
+            roles.children,
+            topology.world_size,
+            lines=lines,
+            dominance=dominance,
+            start_id=len(clusters),
+            replica_of=replica_of,
+            findings=findings,
+        )
+    )
     outliers = tuple(sorted(findings))
     busy = tuple(sorted(r for c in clusters if c.role == "trainer" and c.state in BUSY_STATES for r in c.ranks))
-    return SnapshotAnalysis(snapshot, tuple(clusters), len(roles.trainers), healthy, outliers,
-                            tuple(int(r) for r in missing.tolist()), tuple(findings[r] for r in outliers), busy,
-                            _thread_notes(outliers, roles.trainers), tuple(sorted(roles.cut)))
+    return SnapshotAnalysis(
+        snapshot,
+        tuple(clusters),
+        len(roles.trainers),
+        healthy,
+        outliers,
+        tuple(int(r) for r in missing.tolist()),
+        tuple(findings[r] for r in outliers),
+        busy,
+        _thread_notes(outliers, roles.trainers),
+        tuple(sorted(roles.cut)),
+    )

@@ -34,19 +34,14 @@ class ProcessExit:
     source: str = ""  # the file or table it came from
 
     def describe(self) -> str:
-        what = "vanished without a record (killed by a signal, os._exit or the OOM killer)" \
-            if self.kind == "vanished" else f"{self.kind}: {_short(self.message)}"
+        what = (
+            "vanished without a record (killed by a signal, os._exit or the OOM killer)"
+            if self.kind == "vanished"
+            else f"{self.kind}: {_short(self.message)}"
+        )
         return what + (f", in {self.where}" if self.where else "")
 
 
 def _short(text: str, limit: int = 160) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-
-
-
-
-
-

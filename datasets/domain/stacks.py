@@ -32,26 +32,30 @@ class ProcStacks:
         return self.main_thread.frames if self.main_thread is not None else ()
 
 
-def from_dump(dump: ProcessDump, *, snapshot: int, rank: int | None, node: str | None, role: str,
-              pid: int | None = None) -> ProcStacks:
+def from_dump(
+    dump: ProcessDump, *, snapshot: int, rank: int | None, node: str | None, role: str, pid: int | None = None
+) -> ProcStacks:
     threads = dump.threads
     main = dump.main_thread
     others = threads[1:] if threads and threads[0] is main else tuple(t for t in threads if t is not main)
-    return ProcStacks(snapshot, rank, node, role, dump.pid if dump.pid is not None else pid, dump.status,
-                      dump.error, main, others, dump.source_file, dump.source_format)
-
-
+    return ProcStacks(
+        snapshot,
+        rank,
+        node,
+        role,
+        dump.pid if dump.pid is not None else pid,
+        dump.status,
+        dump.error,
+        main,
+        others,
+        dump.source_file,
+        dump.source_format,
+    )
 
 
 def from_dumps(items: Iterable[tuple[ProcessDump, int, int | None, str | None, str]]) -> list[ProcStacks]:
     """From ``(dump, snapshot, rank, node, role)`` tuples (synthetic jobs, the live agent)."""
     return [from_dump(d, snapshot=s, rank=r, node=n, role=role) for d, s, r, n, role in items]
-
-
-
-
-
-
 
 
 class Frame(NamedTuple):

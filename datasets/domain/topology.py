@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+
 from rankscope.spine import LayoutError
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
@@ -157,8 +158,15 @@ class Topology:
             node_names, node_index = _index_nodes(np.asarray(node_names, dtype=object))
             local = _local_ranks(node_index)
         coords = layout.coords(ranks)
-        return cls(ranks, node_index.astype(np.int64), tuple(node_names), local, coords,
-                   {d: layout.size(d) for d in DIMS}, layout)
+        return cls(
+            ranks,
+            node_index.astype(np.int64),
+            tuple(node_names),
+            local,
+            coords,
+            {d: layout.size(d) for d in DIMS},
+            layout,
+        )
 
     @classmethod
     def from_table(
@@ -191,7 +199,7 @@ class Topology:
         names, node_index = _index_nodes(node_arr)
         sorted_ranks = r[order]
         if coords:
-            sizes = {d: 1 for d in DIMS}
+            sizes = dict.fromkeys(DIMS, 1)
             cdict = {}
             for d in DIMS:
                 if d in coords and coords[d] is not None:
@@ -202,9 +210,7 @@ class Topology:
                     cdict[d] = np.zeros(world, dtype=np.int64)
             prod = int(np.prod(list(sizes.values())))
             if prod != world:
-                raise LayoutError(
-                    f"topology: coordinate sizes {sizes} multiply to {prod}, not the world size {world}"
-                )
+                raise LayoutError(f"topology: coordinate sizes {sizes} multiply to {prod}, not the world size {world}")
             used = {d: cdict[d] for d in DIMS}
             key = np.zeros(world, dtype=np.int64)
             for d in DIMS:
@@ -218,8 +224,15 @@ class Topology:
                 raise LayoutError(f"layout {lay} has world size {lay.world_size}, but the table has {world} ranks")
             cdict = lay.coords(sorted_ranks)
             sizes = {d: lay.size(d) for d in DIMS}
-        return cls(sorted_ranks, node_index.astype(np.int64), tuple(str(n) for n in names),
-                   _local_ranks(node_index), cdict, sizes, lay)
+        return cls(
+            sorted_ranks,
+            node_index.astype(np.int64),
+            tuple(str(n) for n in names),
+            _local_ranks(node_index),
+            cdict,
+            sizes,
+            lay,
+        )
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -286,7 +299,6 @@ class Topology:
         idx = np.unique(self.node_index[np.asarray(ranks, dtype=np.int64)])
         return tuple(self.node_names[i] for i in idx)
 
-
     @cached_property
     def description(self) -> str:
         dims = ",".join(f"{d}={self.sizes[d]}" for d in DIMS if self.sizes[d] > 1) or "dp=1"
@@ -295,8 +307,13 @@ class Topology:
     def to_rows(self, job: str) -> list[dict]:
         """Rows of the ``topology`` table."""
         return [
-            {"job": job, "rank": int(r), "node": self.node_of(int(r)), "local_rank": int(self.local_rank[i]),
-             **{d: int(self.coords[d][i]) for d in DIMS}}
+            {
+                "job": job,
+                "rank": int(r),
+                "node": self.node_of(int(r)),
+                "local_rank": int(self.local_rank[i]),
+                **{d: int(self.coords[d][i]) for d in DIMS},
+            }
             for i, r in enumerate(self.ranks)
         ]
 

@@ -40,7 +40,7 @@ def ingest_inputs(inputs: Inputs, store: Store, *, job: str | None = None) -> In
         counts["collectives"] = len(fr_rows)
     for table, df in (("metrics", inputs.metrics), ("timings", inputs.timings)):
         if df is not None and df.height:
-            import polars as pl  # noqa: PLC0415
+            import polars as pl
 
             df = df.with_columns(pl.lit(name).alias("job"))
             keep = [c for c in df.columns if c in _columns(table)]
@@ -50,13 +50,20 @@ def ingest_inputs(inputs: Inputs, store: Store, *, job: str | None = None) -> In
 
 
 def _columns(table: str) -> list[str]:
-    from rankscope.datasets.store.schemas import table as spec  # noqa: PLC0415
+    from rankscope.datasets.store.schemas import table as spec
 
     return spec(table).schema.names
 
 
-def ingest_path(path: str | os.PathLike[str], store_root: str | os.PathLike[str], *, job: str | None = None,
-                layout: str | None = None, order: str | None = None, gpus_per_node: int = 8) -> IngestReport:
+def ingest_path(
+    path: str | os.PathLike[str],
+    store_root: str | os.PathLike[str],
+    *,
+    job: str | None = None,
+    layout: str | None = None,
+    order: str | None = None,
+    gpus_per_node: int = 8,
+) -> IngestReport:
     """Load a dump directory (see :func:`load_inputs`) and append it to the store at ``store_root``."""
     inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
     return ingest_inputs(inputs, Store(store_root, create=True), job=job)

@@ -23,8 +23,9 @@ from rankscope.datasets.store.store import Store
 from rankscope.spine import InputError, LayoutError
 
 
-def infer_topology(ranks: Sequence[int], nodes: Mapping[int, str], *, layout: Layout | None,
-                   gpus_per_node: int, where: str) -> tuple[Topology, list[str]]:
+def infer_topology(
+    ranks: Sequence[int], nodes: Mapping[int, str], *, layout: Layout | None, gpus_per_node: int, where: str
+) -> tuple[Topology, list[str]]:
     """The topology from a layout and/or the nodes named per rank; notes say what was inferred."""
     notes: list[str] = []
     if gpus_per_node < 1:
@@ -39,8 +40,10 @@ def infer_topology(ranks: Sequence[int], nodes: Mapping[int, str], *, layout: La
         if world <= 0:
             raise InputError(f"{where}: no ranks found")
         layout = Layout(dp=world)
-        notes.append(f"no --layout given: treating ranks 0..{world - 1} as pure data parallel (pass --layout "
-                     "tp=..,pp=..,dp=.. to isolate parallel groups and to notice missing trailing ranks)")
+        notes.append(
+            f"no --layout given: treating ranks 0..{world - 1} as pure data parallel (pass --layout "
+            "tp=..,pp=..,dp=.. to isolate parallel groups and to notice missing trailing ranks)"
+        )
     if nodes and all(r in nodes for r in range(world)):
         return Topology.from_table(list(range(world)), [nodes[r] for r in range(world)], layout=layout), notes
     names = [nodes.get(r, f"node-{r // gpus_per_node}") for r in range(world)]
@@ -72,26 +75,43 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str
     if topo is not None:
         pass  # the hook's recorded layout
     elif ranks or ranks_fr or ranks_exit:
-        topo, notes = infer_topology(ranks + ranks_fr + ranks_exit, nodes if dd.has_manifest else {}, layout=layout,
-                                     gpus_per_node=gpus_per_node, where=str(root))
+        topo, notes = infer_topology(
+            ranks + ranks_fr + ranks_exit,
+            nodes if dd.has_manifest else {},
+            layout=layout,
+            gpus_per_node=gpus_per_node,
+            where=str(root),
+        )
     elif layout is not None:
         topo, notes = Topology.from_layout(layout, gpus_per_node=gpus_per_node), []
     else:  # metrics/timings only: the timing analysis builds its topology from the timing columns
         topo, notes = None, []
-    return Inputs(job or root.name, topo, tuple(procs), tuple(fr), metrics, timings,
-                     tuple(dd.notes) + tuple(fr_notes) + tuple(exit_notes) + tuple(notes), str(root),
-                     exits=tuple(exits))
+    return Inputs(
+        job or root.name,
+        topo,
+        tuple(procs),
+        tuple(fr),
+        metrics,
+        timings,
+        tuple(dd.notes) + tuple(fr_notes) + tuple(exit_notes) + tuple(notes),
+        str(root),
+        exits=tuple(exits),
+    )
 
 
-def _topology_from_coords(dd: DumpDir, nodes: Mapping[int, str], world: int, gpus_per_node: int,
-                          notes: list[str]) -> Topology | None:
+def _topology_from_coords(
+    dd: DumpDir, nodes: Mapping[int, str], world: int, gpus_per_node: int, notes: list[str]
+) -> Topology | None:
     """The topology the hook recorded (every rank's parallel coordinates), or None (with a note when
     the coordinates do not describe a valid layout)."""
     if not dd.coords or sorted(dd.coords) != list(range(world)):
         return None
     try:
-        return Topology.from_table(list(range(world)), [nodes.get(r, f"node-{r // gpus_per_node}") for r in range(world)],
-                                   coords={d: [dd.coords[r].get(d, 0) for r in range(world)] for d in DIMS})
+        return Topology.from_table(
+            list(range(world)),
+            [nodes.get(r, f"node-{r // gpus_per_node}") for r in range(world)],
+            coords={d: [dd.coords[r].get(d, 0) for r in range(world)] for d in DIMS},
+        )
     except LayoutError as exc:
         notes.append(f"the hook's recorded parallel coordinates were not used ({exc}); pass --layout")
         return None
@@ -102,15 +122,17 @@ def _read_fr(paths: Sequence[Path], notes: list[str]) -> list[Any]:
     the name family covering most ranks wins, pickles (which carry call stacks) on a tie."""
     if not paths:
         return []
-    from rankscope.datasets.readers.flight_recorder import (  # noqa: PLC0415 (loaded on need)
+    from rankscope.datasets.readers.flight_recorder import (
         read_fr_files,
         select_fr_files,
     )
 
     chosen = select_fr_files(paths)
     if len(chosen) < len(paths):
-        notes.append(f"Flight Recorder: read {len(chosen)} of {len(paths)} dump files (one per rank; the other "
-                     "files are the same ranks in another format)")
+        notes.append(
+            f"Flight Recorder: read {len(chosen)} of {len(paths)} dump files (one per rank; the other "
+            "files are the same ranks in another format)"
+        )
     return read_fr_files(chosen)
 
 
@@ -118,13 +140,13 @@ def _read_hook_fr(files: Sequence[tuple[Path, int]], notes: list[str]) -> list[A
     """The hook's Flight Recorder dumps (the rank is known from the identity); a bad one is a note."""
     if not files:
         return []
-    from rankscope.datasets.readers.flight_recorder import read_fr_file  # noqa: PLC0415
+    from rankscope.datasets.readers.flight_recorder import read_fr_file
 
     out, bad = [], []
     for path, rank in files:
         try:
             out.append(read_fr_file(path, rank=rank))
-        except Exception as exc:  # noqa: BLE001 - one rank's unreadable dump must not hide the others
+        except Exception as exc:
             bad.append(f"{path.name}: {exc}")
     if bad:
         notes.append(f"{len(bad)} Flight Recorder dump(s) of the run directory skipped: {bad[0]}"[:300])
@@ -134,13 +156,14 @@ def _read_hook_fr(files: Sequence[tuple[Path, int]], notes: list[str]) -> list[A
 def _read_tables(dd: DumpDir, nodes: Mapping[int, str]) -> tuple[Any, Any]:
     if not dd.metric_files and not dd.timing_files and not dd.step_files:
         return None, None
-    from rankscope.datasets.readers import tables  # noqa: PLC0415
+    from rankscope.datasets.readers import tables
 
     metrics = tables.read_metrics(list(dd.metric_files)) if dd.metric_files else None
     timings = tables.read_timings(list(dd.timing_files)) if dd.timing_files else None
     if dd.step_files:  # the hook's log_step records: per-rank step times
-        import polars as pl  # noqa: PLC0415
-        from rankscope.datasets.readers.rundir import read_steps  # noqa: PLC0415
+        import polars as pl
+
+        from rankscope.datasets.readers.rundir import read_steps
 
         steps = read_steps(list(dd.step_files), nodes)
         if steps is not None:
@@ -148,11 +171,16 @@ def _read_tables(dd: DumpDir, nodes: Mapping[int, str]) -> tuple[Any, Any]:
     return metrics, timings
 
 
-def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None,
-                series_gap_seconds: float) -> Inputs:
+def _from_store(
+    root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None, series_gap_seconds: float
+) -> Inputs:
     store = Store(root)
-    jobs = sorted(set(store.jobs("stacks")) | set(store.jobs("collectives")) | set(store.jobs("metrics"))
-                  | set(store.jobs("timings")))
+    jobs = sorted(
+        set(store.jobs("stacks"))
+        | set(store.jobs("collectives"))
+        | set(store.jobs("metrics"))
+        | set(store.jobs("timings"))
+    )
     if job is None:
         if not jobs:
             raise InputError(f"{root}: the store holds no stacks, collectives, metrics or timings")
@@ -170,8 +198,10 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
         older = len(snapshot_times) - len(latest)
         procs = [p for p in procs if p.snapshot in latest or p.snapshot not in snapshot_times]
         snapshot_times = {s: t for s, t in snapshot_times.items() if s in latest}
-        notes.append(f"{older} snapshot(s) of earlier captures ignored: the latest capture (from "
-                     f"{_utc(min(snapshot_times.values()))}) is diagnosed")
+        notes.append(
+            f"{older} snapshot(s) of earlier captures ignored: the latest capture (from "
+            f"{_utc(min(snapshot_times.values()))}) is diagnosed"
+        )
     topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
     fr: list[Any] = []
     if store.files("collectives", job=job):
@@ -195,8 +225,18 @@ def _from_store(root: Path, *, layout: Layout | None, gpus_per_node: int, job: s
     metrics = store.read("metrics", job=job) if store.files("metrics", job=job) else None
     timings = store.read("timings", job=job) if store.files("timings", job=job) else None
     exits = exits_from_events(store.read("events", job=job)) if store.files("events", job=job) else []
-    return Inputs(job, topo, tuple(procs), tuple(fr), metrics, timings, tuple(notes), str(root), exits=tuple(exits),
-                     snapshot_times=snapshot_times)
+    return Inputs(
+        job,
+        topo,
+        tuple(procs),
+        tuple(fr),
+        metrics,
+        timings,
+        tuple(notes),
+        str(root),
+        exits=tuple(exits),
+        snapshot_times=snapshot_times,
+    )
 
 
 def latest_series(snapshot_times: Mapping[int, float], gap_s: float = InputsConfig().series_gap_seconds) -> set[int]:
@@ -214,7 +254,7 @@ def latest_series(snapshot_times: Mapping[int, float], gap_s: float = InputsConf
 
 
 def _utc(t: float) -> str:
-    import datetime as dt  # noqa: PLC0415
+    import datetime as dt
 
     return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -232,8 +272,15 @@ def _snapshot_times(tbl: Any) -> dict[int, float]:
     return out
 
 
-def load_inputs(path: str | os.PathLike[str], *, layout: str | Layout | None = None, order: str | None = None,
-                gpus_per_node: int = 8, job: str | None = None, config: InputsConfig | None = None) -> Inputs:
+def load_inputs(
+    path: str | os.PathLike[str],
+    *,
+    layout: str | Layout | None = None,
+    order: str | None = None,
+    gpus_per_node: int = 8,
+    job: str | None = None,
+    config: InputsConfig | None = None,
+) -> Inputs:
     """Load a dump directory or a store into :class:`Inputs` (InputError on bad input)."""
     root = Path(path)
     lay: Layout | None
@@ -248,18 +295,29 @@ def load_inputs(path: str | os.PathLike[str], *, layout: str | Layout | None = N
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
     if Store.is_store(root):
-        return _from_store(root, layout=lay, gpus_per_node=gpus_per_node, job=job,
-                           series_gap_seconds=(config or InputsConfig()).series_gap_seconds)
+        return _from_store(
+            root,
+            layout=lay,
+            gpus_per_node=gpus_per_node,
+            job=job,
+            series_gap_seconds=(config or InputsConfig()).series_gap_seconds,
+        )
     return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
 
 
-def load_fr_inputs(path: str | os.PathLike[str], *, prefix: str | None = None, layout: str | None = None,
-                   order: str | None = None, gpus_per_node: int = 8, job: str | None = None) -> Inputs:
+def load_fr_inputs(
+    path: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    layout: str | None = None,
+    order: str | None = None,
+    gpus_per_node: int = 8,
+    job: str | None = None,
+) -> Inputs:
     """A directory of Flight Recorder dumps alone (or one file), with the topology their ranks imply."""
     from rankscope.datasets.readers.flight_recorder import read_fr_dir
 
     dumps = read_fr_dir(path, prefix=prefix)
     lay = Layout.parse(layout, order or "tp-cp-ep-dp-pp") if layout else None
-    topo, notes = infer_topology([d.rank for d in dumps], {}, layout=lay, gpus_per_node=gpus_per_node,
-                                 where=str(path))
+    topo, notes = infer_topology([d.rank for d in dumps], {}, layout=lay, gpus_per_node=gpus_per_node, where=str(path))
     return Inputs(job or "", topo, (), tuple(dumps), notes=tuple(notes), source=str(path))

@@ -37,8 +37,7 @@ def cut_dump(source: str, pid: int | None, why: str) -> ProcessDump:
 
 def failed_dump(source_file: str, source_format: str, error: str, pid: int | None = None) -> ProcessDump:
     """A dump that produced no stack (py-spy error, empty file, unreadable file)."""
-    return ProcessDump((), pid=pid, status="failed", error=error, source_format=source_format,
-                       source_file=source_file)
+    return ProcessDump((), pid=pid, status="failed", error=error, source_format=source_format, source_file=source_file)
 
 
 def mark_main(threads: Sequence[ThreadDump], pid: int | None) -> tuple[ThreadDump, ...]:
@@ -74,15 +73,29 @@ def to_rows(
     time: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of the ``stacks`` table for one process dump (one row per thread; one row if failed)."""
-    base = {"job": job, "snapshot": snapshot, "time": time, "node": node, "rank": rank, "pid": dump.pid,
-            "role": role, "source_format": dump.source_format, "source_file": dump.source_file,
-            "status": dump.status, "error": dump.error}
+    base = {
+        "job": job,
+        "snapshot": snapshot,
+        "time": time,
+        "node": node,
+        "rank": rank,
+        "pid": dump.pid,
+        "role": role,
+        "source_format": dump.source_format,
+        "source_file": dump.source_file,
+        "status": dump.status,
+        "error": dump.error,
+    }
     if not dump.threads:
-        return [{**base, "frames": [], "thread_id": None, "thread_name": None, "is_main_thread": None,
-                 "active": None}]
+        return [{**base, "frames": [], "thread_id": None, "thread_name": None, "is_main_thread": None, "active": None}]
     return [
-        {**base, "thread_id": t.thread_id, "thread_name": t.thread_name, "is_main_thread": t.is_main,
-         "active": t.active,
-         "frames": [{"function": f.function, "file": f.file, "line": f.line} for f in t.frames]}
+        {
+            **base,
+            "thread_id": t.thread_id,
+            "thread_name": t.thread_name,
+            "is_main_thread": t.is_main,
+            "active": t.active,
+            "frames": [{"function": f.function, "file": f.file, "line": f.line} for f in t.frames],
+        }
         for t in dump.threads
     ]

@@ -80,8 +80,9 @@ class DumpDir:
     hook_fr_files: tuple[tuple[Path, int], ...] = ()  # the hook's pid<PID>.fr.json with the rank of PID
 
 
-def read_stack_file(path: str | os.PathLike[str], display: str | None = None, *,
-                    raw: bytes | None = None) -> list[ProcessDump]:
+def read_stack_file(
+    path: str | os.PathLike[str], display: str | None = None, *, raw: bytes | None = None
+) -> list[ProcessDump]:
     """Parse one stack dump file of any supported format (decided by suffix and content)."""
     path = os.fspath(path)
     name = display or path
@@ -268,16 +269,25 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
         absent = [f for f in manifest if f not in present and not (root / f).exists()]
         for f in absent:  # listed but not there: the process's dump is missing
             meta = manifest[f]
-            files.append(DumpFile(f, int(meta.get("snapshot") or 0), int(meta["rank"]), meta["node"],
-                                  meta.get("role") or None, int(meta["pid"]) if meta.get("pid") else None,
-                                  (failed_dump(f, "unknown", "listed in manifest.csv but the file is absent"),)))
+            files.append(
+                DumpFile(
+                    f,
+                    int(meta.get("snapshot") or 0),
+                    int(meta["rank"]),
+                    meta["node"],
+                    meta.get("role") or None,
+                    int(meta["pid"]) if meta.get("pid") else None,
+                    (failed_dump(f, "unknown", "listed in manifest.csv but the file is absent"),),
+                )
+            )
     steps: list[tuple[str, str]] = []
     coords: dict[int, dict[str, int]] = {}
     hook_named = False
     hook_fr: list[tuple[Path, int]] = []
     if hooked:
-        hook_named, coords = _add_hook_processes(hooked, files, hook_fr, exits, steps, notes, ignored,
-                                                 gpus_per_node=gpus_per_node)
+        hook_named, coords = _add_hook_processes(
+            hooked, files, hook_fr, exits, steps, notes, ignored, gpus_per_node=gpus_per_node
+        )
     if ignored:
         shown = ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else "")
         why = "not in manifest.csv" if manifest is not None else "no rank in the name or unknown type"
@@ -292,14 +302,32 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
         if any(snap != last for snap, _ in fr):
             notes.append(f"Flight Recorder dumps from several snapshots: using snapshot {last}")
         fr = [p for snap, p in fr if snap == last]
-    return DumpDir(root, tuple(files), tuple(fr), tuple(metrics), tuple(timings), tuple(exits),
-                   manifest is not None or hook_named, tuple(notes), tuple(steps), coords, tuple(hook_fr))
+    return DumpDir(
+        root,
+        tuple(files),
+        tuple(fr),
+        tuple(metrics),
+        tuple(timings),
+        tuple(exits),
+        manifest is not None or hook_named,
+        tuple(notes),
+        tuple(steps),
+        coords,
+        tuple(hook_fr),
+    )
 
 
-def _add_hook_processes(hooked: dict[tuple[str, int], HookProcess], files: list[DumpFile],
-                        fr: list[tuple[Path, int]],
-                        exits: list[Path], steps: list[tuple[str, str]], notes: list[str], ignored: list[str], *,
-                        gpus_per_node: int) -> tuple[bool, dict[int, dict[str, int]]]:
+def _add_hook_processes(
+    hooked: dict[tuple[str, int], HookProcess],
+    files: list[DumpFile],
+    fr: list[tuple[Path, int]],
+    exits: list[Path],
+    steps: list[tuple[str, str]],
+    notes: list[str],
+    ignored: list[str],
+    *,
+    gpus_per_node: int,
+) -> tuple[bool, dict[int, dict[str, int]]]:
     """The hook's per-process files (a run directory) as dump files, exits, FR dumps and step files."""
     by_dir: dict[str, dict[int, HookProcess]] = {}
     for (d, pid), hp in hooked.items():
@@ -365,5 +393,8 @@ def assign_roles(df: DumpFile) -> list[tuple[ProcessDump, str]]:
 def from_dump_dir(dd: DumpDir) -> list[ProcStacks]:
     """Every process of a scanned dump directory (GC paused: see ``scan_dump_dir``)."""
     with paused_gc():
-        return [from_dump(proc, snapshot=f.snapshot, rank=f.rank, node=f.node, role=role, pid=f.pid)
-                for f in dd.files for proc, role in assign_roles(f)]
+        return [
+            from_dump(proc, snapshot=f.snapshot, rank=f.rank, node=f.node, role=role, pid=f.pid)
+            for f in dd.files
+            for proc, role in assign_roles(f)
+        ]

@@ -17,7 +17,6 @@ from typing import Any
 from rankscope.datasets.domain.exits import ProcessExit
 from rankscope.spine import ParseError
 
-
 _EVENT_TEXT = re.compile(r"exited: (?P<type>[^:]+): (?P<message>.*)", re.S)
 
 
@@ -44,12 +43,23 @@ def read_exit_record(path: str | os.PathLike[str], *, node: str = "") -> Process
         rank, when = int(rec["rank"]), float(rec["time"])
     except (TypeError, ValueError):
         raise ParseError(p, f"rank {rec.get('rank')!r} / time {rec.get('time')!r} are not numbers") from None
-    return ProcessExit(rank, when, str(rec["type"]), str(rec.get("message", "")), _where(rec.get("frames")),
-                       node, rec.get("pid"), str(rec.get("role") or "trainer"), "hook", str(p))
+    return ProcessExit(
+        rank,
+        when,
+        str(rec["type"]),
+        str(rec.get("message", "")),
+        _where(rec.get("frames")),
+        node,
+        rec.get("pid"),
+        str(rec.get("role") or "trainer"),
+        "hook",
+        str(p),
+    )
 
 
-def read_exit_records(paths: Iterable[str | os.PathLike[str]], *, nodes: dict[int, str] | None = None,
-                      notes: list[str] | None = None) -> list[ProcessExit]:
+def read_exit_records(
+    paths: Iterable[str | os.PathLike[str]], *, nodes: dict[int, str] | None = None, notes: list[str] | None = None
+) -> list[ProcessExit]:
     """Abnormal exits from many record files; unreadable ones become a note, never an error."""
     out = []
     bad = []
@@ -68,10 +78,11 @@ def read_exit_records(paths: Iterable[str | os.PathLike[str]], *, nodes: dict[in
 
 def exits_from_events(events: Any) -> list[ProcessExit]:
     """Abnormal trainer exits in an ``events`` table (a polars DataFrame): the agent's ``process_exit`` rows."""
-    import polars as pl  # noqa: PLC0415
+    import polars as pl
 
-    rows = events.filter((pl.col("kind") == "process_exit") & (pl.col("severity") != "info")
-                         & pl.col("rank").is_not_null())
+    rows = events.filter(
+        (pl.col("kind") == "process_exit") & (pl.col("severity") != "info") & pl.col("rank").is_not_null()
+    )
     out = []
     for r in rows.iter_rows(named=True):
         try:
@@ -87,8 +98,18 @@ def exits_from_events(events: Any) -> list[ProcessExit]:
         if message is None:
             message = m.group("message") if m else ""
         ts = r["ts"]
-        out.append(ProcessExit(int(r["rank"]), ts.timestamp() if ts is not None else 0.0, str(kind or "vanished"),
-                               str(message), str(labels.get("where") or ""), r.get("node") or "", r.get("pid"),
-                               "trainer", str(labels.get("time_source") or ("hook" if kind else "detected")),
-                               "events"))
+        out.append(
+            ProcessExit(
+                int(r["rank"]),
+                ts.timestamp() if ts is not None else 0.0,
+                str(kind or "vanished"),
+                str(message),
+                str(labels.get("where") or ""),
+                r.get("node") or "",
+                r.get("pid"),
+                "trainer",
+                str(labels.get("time_source") or ("hook" if kind else "detected")),
+                "events",
+            )
+        )
     return out

@@ -58,8 +58,14 @@ def _spawned(t: ThreadDump, tail_file: str = "") -> bool:
     return tail_file.endswith("threading.py")
 
 
-def _guess_main(threads: list[ThreadDump], current: list[int], *, cut: bool = False, tail_file: str = "",
-                faulthandler_order: bool = False) -> int | None:
+def _guess_main(
+    threads: list[ThreadDump],
+    current: list[int],
+    *,
+    cut: bool = False,
+    tail_file: str = "",
+    faulthandler_order: bool = False,
+) -> int | None:
     """Which thread is the main one; faulthandler does not say (frames are innermost first).
 
     The one whose outermost frame is module-level code; else the only thread not started by ``threading`` (whose
@@ -71,6 +77,7 @@ def _guess_main(threads: list[ThreadDump], current: list[int], *, cut: bool = Fa
     the file of the frame line cut in half): then the main thread was never written, and None says so.
     So does a faulthandler dump (``faulthandler_order``) of threads that were all started by ``threading``.
     """
+
     def outermost(t: ThreadDump) -> Frame | None:  # skipping python -m's runpy frames
         for f in reversed(t.frames):
             if not is_launcher_frame(f):
@@ -137,8 +144,14 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
         m = _FH_THREAD.match(line)
         if m:
             close()
-            cur = {"tid": int(m.group(2), 16), "name": m.group(3), "innermost_first": True, "frames": [],
-                   "main": False, "current": m.group(1) == "Current thread"}
+            cur = {
+                "tid": int(m.group(2), 16),
+                "name": m.group(3),
+                "innermost_first": True,
+                "frames": [],
+                "main": False,
+                "current": m.group(1) == "Current thread",
+            }
             continue
         m = _RECIPE_THREAD.match(line.strip())
         if m:
@@ -168,11 +181,19 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
     truncated = not text.endswith("\n") or bool(_FH_THREAD.match(last_line))  # ends mid-line or on a bare header
     if not any(t.is_main for t in threads):
         # the file of the frame line cut in half, when it belongs to the last thread kept
-        tail = _PARTIAL_FILE.match(text[text.rfind("\n") + 1:]) if truncated and not dropped else None
+        tail = _PARTIAL_FILE.match(text[text.rfind("\n") + 1 :]) if truncated and not dropped else None
         fh_order = all(t.thread_id is not None for t in threads) and last_innermost_first
-        i = None if truncated and dropped and last_innermost_first else _guess_main(
-            threads, current, cut=truncated and last_innermost_first, tail_file=tail.group(1) if tail else "",
-            faulthandler_order=fh_order)  # cut in a thread after the last one kept: that one is not the main
+        i = (
+            None
+            if truncated and dropped and last_innermost_first
+            else _guess_main(
+                threads,
+                current,
+                cut=truncated and last_innermost_first,
+                tail_file=tail.group(1) if tail else "",
+                faulthandler_order=fh_order,
+            )
+        )  # cut in a thread after the last one kept: that one is not the main
         if i is None:
             return [_no_main_thread(text, source_file)]
         t = threads[i]
@@ -184,11 +205,15 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
 def _no_main_thread(text: str, source_file: str) -> ProcessDump:
     """A faulthandler dump without its main thread: no evidence either way (status ``cut``)."""
     if text.rstrip().rsplit("\n", 1)[-1].strip() == "...":  # faulthandler stops after 100 threads, newest first
-        why = ("faulthandler lists at most 100 threads, newest first, and the main thread was not among them "
-               "(py-spy shows every thread): no evidence either way")
+        why = (
+            "faulthandler lists at most 100 threads, newest first, and the main thread was not among them "
+            "(py-spy shows every thread): no evidence either way"
+        )
     else:
-        why = ("its stack dump was cut off before the main thread (the process was stopped while faulthandler "
-               "wrote): no evidence either way")
+        why = (
+            "its stack dump was cut off before the main thread (the process was stopped while faulthandler "
+            "wrote): no evidence either way"
+        )
     return cut_dump(source_file, None, why)
 
 

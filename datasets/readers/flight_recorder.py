@@ -75,14 +75,6 @@ def safe_loads(data: bytes) -> Any:
     return SafeUnpickler(io.BytesIO(data)).load()
 
 
-
-
-
-
-
-
-
-
 # -- sniffing and loading ---------------------------------------------------------------------
 def is_fr_file(path: str | os.PathLike[str]) -> bool:
     """Cheap check: a pickle, or a JSON object whose first bytes name an FR key. Never raises."""
@@ -137,8 +129,18 @@ def load_raw(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
             obj = safe_loads(data)
         except RefusedPickle as exc:
             raise ParseError(path, f"refused pickle: {exc}") from None
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError,
-                RecursionError, UnicodeDecodeError) as exc:
+        except (
+            pickle.UnpicklingError,
+            EOFError,
+            ValueError,
+            TypeError,
+            AttributeError,
+            IndexError,
+            KeyError,
+            OverflowError,
+            RecursionError,
+            UnicodeDecodeError,
+        ) as exc:
             raise ParseError(path, f"corrupt or truncated pickle ({type(exc).__name__}: {exc})") from None
     else:
         fmt = "fr-json"
@@ -159,8 +161,9 @@ def read_fr_file(path: str | os.PathLike[str], rank: int | None = None) -> FRDum
     return parse_dump(raw, path=str(path), rank=rank, source_format=fmt)
 
 
-def parse_dump(raw: Mapping[str, Any], *, path: str = "<dump>", rank: int | None = None,
-               source_format: str = "") -> FRDump:
+def parse_dump(
+    raw: Mapping[str, Any], *, path: str = "<dump>", rank: int | None = None, source_format: str = ""
+) -> FRDump:
     """An :class:`FRDump` from an already decoded FR dict (e.g. the bytes of ``_dump_fr_trace``)."""
     if rank is None and isinstance(raw.get("rank"), int):
         rank = int(raw["rank"])
@@ -187,10 +190,16 @@ def parse_dump(raw: Mapping[str, Any], *, path: str = "<dump>", rank: int | None
         pg_status = _pg_status(raw.get("pg_status"))
     except (TypeError, ValueError, SyntaxError) as exc:
         raise ParseError(path, f"bad pg_config/pg_status: {exc}") from None
-    return FRDump(rank=int(rank), entries=tuple(entries), version=str(raw.get("version", "") or ""),
-                  pg_config=pg_config, pg_status=pg_status,
-                  comm_lib_version=str(raw.get("comm_lib_version", "") or ""),
-                  source_file=path, source_format=source_format)
+    return FRDump(
+        rank=int(rank),
+        entries=tuple(entries),
+        version=str(raw.get("version", "") or ""),
+        pg_config=pg_config,
+        pg_status=pg_status,
+        comm_lib_version=str(raw.get("comm_lib_version", "") or ""),
+        source_file=path,
+        source_format=source_format,
+    )
 
 
 def read_fr_dir(path: str | os.PathLike[str], *, prefix: str | None = None) -> list[FRDump]:
@@ -207,8 +216,11 @@ def read_fr_dir(path: str | os.PathLike[str], *, prefix: str | None = None) -> l
     paths = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        paths += [os.path.join(dirpath, n) for n in sorted(filenames)
-                  if not n.startswith(".") and rank_from_name(n) is not None]
+        paths += [
+            os.path.join(dirpath, n)
+            for n in sorted(filenames)
+            if not n.startswith(".") and rank_from_name(n) is not None
+        ]
     paths = [p for p in paths if is_fr_file(p)]
     if not paths:
         raise InputError(f"{root}: no Flight Recorder dumps (files named <prefix><rank>)")
@@ -241,19 +253,20 @@ def read_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None
         for p in select_fr_files(paths, prefix=prefix):
             d = read_fr_file(p)
             if d.rank in seen:
-                raise InputError(f"rank {d.rank} has two Flight Recorder dumps, {seen[d.rank]} and {p}; "
-                                 "pass prefix= to pick one family of files")
+                raise InputError(
+                    f"rank {d.rank} has two Flight Recorder dumps, {seen[d.rank]} and {p}; "
+                    "pass prefix= to pick one family of files"
+                )
             seen[d.rank] = str(p)
             dumps.append(d)
     return sorted(dumps, key=lambda d: d.rank)
 
 
-
-
 # -- field parsing ----------------------------------------------------------------------------
 @lru_cache(maxsize=65536)
 def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
-    """``"nccl:send 0->1"`` -> ``("nccl", "send", 0, 1)``; ``"gloo:all_reduce"`` -> ``("gloo", "all_reduce", None, None)``."""
+    """``"nccl:send 0->1"`` -> ``("nccl", "send", 0, 1)``;
+    ``"gloo:all_reduce"`` -> ``("gloo", "all_reduce", None, None)``."""
     backend, _, rest = name.partition(":") if ":" in name else ("", "", name)
     rest = rest.strip()
     m = _P2P.match(rest)
@@ -290,9 +303,13 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
         out = tuple([Frame(f["name"], f["filename"], f["line"]) for f in v])
     except (KeyError, TypeError):
         out = tuple(
-            Frame(str(f.get("name", f.get("function", "?"))), str(f.get("filename", f.get("file", ""))),
-                  int(f["line"]) if f.get("line") is not None else None)
-            for f in v if isinstance(f, Mapping)
+            Frame(
+                str(f.get("name", f.get("function", "?"))),
+                str(f.get("filename", f.get("file", ""))),
+                int(f["line"]) if f.get("line") is not None else None,
+            )
+            for f in v
+            if isinstance(f, Mapping)
         )
     cache[id(v)] = out
     return out
@@ -306,9 +323,24 @@ def _int(v: Any) -> int | None:
 
 
 _MODERN = operator.itemgetter(
-    "record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
-    "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state",
-    "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms", "is_p2p",
+    "record_id",
+    "pg_id",
+    "process_group",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "op_id",
+    "profiling_name",
+    "time_created_ns",
+    "input_sizes",
+    "input_dtypes",
+    "output_sizes",
+    "output_dtypes",
+    "state",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+    "retired",
+    "timeout_ms",
+    "is_p2p",
 )
 """The keys every entry has since FR format 2.x, fetched in one C call (the loader's hot path)."""
 
@@ -316,8 +348,26 @@ _MODERN = operator.itemgetter(
 def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
     """One raw FR record -> :class:`FREntry` (hot: called once per record of every rank)."""
     try:
-        (record_id, pg_id, pg, seq, p2p_seq, op_id, pname, t0, ins, in_dt, outs, out_dt, state, t1, t2, retired,
-         tmo, is_p2p) = _MODERN(e)
+        (
+            record_id,
+            pg_id,
+            pg,
+            seq,
+            p2p_seq,
+            op_id,
+            pname,
+            t0,
+            ins,
+            in_dt,
+            outs,
+            out_dt,
+            state,
+            t1,
+            t2,
+            retired,
+            tmo,
+            is_p2p,
+        ) = _MODERN(e)
     except KeyError:
         return _entry_tolerant(e, frame_cache)
     if pname.__class__ is not str or pg.__class__ not in (tuple, list) or len(pg) != 2:
@@ -326,25 +376,36 @@ def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> F
     get = e.get
     duration, frames = get("duration_ms"), get("frames")
     pg_name, pg_desc = pg
-    return _new_entry(FREntry, (
-        record_id if record_id.__class__ is int else int(record_id),
-        str(pg_id) if pg_id is not None else pg_name,
-        pg_name if pg_name.__class__ is str else str(pg_name), pg_desc if pg_desc.__class__ is str else str(pg_desc),
-        _int(seq) if seq is not None else -1,
-        _int(p2p_seq) if p2p_seq is not None else -1,
-        _int(op_id) if op_id is not None else -1,
-        pname, backend, op, bool(is_p2p), src, dst,
-        state if state.__class__ is str else str(state or ""),
-        bool(retired),
-        None if t0 is None else _int(t0),
-        None if t1 is None else _int(t1),
-        None if t2 is None else _int(t2),
-        float(duration) if duration is not None else None,
-        None if tmo is None else _int(tmo),
-        shapes(ins) if ins else (), tuple(in_dt) if in_dt else (),
-        shapes(outs) if outs else (), tuple(out_dt) if out_dt else (),
-        _frames(frames, frame_cache) if frames else (),
-    ))
+    return _new_entry(
+        FREntry,
+        (
+            record_id if record_id.__class__ is int else int(record_id),
+            str(pg_id) if pg_id is not None else pg_name,
+            pg_name if pg_name.__class__ is str else str(pg_name),
+            pg_desc if pg_desc.__class__ is str else str(pg_desc),
+            _int(seq) if seq is not None else -1,
+            _int(p2p_seq) if p2p_seq is not None else -1,
+            _int(op_id) if op_id is not None else -1,
+            pname,
+            backend,
+            op,
+            bool(is_p2p),
+            src,
+            dst,
+            state if state.__class__ is str else str(state or ""),
+            bool(retired),
+            None if t0 is None else _int(t0),
+            None if t1 is None else _int(t1),
+            None if t2 is None else _int(t2),
+            float(duration) if duration is not None else None,
+            None if tmo is None else _int(tmo),
+            shapes(ins) if ins else (),
+            tuple(in_dt) if in_dt else (),
+            shapes(outs) if outs else (),
+            tuple(out_dt) if out_dt else (),
+            _frames(frames, frame_cache) if frames else (),
+        ),
+    )
 
 
 def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
@@ -365,16 +426,30 @@ def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ..
     p2p_seq, op_id, duration = get("p2p_seq_id"), get("op_id"), get("duration_ms")
     in_dt, out_dt = get("input_dtypes"), get("output_dtypes")
     return FREntry(
-        int(get("record_id", -1)), str(pg_id) if pg_id is not None else pg_name, pg_name, pg_desc,
-        int(seq) if seq is not None else -1, int(p2p_seq) if p2p_seq is not None else -1,
-        int(op_id) if op_id is not None else -1, pname, backend, op,
-        bool(is_p2p) if is_p2p is not None else op in ("send", "recv"), src, dst,
-        str(get("state") or ""), bool(get("retired", False)),
-        _opt_int(get("time_created_ns")), _opt_int(get("time_discovered_started_ns")),
-        _opt_int(get("time_discovered_completed_ns")), float(duration) if duration is not None else None,
+        int(get("record_id", -1)),
+        str(pg_id) if pg_id is not None else pg_name,
+        pg_name,
+        pg_desc,
+        int(seq) if seq is not None else -1,
+        int(p2p_seq) if p2p_seq is not None else -1,
+        int(op_id) if op_id is not None else -1,
+        pname,
+        backend,
+        op,
+        bool(is_p2p) if is_p2p is not None else op in ("send", "recv"),
+        src,
+        dst,
+        str(get("state") or ""),
+        bool(get("retired", False)),
+        _opt_int(get("time_created_ns")),
+        _opt_int(get("time_discovered_started_ns")),
+        _opt_int(get("time_discovered_completed_ns")),
+        float(duration) if duration is not None else None,
         _opt_int(get("timeout_ms")),
-        shapes(get("input_sizes")), tuple(map(str, in_dt)) if in_dt else (),
-        shapes(get("output_sizes")), tuple(map(str, out_dt)) if out_dt else (),
+        shapes(get("input_sizes")),
+        tuple(map(str, in_dt)) if in_dt else (),
+        shapes(get("output_sizes")),
+        tuple(map(str, out_dt)) if out_dt else (),
         _frames(get("frames"), frame_cache),
     )
 
@@ -422,13 +497,9 @@ def _pg_status(v: Any) -> dict[str, PGStatus]:
     out = {}
     for key, st in v.items():
         if isinstance(st, Mapping):
-            out[str(key)] = PGStatus(_opt_int(st.get("last_enqueued_collective")),
-                                     _opt_int(st.get("last_started_collective")),
-                                     _opt_int(st.get("last_completed_collective")))
+            out[str(key)] = PGStatus(
+                _opt_int(st.get("last_enqueued_collective")),
+                _opt_int(st.get("last_started_collective")),
+                _opt_int(st.get("last_completed_collective")),
+            )
     return out
-
-
-
-
-
-

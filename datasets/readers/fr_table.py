@@ -18,14 +18,20 @@ def fr_to_rows(dumps: Iterable[FRDump], job: str, node_of: Mapping[int, str] | N
     """Rows of the ``collectives`` table: one per entry, plus one metadata row per process group of a
     rank (``record_id`` null) carrying ``pg_config``/``pg_status``, so a store round-trip loses nothing
     the analysis needs (a rank with no group at all still gets one row, so its dump is not forgotten)."""
-    from rankscope.datasets.store.schemas import COLLECTIVES  # noqa: PLC0415 (pyarrow only when rows are wanted)
+    from rankscope.datasets.store.schemas import COLLECTIVES
 
     empty_row = dict.fromkeys(COLLECTIVES.schema.names)  # every row has every key (pa.Table.from_pylist)
     rows: list[dict[str, Any]] = []
     for d in dumps:
         node = node_of.get(d.rank) if node_of is not None else None
-        base = {**empty_row, "job": job, "rank": d.rank, "node": node, "source_file": d.source_file,
-                "fr_version": d.version}
+        base = {
+            **empty_row,
+            "job": job,
+            "rank": d.rank,
+            "node": node,
+            "source_file": d.source_file,
+            "fr_version": d.version,
+        }
         pgs = dict.fromkeys([*d.pg_config, *d.pg_status, *(e.pg_name for e in d.entries)])
         pg_meta = {}
         for name in pgs:
@@ -40,20 +46,35 @@ def fr_to_rows(dumps: Iterable[FRDump], job: str, node_of: Mapping[int, str] | N
         if not pgs:
             rows.append(dict(base))
         for e in d.entries:
-            rows.append({
-                **base, "record_id": e.record_id, "pg_id": e.pg_id, "pg_name": e.pg_name, "pg_desc": e.pg_desc,
-                "collective_seq_id": e.collective_seq_id, "p2p_seq_id": e.p2p_seq_id, "op_id": e.op_id,
-                "profiling_name": e.profiling_name, "backend": e.backend, "op": e.op, "is_p2p": e.is_p2p,
-                "peer": (e.dst if e.op == "send" else e.src) if e.is_p2p else None,
-                "state": e.state, "retired": e.retired, "time_created_ns": e.time_created_ns,
-                "time_discovered_started_ns": e.time_discovered_started_ns,
-                "time_discovered_completed_ns": e.time_discovered_completed_ns,
-                "duration_ms": e.duration_ms, "timeout_ms": e.timeout_ms,
-                "input_sizes": json.dumps([list(s) for s in e.input_sizes]), "input_dtypes": list(e.input_dtypes),
-                "output_sizes": json.dumps([list(s) for s in e.output_sizes]),
-                "output_dtypes": list(e.output_dtypes),
-                "frames": [{"function": f.function, "file": f.file, "line": f.line} for f in e.frames],
-            })
+            rows.append(
+                {
+                    **base,
+                    "record_id": e.record_id,
+                    "pg_id": e.pg_id,
+                    "pg_name": e.pg_name,
+                    "pg_desc": e.pg_desc,
+                    "collective_seq_id": e.collective_seq_id,
+                    "p2p_seq_id": e.p2p_seq_id,
+                    "op_id": e.op_id,
+                    "profiling_name": e.profiling_name,
+                    "backend": e.backend,
+                    "op": e.op,
+                    "is_p2p": e.is_p2p,
+                    "peer": (e.dst if e.op == "send" else e.src) if e.is_p2p else None,
+                    "state": e.state,
+                    "retired": e.retired,
+                    "time_created_ns": e.time_created_ns,
+                    "time_discovered_started_ns": e.time_discovered_started_ns,
+                    "time_discovered_completed_ns": e.time_discovered_completed_ns,
+                    "duration_ms": e.duration_ms,
+                    "timeout_ms": e.timeout_ms,
+                    "input_sizes": json.dumps([list(s) for s in e.input_sizes]),
+                    "input_dtypes": list(e.input_dtypes),
+                    "output_sizes": json.dumps([list(s) for s in e.output_sizes]),
+                    "output_dtypes": list(e.output_dtypes),
+                    "frames": [{"function": f.function, "file": f.file, "line": f.line} for f in e.frames],
+                }
+            )
     return rows
 
 
@@ -94,30 +115,53 @@ def fr_from_table(table: Any) -> list[FRDump]:
                     ranks = tuple(int(x) for x in r["pg_ranks"]) if r.get("pg_ranks") is not None else None
                     pg_config[name] = PGInfo(name, r.get("pg_desc") or "", ranks)
                 if any(r.get(k) is not None for k in ("pg_last_enqueued", "pg_last_started", "pg_last_completed")):
-                    pg_status[name] = PGStatus(r.get("pg_last_enqueued"), r.get("pg_last_started"),
-                                               r.get("pg_last_completed"))
+                    pg_status[name] = PGStatus(
+                        r.get("pg_last_enqueued"), r.get("pg_last_started"), r.get("pg_last_completed")
+                    )
                 continue
             pname = r.get("profiling_name") or ""
             backend, op, s, dd = split_profiling_name(pname)
-            entries.append(FREntry(
-                record_id=int(r["record_id"]), pg_id=r.get("pg_id") or name or "", pg_name=name or "",
-                pg_desc=r.get("pg_desc") or "", collective_seq_id=_int_or(r.get("collective_seq_id"), -1),
-                p2p_seq_id=_int_or(r.get("p2p_seq_id"), -1), op_id=_int_or(r.get("op_id"), -1),
-                profiling_name=pname, backend=r.get("backend") or backend, op=r.get("op") or op,
-                is_p2p=bool(r.get("is_p2p")), src=s, dst=dd, state=r.get("state") or "",
-                retired=bool(r.get("retired")), time_created_ns=r.get("time_created_ns"),
-                time_discovered_started_ns=r.get("time_discovered_started_ns"),
-                time_discovered_completed_ns=r.get("time_discovered_completed_ns"),
-                duration_ms=r.get("duration_ms"), timeout_ms=r.get("timeout_ms"),
-                input_sizes=shapes(json.loads(r.get("input_sizes") or "[]")),
-                input_dtypes=tuple(r.get("input_dtypes") or ()),
-                output_sizes=shapes(json.loads(r.get("output_sizes") or "[]")),
-                output_dtypes=tuple(r.get("output_dtypes") or ()),
-                frames=tuple(Frame(f["function"], f["file"], f["line"]) for f in (r.get("frames") or ())),
-            ))
+            entries.append(
+                FREntry(
+                    record_id=int(r["record_id"]),
+                    pg_id=r.get("pg_id") or name or "",
+                    pg_name=name or "",
+                    pg_desc=r.get("pg_desc") or "",
+                    collective_seq_id=_int_or(r.get("collective_seq_id"), -1),
+                    p2p_seq_id=_int_or(r.get("p2p_seq_id"), -1),
+                    op_id=_int_or(r.get("op_id"), -1),
+                    profiling_name=pname,
+                    backend=r.get("backend") or backend,
+                    op=r.get("op") or op,
+                    is_p2p=bool(r.get("is_p2p")),
+                    src=s,
+                    dst=dd,
+                    state=r.get("state") or "",
+                    retired=bool(r.get("retired")),
+                    time_created_ns=r.get("time_created_ns"),
+                    time_discovered_started_ns=r.get("time_discovered_started_ns"),
+                    time_discovered_completed_ns=r.get("time_discovered_completed_ns"),
+                    duration_ms=r.get("duration_ms"),
+                    timeout_ms=r.get("timeout_ms"),
+                    input_sizes=shapes(json.loads(r.get("input_sizes") or "[]")),
+                    input_dtypes=tuple(r.get("input_dtypes") or ()),
+                    output_sizes=shapes(json.loads(r.get("output_sizes") or "[]")),
+                    output_dtypes=tuple(r.get("output_dtypes") or ()),
+                    frames=tuple(Frame(f["function"], f["file"], f["line"]) for f in (r.get("frames") or ())),
+                )
+            )
         entries.sort(key=lambda e: e.record_id)
-        dumps.append(FRDump(rank=rank, entries=tuple(entries), version=version, pg_config=pg_config,
-                            pg_status=pg_status, source_file=src, source_format="store"))
+        dumps.append(
+            FRDump(
+                rank=rank,
+                entries=tuple(entries),
+                version=version,
+                pg_config=pg_config,
+                pg_status=pg_status,
+                source_file=src,
+                source_format="store",
+            )
+        )
     return dumps
 
 

@@ -85,16 +85,27 @@ def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
                     _INTERN.put(key, frames)
             tid = t.get("os_thread_id") or t.get("thread_id")
             by_pid.setdefault(t.get("pid"), []).append(
-                ThreadDump(frames, int(tid) if isinstance(tid, int) else None, t.get("thread_name"),
-                           t.get("active") if isinstance(t.get("active"), bool) else None,
-                           t.get("thread_name") == "MainThread")
+                ThreadDump(
+                    frames,
+                    int(tid) if isinstance(tid, int) else None,
+                    t.get("thread_name"),
+                    t.get("active") if isinstance(t.get("active"), bool) else None,
+                    t.get("thread_name") == "MainThread",
+                )
             )
     except (TypeError, ValueError) as exc:
         return [failed_dump(source_file, FORMAT, f"unexpected py-spy JSON structure ({exc})")]
     if not by_pid:
         return [failed_dump(source_file, FORMAT, "no threads in dump")]
     return [
-        ProcessDump(mark_main(threads, pid if isinstance(pid, int) else None),
-                    pid if isinstance(pid, int) else None, None, status, error, FORMAT, source_file)
+        ProcessDump(
+            mark_main(threads, pid if isinstance(pid, int) else None),
+            pid if isinstance(pid, int) else None,
+            None,
+            status,
+            error,
+            FORMAT,
+            source_file,
+        )
         for pid, threads in by_pid.items()
     ]

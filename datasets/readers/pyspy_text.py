@@ -64,8 +64,9 @@ def parse_pyspy_text(text: str, source_file: str = "") -> list[ProcessDump]:
     def close_thread() -> None:
         nonlocal cur
         if cur is not None:
-            threads.append(ThreadDump(_frames(cur["frames"]), cur["tid"], cur["name"], cur["active"],
-                                      cur["name"] == "MainThread"))
+            threads.append(
+                ThreadDump(_frames(cur["frames"]), cur["tid"], cur["name"], cur["active"], cur["name"] == "MainThread")
+            )
             cur = None
 
     def close_process(final: bool = False) -> None:

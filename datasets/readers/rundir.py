@@ -80,14 +80,20 @@ def exception_dump(rec: Any, pid: int, source: str) -> ProcessDump | None:
     """The stack in a hook exit record (the uncaught exception's frames), or None when it has none."""
     if not isinstance(rec, dict) or rec.get("type") in (None, "exit") or not isinstance(rec.get("frames"), list):
         return None
-    frames = tuple(Frame(str(f.get("function")), str(f.get("file")), f.get("line"))
-                   for f in rec["frames"] if isinstance(f, dict))
+    frames = tuple(
+        Frame(str(f.get("function")), str(f.get("file")), f.get("line")) for f in rec["frames"] if isinstance(f, dict)
+    )
     if not frames:
         return None
     thread = ThreadDump(frames, thread_id=pid, thread_name="MainThread", active=False, is_main=True)
-    return ProcessDump((thread,), pid=pid, status="ok",
-                       error=f"exited: {rec.get('type')}: {str(rec.get('message', ''))[:300]}",
-                       source_format="exception", source_file=source)
+    return ProcessDump(
+        (thread,),
+        pid=pid,
+        status="ok",
+        error=f"exited: {rec.get('type')}: {str(rec.get('message', ''))[:300]}",
+        source_format="exception",
+        source_file=source,
+    )
 
 
 _FH_HEADER = re.compile(r"^(?:Current thread|Thread) (0[xX][0-9a-fA-F]*)")  # a cut header has a short id
@@ -105,8 +111,11 @@ def split_faulthandler_dumps(text: str) -> list[str]:
     for line in text.splitlines(keepends=True):
         m = _FH_HEADER.match(line)
         new_dump = line.startswith(("Fatal Python error", STACK_REQUEST)) or bool(
-            m and chunks[-1] and (m.group(1) in seen or prev.strip())
-            and not prev.startswith(("Fatal Python error", STACK_REQUEST)))
+            m
+            and chunks[-1]
+            and (m.group(1) in seen or prev.strip())
+            and not prev.startswith(("Fatal Python error", STACK_REQUEST))
+        )
         if new_dump:
             chunks.append([])
             seen = set()
@@ -130,9 +139,15 @@ def own_dumps(text: str) -> str:
     return "".join(c for c in split_faulthandler_dumps(text) if requested_at(c) is None)
 
 
-def last_faulthandler_dump(text: str, pid: int, source: str, *,
-                           last_step: float | Callable[[], float | None] | None = None,
-                           main_thread_id: int | None = None, not_before: float | None = None) -> ProcessDump | None:
+def last_faulthandler_dump(
+    text: str,
+    pid: int,
+    source: str,
+    *,
+    last_step: float | Callable[[], float | None] | None = None,
+    main_thread_id: int | None = None,
+    not_before: float | None = None,
+) -> ProcessDump | None:
     """The newest faulthandler dump in ``text`` (at SIGTERM, a fatal error or the last request); None
     when ``text`` holds none. When that dump cannot be used, a dump with status ``cut`` (no evidence)
     says why: cut off before its main thread (a second SIGTERM while faulthandler wrote), or stale.
@@ -155,8 +170,12 @@ def last_faulthandler_dump(text: str, pid: int, source: str, *,
 
     t = requested_at(chunks[-1])
     if t is not None and stale(t):
-        return cut_dump(source, pid, f"its newest stack dump (requested at {t:.3f}) is older than its last step "
-                        "or its start, and nothing was written as it stopped: no evidence either way")
+        return cut_dump(
+            source,
+            pid,
+            f"its newest stack dump (requested at {t:.3f}) is older than its last step "
+            "or its start, and nothing was written as it stopped: no evidence either way",
+        )
     newest = _usable(chunks[-1], pid, source, main_thread_id)
     if newest.status != "cut":
         return newest
@@ -166,8 +185,11 @@ def last_faulthandler_dump(text: str, pid: int, source: str, *,
             break
         older = _usable(chunk, pid, source, main_thread_id)
         if older.status != "cut":
-            return replace(older, error=f"its last dump was cut off as it stopped; the stack requested at "
-                                        f"{t:.3f}, after its last step, is used")
+            return replace(
+                older,
+                error=f"its last dump was cut off as it stopped; the stack requested at "
+                f"{t:.3f}, after its last step, is used",
+            )
     return newest
 
 
@@ -178,9 +200,16 @@ def _usable(chunk: str, pid: int, source: str, main_thread_id: int | None) -> Pr
     if usable:
         return replace(usable[-1], pid=pid, source_file=source)
     cut = [d for d in dumps if d.status == "cut"]
-    return replace(cut[-1], pid=pid, source_file=source) if cut else cut_dump(
-        source, pid, "its stack dump was cut off before its first frame as it was stopped (e.g. a second "
-        "SIGTERM while faulthandler wrote): no evidence either way")
+    return (
+        replace(cut[-1], pid=pid, source_file=source)
+        if cut
+        else cut_dump(
+            source,
+            pid,
+            "its stack dump was cut off before its first frame as it was stopped (e.g. a second "
+            "SIGTERM while faulthandler wrote): no evidence either way",
+        )
+    )
 
 
 def last_step_time(path: str | None) -> float | None:
@@ -210,8 +239,7 @@ def main_thread_id(ident: Mapping[str, Any] | None) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def process_dump(proc: HookProcess, *, main_thread_id: int | None = None,
-                 started: float | None = None) -> ProcessDump:
+def process_dump(proc: HookProcess, *, main_thread_id: int | None = None, started: float | None = None) -> ProcessDump:
     """The stack a hooked process left: its uncaught exception, else its last faulthandler dump
     (``main_thread_id`` and ``started`` from its identity)."""
     exit_path = proc.files.get(rf.EXIT)
@@ -231,17 +259,20 @@ def process_dump(proc: HookProcess, *, main_thread_id: int | None = None,
         except OSError as exc:
             return failed_dump(rel, "faulthandler", f"unreadable ({exc.strerror})", proc.pid)
     if not text.strip():  # stopped before faulthandler wrote a byte (SIGKILL, a second SIGTERM), or never asked
-        return cut_dump(rel, proc.pid, "the hook wrote no stack for this process: no evidence either way (it was "
-                        "stopped before faulthandler wrote, or never asked: send it RANKSCOPE_STACK_SIGNAL, "
-                        "SIGUSR2 by default, or run the agent)")
+        return cut_dump(
+            rel,
+            proc.pid,
+            "the hook wrote no stack for this process: no evidence either way (it was "
+            "stopped before faulthandler wrote, or never asked: send it RANKSCOPE_STACK_SIGNAL, "
+            "SIGUSR2 by default, or run the agent)",
+        )
     steps = proc.files.get(rf.STEPS)
-    return last_faulthandler_dump(text, proc.pid, rel, last_step=lambda: last_step_time(steps),
-                                  main_thread_id=main_thread_id, not_before=started) or \
-        cut_dump(rel, proc.pid, "its stack file holds no dump: no evidence either way")
+    return last_faulthandler_dump(
+        text, proc.pid, rel, last_step=lambda: last_step_time(steps), main_thread_id=main_thread_id, not_before=started
+    ) or cut_dump(rel, proc.pid, "its stack file holds no dump: no evidence either way")
 
 
-def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
-            notes: list[str]) -> list[RunDirProcess]:
+def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int, notes: list[str]) -> list[RunDirProcess]:
     """The processes of a run directory with their rank, node, role and stack (newest per rank and role)."""
     newest: dict[tuple[int, str, int], RunDirProcess] = {}
     no_identity, no_rank, silent_children, identities = [], 0, 0, 0
@@ -270,8 +301,7 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
         if role != "trainer" and dump.status in ("failed", "cut"):
             silent_children += 1  # a worker that wrote no stack is no evidence either way
             continue
-        rp = RunDirProcess(pid, rank, node, role, started, proc.rel.get(rf.STACK, rf.name(pid, rf.STACK)),
-                           dump, ident)
+        rp = RunDirProcess(pid, rank, node, role, started, proc.rel.get(rf.STACK, rf.name(pid, rf.STACK)), dump, ident)
         key = (rank, role, pid if role != "trainer" else -1)  # one trainer per rank; children stay apart
         cur = newest.get(key)
         if cur is None or rp.started > cur.started:
@@ -283,14 +313,19 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int,
             del newest[key]
     kept = len(newest)
     if no_identity:
-        notes.append(f"run directory: {len(no_identity)} hook file set(s) without an identity ignored: "
-                     + ", ".join(no_identity[:3]) + (" ..." if len(no_identity) > 3 else ""))
+        notes.append(
+            f"run directory: {len(no_identity)} hook file set(s) without an identity ignored: "
+            + ", ".join(no_identity[:3])
+            + (" ..." if len(no_identity) > 3 else "")
+        )
     if no_rank:
         notes.append(f"run directory: {no_rank} process(es) without a rank ignored (not torchrun workers)")
     stale = identities - kept - no_rank - silent_children
     if stale > 0:
-        notes.append(f"run directory: {stale} older process(es) of the same ranks ignored (the directory "
-                     "was reused across restarts; the newest process per rank is used)")
+        notes.append(
+            f"run directory: {stale} older process(es) of the same ranks ignored (the directory "
+            "was reused across restarts; the newest process per rank is used)"
+        )
     return sorted(newest.values(), key=lambda p: (p.rank, p.role != "trainer", p.pid))
 
 
@@ -322,7 +357,7 @@ def step_seconds(value: Any) -> float | None:
 def read_steps(paths: list[tuple[str, str]], nodes: Mapping[int, str]) -> Any:
     """Per-rank ``timings`` (op ``step``) from ``(path, rel)`` steps files: one row per ``log_step``
     that carried ``step_time_seconds``; malformed lines are skipped."""
-    import polars as pl  # noqa: PLC0415
+    import polars as pl
 
     cols: dict[str, list[Any]] = {"rank": [], "step": [], "op": [], "duration_s": [], "start_s": [], "node": []}
     for path, _rel in paths:
@@ -348,5 +383,14 @@ def read_steps(paths: list[tuple[str, str]], nodes: Mapping[int, str]) -> Any:
             cols["node"].append(nodes.get(rank))
     if not cols["rank"]:
         return None
-    return pl.DataFrame(cols, schema={"rank": pl.Int64, "step": pl.Int64, "op": pl.Utf8, "duration_s": pl.Float64,
-                                      "start_s": pl.Float64, "node": pl.Utf8})
+    return pl.DataFrame(
+        cols,
+        schema={
+            "rank": pl.Int64,
+            "step": pl.Int64,
+            "op": pl.Utf8,
+            "duration_s": pl.Float64,
+            "start_s": pl.Float64,
+            "node": pl.Utf8,
+        },
+    )

@@ -13,22 +13,34 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import polars as pl
+
 from rankscope.spine import InputError, ParseError
 
 SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
 METRIC_COLUMNS = {"ts": None, "node": pl.Utf8, "metric": pl.Utf8, "value": pl.Float64}
 METRIC_OPTIONAL = {"gpu": pl.Int32, "rank": pl.Int32, "job": pl.Utf8}
 TIMING_COLUMNS = {"rank": pl.Int32, "step": pl.Int64, "op": pl.Utf8, "duration_s": pl.Float64}
-TIMING_OPTIONAL = {"start_s": pl.Float64, "node": pl.Utf8, "tp": pl.Int32, "pp": pl.Int32, "dp": pl.Int32,
-                   "cp": pl.Int32, "ep": pl.Int32, "job": pl.Utf8}
+TIMING_OPTIONAL = {
+    "start_s": pl.Float64,
+    "node": pl.Utf8,
+    "tp": pl.Int32,
+    "pp": pl.Int32,
+    "dp": pl.Int32,
+    "cp": pl.Int32,
+    "ep": pl.Int32,
+    "job": pl.Utf8,
+}
 
 
 def _find(directory: str | os.PathLike[str], prefix: str) -> list[Path]:
     root = Path(directory)
     if not root.is_dir():
         raise InputError(f"{root}: not a directory")
-    return sorted(p for p in root.rglob(f"{prefix}*")
-                  if p.is_file() and p.name.lower().endswith(SUFFIXES) and not p.name.startswith("."))
+    return sorted(
+        p
+        for p in root.rglob(f"{prefix}*")
+        if p.is_file() and p.name.lower().endswith(SUFFIXES) and not p.name.startswith(".")
+    )
 
 
 def find_metric_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -102,8 +114,9 @@ def read_metrics(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
             raise ParseError(p, f"column 'ts' has {df['ts'].null_count()} empty value(s)")
         frames.append(df)
     if not frames:
-        return pl.DataFrame(schema={"ts": pl.Datetime("us", "UTC"), "node": pl.Utf8, "metric": pl.Utf8,
-                                    "value": pl.Float64})
+        return pl.DataFrame(
+            schema={"ts": pl.Datetime("us", "UTC"), "node": pl.Utf8, "metric": pl.Utf8, "value": pl.Float64}
+        )
     return pl.concat(frames, how="diagonal_relaxed")
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from rankscope.datasets.store.schemas import TableSpec
 from rankscope.spine import InputError, atomic_write_with
 
@@ -50,7 +51,6 @@ def atomic_write_parquet(tbl: pa.Table, path: Path) -> None:
     """Write ``tbl`` to ``path`` so that ``path`` either does not exist or is complete (zstd, fsynced)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_with(path, lambda fh: pq.write_table(tbl, fh, compression="zstd"))
-
 
 
 Rows = Any  # a pyarrow Table, a polars DataFrame, or a sequence of row mappings

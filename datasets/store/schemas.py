@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+
 from rankscope.spine import InputError, StoreError
 
 TIME = pa.timestamp("us", tz="UTC")
@@ -231,8 +232,7 @@ TIMINGS = TableSpec(
 )
 
 TABLES: dict[str, TableSpec] = {
-    spec.name: spec
-    for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, PROCESSES, METRICS, EVENTS, TIMINGS)
+    spec.name: spec for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, PROCESSES, METRICS, EVENTS, TIMINGS)
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
+
 from rankscope.datasets.domain.stacks import Frame, ProcStacks, ThreadDump
 from rankscope.spine import paused_gc
 
@@ -20,10 +21,23 @@ def from_table(tbl: pa.Table) -> list[ProcStacks]:
 
 
 def _from_table(tbl: pa.Table) -> list[ProcStacks]:
-    import polars as pl  # noqa: PLC0415
+    import polars as pl
 
-    names = ("snapshot", "rank", "node", "role", "pid", "status", "error", "thread_id", "thread_name",
-             "is_main_thread", "active", "source_file", "source_format")
+    names = (
+        "snapshot",
+        "rank",
+        "node",
+        "role",
+        "pid",
+        "status",
+        "error",
+        "thread_id",
+        "thread_name",
+        "is_main_thread",
+        "active",
+        "source_file",
+        "source_format",
+    )
     cols = {name: tbl.column(name).to_pylist() for name in names}
     frames_col = tbl.column("frames")
     hashes = pl.from_arrow(frames_col).hash().to_list() if tbl.num_rows else []
@@ -42,8 +56,9 @@ def _from_table(tbl: pa.Table) -> list[ProcStacks]:
             frames = decoded[fkey] = tuple(Frame(f["function"], f["file"], f["line"]) for f in raw)
         if cols["status"][i] in ("failed", "cut") and not frames:
             continue
-        t = ThreadDump(frames, cols["thread_id"][i], cols["thread_name"][i], cols["active"][i],
-                       bool(cols["is_main_thread"][i]))
+        t = ThreadDump(
+            frames, cols["thread_id"][i], cols["thread_name"][i], cols["active"][i], bool(cols["is_main_thread"][i])
+        )
         if t.is_main and p["main"] is None:
             p["main"] = t
         else:
@@ -52,10 +67,21 @@ def _from_table(tbl: pa.Table) -> list[ProcStacks]:
     for p in procs.values():
         i = p["i"]
         main = p["main"] or (p["others"].pop(0) if p["others"] else None)
-        out.append(ProcStacks(int(cols["snapshot"][i] or 0), cols["rank"][i], cols["node"][i],
-                              cols["role"][i] or "trainer", cols["pid"][i], cols["status"][i] or "ok",
-                              cols["error"][i], main, tuple(p["others"]), cols["source_file"][i] or "",
-                              cols["source_format"][i] or ""))
+        out.append(
+            ProcStacks(
+                int(cols["snapshot"][i] or 0),
+                cols["rank"][i],
+                cols["node"][i],
+                cols["role"][i] or "trainer",
+                cols["pid"][i],
+                cols["status"][i] or "ok",
+                cols["error"][i],
+                main,
+                tuple(p["others"]),
+                cols["source_file"][i] or "",
+                cols["source_format"][i] or "",
+            )
+        )
     return out
 
 
@@ -65,7 +91,7 @@ def to_table(procs: Sequence[ProcStacks], job: str) -> pa.Table:
     Each distinct frames tuple is converted to Arrow once and gathered with ``take``: a
     100,000-rank job has a few hundred distinct stacks but millions of frames.
     """
-    from rankscope.datasets.store.schemas import FRAME, STACKS  # noqa: PLC0415
+    from rankscope.datasets.store.schemas import FRAME, STACKS
 
     cols: dict[str, list] = {n: [] for n in STACKS.schema.names if n != "frames"}
     uniq: dict[int, int] = {}
@@ -96,8 +122,10 @@ def to_table(procs: Sequence[ProcStacks], job: str) -> pa.Table:
                 k = uniq[id(frames)] = len(uniq_frames)
                 uniq_frames.append(frames)
             idx.append(k)
-    distinct = pa.array([[{"function": f.function, "file": f.file, "line": f.line} for f in fr] for fr in uniq_frames],
-                        type=pa.list_(FRAME))
+    distinct = pa.array(
+        [[{"function": f.function, "file": f.file, "line": f.line} for f in fr] for fr in uniq_frames],
+        type=pa.list_(FRAME),
+    )
     arrays = []
     for field in STACKS.schema:
         if field.name == "frames":

@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from rankscope.datasets.store.parts import (
     _PART_VALUE,
     Rows,
@@ -37,10 +38,6 @@ MARKER = "rankscope-store.json"
 FORMAT_VERSION = 1
 
 # polars is imported lazily: the node agent writes through this module and must stay small.
-
-
-
-
 
 
 class Store:
@@ -137,7 +134,7 @@ class Store:
 
     def scan(self, name: str, *, job: str | None = None) -> Any:
         """Table ``name`` as a polars LazyFrame (empty, with the schema, when nothing was written)."""
-        import polars as pl  # noqa: PLC0415
+        import polars as pl
 
         spec = table(name)
         paths = self.files(name, job=job)
@@ -150,7 +147,7 @@ class Store:
 
     def read(self, name: str, *, job: str | None = None) -> Any:
         """Table ``name`` as a polars DataFrame; a corrupt file is reported by name."""
-        import polars as pl  # noqa: PLC0415
+        import polars as pl
 
         try:
             return self.scan(name, job=job).collect()
@@ -180,8 +177,8 @@ class Store:
 
     def sql(self, query: str) -> Any:
         """Run DuckDB SQL over the store (a polars DataFrame); every table with data is a view."""
-        import duckdb  # noqa: PLC0415
-        import polars as pl  # noqa: PLC0415
+        import duckdb
+        import polars as pl
 
         con = duckdb.connect()
         try:
