@@ -1,11 +1,12 @@
 # make demo: set up .venv (runtime deps only) and diagnose a built-in synthetic hang.
-# make test: set up .venv with the [torch,test] extras and run the whole test suite.
+# make test: set up .venv with the [torch,test] extras, run the gates (make lint), then the whole test suite.
+# make lint: ruff check, ruff format --check, the import-layer contracts (lint-imports) and mypy.
 PY ?= python3
 VENV ?= .venv
 PIP := $(VENV)/bin/pip
 CONSTRAINTS := requirements/constraints.txt
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test lint typecheck bench venv clean
 
 $(VENV)/.base: pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
@@ -22,11 +23,24 @@ venv: $(VENV)/.dev
 demo: $(VENV)/.base
 	$(VENV)/bin/rankscope demo
 
-test: $(VENV)/.dev
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(MAKE) --no-print-directory typecheck
+
+# The repository root is the package, so mypy sees it through a link named rankscope in a scratch directory.
+typecheck: $(VENV)/.dev
+	@tmp=$$(mktemp -d) && ln -s "$(CURDIR)" "$$tmp/rankscope" && cd "$$tmp" && \
+	  MYPYPATH="$$tmp" "$(CURDIR)/$(VENV)/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" \
+	    --cache-dir "$(CURDIR)/.mypy_cache" -p rankscope; \
+	  rc=$$?; rm -rf "$$tmp"; exit $$rc
+
+test: lint
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(VENV)/.dev
 	$(VENV)/bin/python benchmarks/bench_hang.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache build *.egg-info

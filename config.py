@@ -82,25 +82,14 @@ class StragglerConfig:
     intermittent_fraction: float = 0.05
 
     def __post_init__(self) -> None:
-        if (
-            not check_positive("performance.stragglers.min_slowdown_ratio", self.min_slowdown_ratio, error=ConfigError)
-            > 1.0
-        ):
-            raise ConfigError(
-                f"performance.stragglers.min_slowdown_ratio={self.min_slowdown_ratio!r} must be above 1 (e.g. 1.2)"
-            )
-        check_int("performance.stragglers.min_episode_steps", self.min_episode_steps, minimum=1, error=ConfigError)
-        check_positive("performance.stragglers.min_significance", self.min_significance, error=ConfigError)
-        if (
-            not 0
-            < check_fraction(
-                "performance.stragglers.intermittent_fraction", self.intermittent_fraction, error=ConfigError
-            )
-            < 1
-        ):
-            raise ConfigError(
-                f"performance.stragglers.intermittent_fraction={self.intermittent_fraction!r} must be in (0, 1)"
-            )
+        where = "performance.stragglers."
+        ratio = check_positive(where + "min_slowdown_ratio", self.min_slowdown_ratio, error=ConfigError)
+        if ratio <= 1.0:
+            raise ConfigError(f"{where}min_slowdown_ratio={ratio!r} must be above 1 (e.g. 1.2)")
+        check_int(where + "min_episode_steps", self.min_episode_steps, minimum=1, error=ConfigError)
+        check_positive(where + "min_significance", self.min_significance, error=ConfigError)
+        if check_fraction(where + "intermittent_fraction", self.intermittent_fraction, error=ConfigError) >= 1:
+            raise ConfigError(f"{where}intermittent_fraction={self.intermittent_fraction!r} must be in (0, 1)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -356,9 +345,9 @@ def from_env(env: Mapping[str, str]) -> Tree:
     """The settings given as environment variables (``RANKSCOPE_<SECTION>_<FIELD>`` and the aliases)."""
     out: Tree = {}
     leaves = dict(_leaves(Config))
-    for alias, path in ENV_ALIASES.items():
-        if alias in env and env_name(path) not in env:
-            _set(out, path, _coerce(env[alias], leaves[path], alias))
+    for alias, alias_path in ENV_ALIASES.items():
+        if alias in env and env_name(alias_path) not in env:
+            _set(out, alias_path, _coerce(env[alias], leaves[alias_path], alias))
     for path, tp in leaves.items():
         key = env_name(path)
         if key in env:

@@ -12,17 +12,17 @@ and flush what it holds. Captures run in this process, each target in parallel.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rankscope.collectors import discovery, hook, stacks
+from rankscope.collectors import discovery, stacks
+from rankscope.collectors.capture import CaptureSummary, Capturing
 from rankscope.collectors.events import (
     DiskWatcher,
     Event,
@@ -32,34 +32,19 @@ from rankscope.collectors.events import (
 )
 from rankscope.collectors.gpu_metrics import GpuSampler
 from rankscope.collectors.host_metrics import HostSampler, Sample, self_usage
-from rankscope.collectors.stall import Firing, StallDetector
+from rankscope.collectors.stall import StallDetector
 from rankscope.collectors.steps import (
     NanWatch,
     StepTailer,
     to_metric_rows,
     to_timing_rows,
 )
+from rankscope.collectors.tracking import Tracking, _Known
 from rankscope.collectors.trigger import Trigger
 from rankscope.collectors.writer import BatchWriter
 from rankscope.config import AgentConfig
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.spine import atomic_write, remove_stale_temps
-
-
-@dataclass(frozen=True)
-class CaptureSummary:
-    """What one capture round did."""
-
-    snapshot: int
-    reason: str
-    round: int
-    rounds: int
-    n_processes: int
-    n_failed: int
-    methods: dict[str, int]
-    seconds: float
-    fr_dumps: int = 0
-    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,44 +85,7 @@ class AgentReport:
         )
 
 
-def _release_freed_memory() -> None:
-    """Give the heap a capture freed back to the OS (glibc keeps it otherwise): a capture parses every
-    rank's Flight Recorder ring buffer, a transient of several MB the daemon should not keep for weeks."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to do
-        pass
-
-
-def _exit_labels(rec: dict[str, Any]) -> dict[str, Any]:
-    """Structured facts of an exit for the ``events`` row (rankscope.datasets.domain.exits reads them back)."""
-    if not rec:
-        return {"time_source": "detected"}  # no record: the time is when the agent noticed (<= 1 tick late)
-    frames = rec.get("frames") or []
-    top = frames[0] if frames and isinstance(frames[0], dict) else {}
-    where = f"{top.get('function')} ({os.path.basename(str(top.get('file')))}:{top.get('line')})" if top else ""
-    return {
-        "exception": rec.get("type"),
-        "message": str(rec.get("message", ""))[:500],
-        "where": where,
-        "time_source": rec.get("time_source", "hook"),
-    }
-
-
-@dataclass
-class _Known:
-    """A process the agent has seen, kept after it dies (for post-mortem stacks)."""
-
-    info: discovery.ProcInfo
-    node: str
-    stack_offset: int = 0
-    dead_since: float | None = None
-    identity: dict[str, Any] = field(default_factory=dict)
-
-
-class Agent:
+class Agent(Tracking, Capturing):
     """The daemon. ``Agent(config).run()`` blocks until stopped; :meth:`tick` is one iteration."""
 
     def __init__(
@@ -184,7 +132,7 @@ class Agent:
         self.ticks = 0
         self._next_discovery = 0.0
         self._next_flush = 0.0
-        self._crash_since: float | None = None
+        self._crash_since = None
         self._last_alive_check = 0.0
         self._crash_captured = False
         self._topology_written = False
@@ -259,8 +207,8 @@ class Agent:
             self._health_metrics()
             self._event(Event("agent", "agent stopped", pid=os.getpid()))
             self.writer.flush()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
             if self.trigger is not None:
                 self.trigger.close()
             self.kernel_log.close()
@@ -308,72 +256,6 @@ class Agent:
         self._urgent = False
 
     # -- discovery and liveness ----------------------------------------------------------------
-    def _liveness(self, now: float) -> None:
-        """A signal-0 probe per process (no file read); the periodic /proc walk catches PID reuse."""
-        for pid, info in list(self.alive.items()):
-            if self.proc_root != "/proc":  # a fake tree (tests): its pids are not real processes
-                gone = not discovery.alive(pid, info.start_ticks, self.proc_root)
-            else:
-                try:
-                    os.kill(pid, 0)
-                    gone = False
-                except PermissionError:
-                    gone = False  # exists, owned by another user
-                except OSError:
-                    gone = True
-            if gone:
-                self._mark_dead(pid, info, now)
-        self._last_alive_check = now  # the survivors were alive at this moment
-
-    def _mark_dead(self, pid: int, info: discovery.ProcInfo, now: float) -> None:
-        """``pid`` is gone: record the exit (and its exception, if the hook saw one); a trainer's arms the
-        crash capture."""
-        self.alive.pop(pid, None)
-        k = self.known.get(pid)
-        if k is not None:
-            k.dead_since = now
-        if info.role == "trainer":
-            exit_rec = self._exit_record(pid)
-            if not exit_rec:  # no exception record: did faulthandler write a dump as it died?
-                how = stacks.death_signal(
-                    pid, self.run_dir, offset=k.stack_offset if k is not None else 0, since=self._last_alive_check - 1.0
-                )  # 1 s: mtime granularity
-                if how is not None:
-                    exit_rec = {"type": how[0], "message": how[1], "time": how[2], "time_source": "stack-dump"}
-            normal = exit_rec.get("type") == "exit"
-            msg = (
-                f"rank {info.rank} (pid {pid}) exited: {exit_rec.get('type')}: {exit_rec.get('message')}"
-                if exit_rec
-                else f"rank {info.rank} (pid {pid}) vanished (signal or os._exit)"
-            )
-            self._event(
-                Event(
-                    "process_exit",
-                    msg,
-                    severity="info" if normal else "",
-                    action="none" if normal else "",
-                    rank=info.rank,
-                    pid=pid,
-                    node=self._node_of(info.rank, pid),
-                    ts=float(exit_rec.get("time", now)) if exit_rec else now,
-                    labels=_exit_labels(exit_rec),
-                )
-            )
-            if not normal and self._crash_since is None and not self._crash_captured:
-                self._crash_since = now
-            self._next_discovery = 0.0
-
-    def _exit_record(self, pid: int) -> dict[str, Any]:
-        try:
-            return json.loads((rf.path(self.run_dir, pid, rf.EXIT)).read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _identity(self, pid: int) -> dict[str, Any]:
-        try:
-            return json.loads((rf.path(self.run_dir, pid, rf.IDENTITY)).read_text())
-        except (OSError, ValueError):
-            return {}
 
     def _discovery(self, now: float) -> None:
         if now < self._next_discovery:
@@ -504,126 +386,6 @@ class Agent:
             self.detector.progress(rec.step, rec.t)
 
     # -- capture -------------------------------------------------------------------------------
-    def _maybe_capture(self, now: float) -> None:
-        if self.trigger is not None:
-            opts = self.trigger.poll()
-            if opts is not None:
-                rounds = int(opts.get("rounds", self.cfg.capture_rounds) or 1)
-                self.detector.rounds = max(1, rounds)
-                self.detector.schedule(now, "trigger", f"requested by {opts.get('source')}")
-                self.detector.rounds = self.cfg.capture_rounds
-        if self._crash_since is not None:
-            trainers_alive = any(p.role == "trainer" for p in self.alive.values())
-            if not trainers_alive or now - self._crash_since >= self.cfg.crash_grace_seconds:
-                self._crash_since = None
-                self._crash_captured = True
-                self.capture(Firing("crash", 1, 1, "a trainer process exited"))
-                return
-        if not any(p.role == "trainer" for p in self.alive.values()):
-            return  # nothing alive to stall; a crash is handled above
-        firing = self.detector.check(now)
-        if firing is not None:
-            self.capture(firing)
-
-    def capture(self, firing: Firing) -> CaptureSummary:
-        """Capture every known process now (py-spy, fallbacks, post-mortem) and flush the snapshot."""
-        t0 = time.perf_counter()
-        now = time.time()
-        snapshot = max(int(now), self._last_snapshot + 1)
-        self._last_snapshot = snapshot
-        live = [
-            stacks.Target(p.pid, p.rank, p.role, self._node_of(p.rank, p.pid))
-            for p in self.alive.values()
-            if p.role != "launcher"
-        ]
-        sig = hook._signal_number(os.environ.get(hook.ENV_STACK_SIGNAL, hook.DEFAULT_STACK_SIGNAL))
-        caps = stacks.capture_all(
-            live,
-            run_dir=str(self.run_dir),
-            timeout_seconds=self.cfg.stack_timeout_seconds,
-            pyspy=self.cfg.pyspy,
-            signum=sig,
-        )
-        for pid, k in self.known.items():
-            if k.dead_since is None or k.info.role != "trainer":
-                continue
-            dump, method = stacks.post_mortem(pid, self.run_dir, offset=k.stack_offset)
-            caps.append(stacks.Capture(stacks.Target(pid, k.info.rank, "trainer", k.node), dump, method, 0.0))
-        for c in caps:
-            k = self.known.get(c.target.pid)
-            if k is not None and c.method == "faulthandler":  # later fallbacks and post-mortems must not re-read it
-                try:
-                    k.stack_offset = stacks.stack_file(self.run_dir, c.target.pid).stat().st_size
-                except OSError:
-                    pass
-            # then a timestamped dump from each live trainer's hook too: the run directory's evidence if
-            # the dump SIGTERM writes at teardown is cut off (post-mortems skip it by its time line)
-            if c.target.role == "trainer" and c.method in ("py-spy", "faulthandler"):
-                hook.request(self.run_dir, c.target.pid, "stack")
-        when = datetime.fromtimestamp(now, tz=timezone.utc)
-        self.writer.add("stacks", stacks.capture_rows(caps, job=self.cfg.job, snapshot=snapshot, when=when))
-        fr = 0
-        if self.cfg.capture_flight_recorder and firing.round == 1:
-            try:
-                fr = self._flight_recorder(now)
-            except Exception as exc:
-                self._fail("flight_recorder", exc)
-        methods: dict[str, int] = {}
-        for c in caps:
-            methods[c.method] = methods.get(c.method, 0) + 1
-        summary = CaptureSummary(
-            snapshot,
-            firing.reason,
-            firing.round,
-            firing.rounds,
-            len(caps),
-            sum(c.dump.status == "failed" for c in caps),
-            methods,
-            time.perf_counter() - t0,
-            fr,
-            firing.detail,
-        )
-        self.captures.append(summary)
-        kind = {"stall": "stall", "fail-slow": "fail_slow"}.get(firing.reason, "capture")
-        self._event(
-            Event(
-                kind,
-                f"captured snapshot {snapshot} ({firing.reason} {firing.round}/{firing.rounds}): "
-                f"{summary.n_processes} processes, {summary.n_failed} failed; {firing.detail}",
-                labels={"snapshot": snapshot, "methods": methods, "seconds": round(summary.seconds, 3)},
-            )
-        )
-        self.writer.flush(["processes", "topology", "stacks", "collectives", "events"])
-        _release_freed_memory()
-        return summary
-
-    def _flight_recorder(self, now: float) -> int:
-        """Ask every live trainer's hook for a Flight Recorder dump and store the ones that arrive."""
-        from rankscope.datasets.readers.flight_recorder import read_fr_file
-        from rankscope.datasets.readers.fr_table import fr_to_rows
-
-        trainers = [p for p in self.alive.values() if p.role == "trainer"]
-        asked = {p.pid: p for p in trainers if hook.request(self.run_dir, p.pid, "fr")}
-        deadline = time.monotonic() + self.cfg.stack_timeout_seconds
-        done: dict[int, Path] = {}
-        while asked and len(done) < len(asked) and time.monotonic() < deadline:
-            for pid in asked:
-                path = rf.path(self.run_dir, pid, rf.FR)
-                if pid not in done and path.exists() and path.stat().st_mtime >= now - 1:
-                    done[pid] = path
-            time.sleep(0.05)
-        node_of = {p.rank: self._node_of(p.rank, p.pid) for p in trainers if p.rank is not None}
-        n = 0
-        for pid, path in done.items():  # one dump at a time: a full ring buffer parses to tens of MB
-            try:
-                rows = fr_to_rows([read_fr_file(path, rank=asked[pid].rank)], self.cfg.job, node_of)
-            except Exception as exc:
-                self._fail("flight_recorder.parse", exc)
-                continue
-            self.writer.add("collectives", rows)
-            del rows
-            n += 1
-        return n
 
     def _health_metrics(self) -> None:
         cpu, rss = self_usage()

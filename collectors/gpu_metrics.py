@@ -9,6 +9,7 @@ source reports it). Names follow Prometheus conventions (``gpu_power_watts``,
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -105,7 +106,9 @@ class GpuSampler:
             add(
                 "gpu_ecc_errors_total",
                 self._query(
-                    i, f"ecc_{tname}", lambda t=err_type: n.nvmlDeviceGetTotalEccErrors(h, t, n.NVML_VOLATILE_ECC)
+                    i,
+                    f"ecc_{tname}",
+                    functools.partial(lambda t: n.nvmlDeviceGetTotalEccErrors(h, t, n.NVML_VOLATILE_ECC), err_type),
                 ),
                 type=tname,
                 counter="volatile",
@@ -118,7 +121,11 @@ class GpuSampler:
             add("gpu_remapped_rows_pending", pending)
             add("gpu_remapped_rows_failed", failed)
         for direction, counter in (("tx", "NVML_PCIE_UTIL_TX_BYTES"), ("rx", "NVML_PCIE_UTIL_RX_BYTES")):
-            kb = self._query(i, f"pcie_{direction}", lambda c=counter: n.nvmlDeviceGetPcieThroughput(h, getattr(n, c)))
+            kb = self._query(
+                i,
+                f"pcie_{direction}",
+                functools.partial(lambda c: n.nvmlDeviceGetPcieThroughput(h, getattr(n, c)), counter),
+            )
             add("gpu_pcie_throughput_bytes_per_second", None if kb is None else kb * 1024, direction=direction)
         for link in range(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)):
             if (i, f"nvlink{link}") in self._unsupported:
@@ -131,7 +138,11 @@ class GpuSampler:
                 if not hasattr(n, cname):
                     continue
                 v = self._query(
-                    i, f"nvlink{link}", lambda c=cname, ln=link: n.nvmlDeviceGetNvLinkErrorCounter(h, ln, getattr(n, c))
+                    i,
+                    f"nvlink{link}",
+                    functools.partial(
+                        lambda c, ln: n.nvmlDeviceGetNvLinkErrorCounter(h, ln, getattr(n, c)), cname, link
+                    ),
                 )
                 if v is None:
                     break

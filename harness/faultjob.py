@@ -236,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
             loss.backward()
             if not skip_send:
+                assert act.grad is not None  # backward() filled it
                 dist.send(act.grad.contiguous(), dst=peer, group=groups["pp"])
             loss_val = float(loss.detach())
         if fault.active("nan", step):

@@ -23,14 +23,9 @@ from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 from rankscope.datasets.domain.topology import Layout, Topology
 from rankscope.datasets.readers.base import to_rows
 from rankscope.harness.synthetic_faults import Scenario, build_scenario
-from rankscope.harness.synthetic_frames import (
-    ENVS,
-    InstallEnv,
-    StackDef,
-    child_stacks,
-    trainer_stacks,
-)
+from rankscope.harness.synthetic_frames import ENVS, InstallEnv, StackDef
 from rankscope.harness.synthetic_render import FORMATS, write_job_dir
+from rankscope.harness.synthetic_stacks import child_stacks, trainer_stacks
 from rankscope.spine import InputError, paused_gc
 
 FAULTS = (

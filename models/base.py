@@ -27,7 +27,7 @@ class NotFittedError(RankscopeError, SklearnNotFittedError):
     """A detector was used before ``fit`` (also scikit-learn's ``NotFittedError``, for its tools)."""
 
 
-class BaseDetector(BaseEstimator):  # type: ignore[misc]  # scikit-learn ships no type information
+class BaseDetector(BaseEstimator):  # scikit-learn ships no types: BaseEstimator is Any to mypy
     """Common plumbing: scikit-learn's parameter protocol (``get_params``, ``set_params``, ``clone``,
     ``repr``), input checks, threshold and labels."""
 

@@ -32,7 +32,7 @@ def _build(n_features: int, hidden: int, latent: int) -> Any:
     torch = _torch()
     nn = torch.nn
 
-    class LstmVaeNet(nn.Module):
+    class LstmVaeNet(nn.Module):  # type: ignore[name-defined]  # torch is loaded at run time (lazy)
         """Encoder LSTM -> (mu, logvar) -> repeated code -> decoder LSTM -> per-step reconstruction."""
 
         def __init__(self) -> None:

@@ -9,6 +9,8 @@ an alert needs the same machine on top for ``continuity_s`` (Minder uses 4 minut
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rankscope.models._peer import PeerDetector, robust_z_across_machines, windows
@@ -56,7 +58,7 @@ class PeerDistance(PeerDetector):
         check_positive("PeerDistance", "denoiser_max_windows", self.denoiser_max_windows, integer=True)
 
     def _fit_from(self, Z: np.ndarray) -> None:
-        self.denoisers_: list = []
+        self.denoisers_: list[Any] = []
         if self.denoiser is None:
             return
         from rankscope.models.lstm_vae import (

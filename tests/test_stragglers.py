@@ -94,7 +94,7 @@ def test_report_is_serializable():
 
 
 def test_waiting_in_collectives_is_not_blamed():
-    from rankscope.analytics.performance.stragglers import is_comm_op
+    from rankscope.analytics.performance.timings import is_comm_op
 
     assert is_comm_op("dp-allreduce") and is_comm_op("pp_send") and not is_comm_op("backward")
     df, topo, truth = make_timings("tp=2,pp=4,dp=8", scenario="slow-machine", seed=6)

@@ -7,6 +7,8 @@ the missing ranks' nodes. A mismatch names ranks but no node: it is a code/confi
 
 from __future__ import annotations
 
+from typing import Any
+
 from rankscope.analytics.collectives.result import CollectiveAnalysis
 from rankscope.analytics.faultdomain import node_lookup
 from rankscope.analytics.verdict import (
@@ -25,7 +27,7 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
     """The verdict the Flight Recorder evidence alone supports (source ``flight_recorder``)."""
     a = analysis
     details = {"flight_recorder": {k: v for k, v in a.to_dict().items() if k not in ("evidence", "reasons")}}
-    common = dict(
+    common: dict[str, Any] = dict(
         job=job,
         confidence=round(min(max(a.confidence, 0.0), 1.0), 3),
         reasons=a.reasons,
@@ -37,9 +39,9 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
     nodes = node_lookup(topology)
     if a.status == "mismatch":
         ranks = a.mismatch_ranks
-        return Verdict(Severity.MISMATCH, suspect_ranks=ranks, culprit_ranks=ranks, **common)  # type: ignore[arg-type]
+        return Verdict(Severity.MISMATCH, suspect_ranks=ranks, culprit_ranks=ranks, **common)
     if a.status in ("healthy", "inconclusive"):
-        return Verdict(a.status, suspect_ranks=a.missing_ranks, **common)  # type: ignore[arg-type]
+        return Verdict(a.status, suspect_ranks=a.missing_ranks, **common)
     if a.status == "fail-slow":
         n = nodes(a.slow_ranks)
         group = SuspectGroup("node", (), a.slow_ranks, n) if n else None
@@ -51,7 +53,7 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
             culprit_ranks=a.slow_ranks,
             suspect_group=group,
             **common,
-        )  # type: ignore[arg-type]
+        )
     # hang
     culprits = a.culprit_ranks
     if a.stopped_kind in MODEL_PARALLEL and a.stopped_members:
@@ -88,7 +90,7 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
         culprit_ranks=culprits,
         suspect_group=group,
         **{**common, "reasons": reasons},
-    )  # type: ignore[arg-type]
+    )
 
 
 def _words(kind: str) -> str:

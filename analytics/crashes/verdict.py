@@ -138,9 +138,10 @@ def facts(
     by_sig: dict[str, list[ProcessExit]] = {}
     for e in primary:
         by_sig.setdefault(_signature(e), []).append(e)
-    widespread = [
+    widespread: list[list[ProcessExit]] = [
         g for g in by_sig.values() if len(g) >= max(2, cfg.widespread_fraction * world) and g[0].kind != "vanished"
     ]
+    biggest: list[ProcessExit] = max(widespread, key=len) if widespread else []
     pool = primary or tuple(incident)
     culprits = tuple(e for e in pool if e.time - pool[0].time <= cfg.tie_seconds)
     return CrashFacts(
@@ -149,7 +150,7 @@ def facts(
         cascade,
         world,
         node_of,
-        tuple(max(widespread, key=len)) if widespread else (),
+        tuple(biggest),
         culprits,
     )
 

@@ -147,7 +147,7 @@ def degrader(
         for r, k in counts.items()
         if k >= min_votes and base < 0.5 and binom.sf(k - 1, len(rounds), base) <= alpha / topology.world_size
     }
-    voted = None
+    voted: tuple[tuple[str, int], int] | None = None
     if flags:
         votes = Counter((f.kind, f.group) for f in flags)
         voted = max(votes.items(), key=lambda kv: (kv[1], -len(_members(topology, *kv[0])[0])))
@@ -155,14 +155,15 @@ def degrader(
     if persistent:
         top = max(persistent.values())
         culprits = tuple(sorted(r for r, k in persistent.items() if k == top))
-    elif have_vote:
+    elif have_vote and voted is not None:
         members = set(_members(topology, *voted[0])[0])
         inside = {r: k for r, k in counts.items() if r in members}
         top = max(inside.values(), default=0)
         culprits = tuple(sorted(r for r, k in inside.items() if k == top and k * 2 >= len(rounds)))
     else:
         culprits = ()
-    if have_vote:
+    group: SuspectGroup | None
+    if have_vote and voted is not None:
         (kind, gidx), n = voted
         ranks, nodes = _members(topology, kind, gidx)
         group = SuspectGroup(kind, (gidx,), ranks, nodes)

@@ -104,7 +104,7 @@ def metric_cubes(
     per_node = df.group_by("node").agg(pl.col("t").unique().sort().diff().median().alias("dt"))
     dts = per_node["dt"].drop_nulls().to_numpy()
     interval = max(float(np.median(dts)) if dts.size else 1.0, 1e-3)
-    t0 = float(df["t"].min())
+    t0 = float(df["t"].min())  # type: ignore[arg-type]  # a float column: its min is a float
     gpu_metrics = set(df.filter(pl.col("gpu").is_not_null())["metric"].unique().to_list())
     cubes = []
     for level in ("gpu", "node"):
@@ -120,7 +120,7 @@ def metric_cubes(
         part = part.group_by("unit", "node", "metric", "bin").agg(pl.col("value").mean())
         units = part.select("unit", "node").unique().sort("unit")
         names = tuple(sorted(part["metric"].unique().to_list()))
-        n_t = int(part["bin"].max()) + 1
+        n_t = int(part["bin"].max()) + 1  # type: ignore[arg-type]  # an integer column: its max is an int
         ui = {u: i for i, u in enumerate(units["unit"].to_list())}
         mi = {m: i for i, m in enumerate(names)}
         cube = np.full((len(ui), n_t, len(names)), np.nan, dtype=np.float32)

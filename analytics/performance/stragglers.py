@@ -24,39 +24,17 @@ import numpy as np
 import polars as pl
 
 from rankscope.analytics.performance.episodes import Episode, episodes, noise
-from rankscope.config import StragglerConfig
-from rankscope.datasets.domain.topology import DIMS, Layout, Topology
-from rankscope.spine import InputError
-
-REQUIRED = ("rank", "step", "op", "duration_s")
-COMM_WORDS = (
-    "allreduce",
-    "all-reduce",
-    "all_reduce",
-    "allgather",
-    "all-gather",
-    "all_gather",
-    "reduce-scatter",
-    "reduce_scatter",
-    "reducescatter",
-    "broadcast",
-    "barrier",
-    "send",
-    "recv",
-    "p2p",
-    "comm",
-    "wait",
-    "nccl",
-    "collective",
-    "sync",
+from rankscope.analytics.performance.timings import (
+    check_timings,
+    group_reference,
+    is_comm_op,
+    matrices,
+    sum_ops,
+    topology_for,
 )
-"""Ops that wait for other ranks: a rank slow in them is a victim of a straggler, not the straggler."""
-
-
-def is_comm_op(op: str) -> bool:
-    """True for collective / point-to-point / wait ops (by name)."""
-    low = op.lower()
-    return any(w in low for w in COMM_WORDS)
+from rankscope.config import StragglerConfig
+from rankscope.datasets.domain.topology import Topology
+from rankscope.spine import InputError
 
 
 @dataclass(frozen=True)
@@ -147,101 +125,10 @@ class StragglerReport:
 # -- inputs -------------------------------------------------------------------------------------
 
 
-def check_timings(timings: pl.DataFrame) -> pl.DataFrame:
-    """The required columns with usable types; an InputError names what is wrong."""
-    missing = [c for c in REQUIRED if c not in timings.columns]
-    if missing:
-        raise InputError(f"timings: missing column(s) {missing}; required: {list(REQUIRED)}")
-    try:
-        df = timings.with_columns(
-            pl.col("rank").cast(pl.Int64),
-            pl.col("step").cast(pl.Int64),
-            pl.col("op").cast(pl.Utf8),
-            pl.col("duration_s").cast(pl.Float64),
-        )
-    except pl.exceptions.PolarsError as exc:
-        raise InputError(f"timings: a required column has the wrong type ({exc})") from None
-    df = df.filter(pl.col("duration_s").is_not_null() & pl.col("duration_s").is_finite())
-    if df.filter(pl.col("duration_s") < 0).height:
-        raise InputError("timings: duration_s has negative values")
-    if df.filter(pl.col("rank") < 0).height:
-        raise InputError("timings: rank has negative values")
-    return df
-
-
-def topology_for(timings: pl.DataFrame, topology: Topology | None, notes: list[str] | None = None) -> Topology:
-    """The given topology, else (or when it cannot describe the timings) one built from the timing columns."""
-    ranks = np.unique(timings["rank"].to_numpy())
-    has_coords = any(
-        d in timings.columns and timings[d].null_count() == 0 and timings[d].max() > 0 for d in DIMS if d != "dp"
-    )
-    if topology is not None:
-        flat = all(topology.sizes[d] == 1 for d in DIMS if d != "dp")
-        if ranks.max() < topology.world_size and not (flat and has_coords):
-            return topology
-        why = (
-            f"rank {int(ranks.max())} is outside the given topology ({topology.description})"
-            if ranks.max() >= topology.world_size
-            else "the given topology is pure data parallel"
-        )
-        if notes is not None:
-            notes.append(f"timings: {why}; using the node and tp/pp/dp columns of the timings instead")
-    per_rank = (
-        timings.group_by("rank").agg([pl.col(c).first() for c in ("node", *DIMS) if c in timings.columns]).sort("rank")
-    )
-    world = int(ranks.max()) + 1
-    if per_rank.height != world:
-        raise InputError(f"timings: ranks must be 0..{world - 1} without gaps (found {per_rank.height} ranks)")
-    nodes = per_rank["node"].cast(pl.Utf8).fill_null("").to_list() if "node" in per_rank.columns else [""] * world
-    nodes = [n or f"rank-{r}" for r, n in zip(per_rank["rank"].to_list(), nodes)]
-    dims = {d: per_rank[d].to_list() for d in DIMS if d in per_rank.columns and per_rank[d].null_count() == 0}
-    if dims:
-        return Topology.from_table(per_rank["rank"].to_list(), nodes, coords=dims)
-    return Topology.from_table(per_rank["rank"].to_list(), nodes, layout=Layout(dp=world))
-
-
 # -- episodes -----------------------------------------------------------------------------------
 
 
 # -- the analysis -------------------------------------------------------------------------------
-
-
-def _matrices(df: pl.DataFrame, world: int) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
-    steps = np.unique(df["step"].to_numpy())
-    step_idx = {int(s): i for i, s in enumerate(steps)}
-    mats: dict[str, np.ndarray] = {}
-    agg = df.group_by("op", "step", "rank").agg(pl.col("duration_s").sum())
-    for op in sorted(agg["op"].unique().to_list()):
-        part = agg.filter(pl.col("op") == op)
-        m = np.full((steps.size, world), np.nan)
-        si = np.fromiter((step_idx[int(s)] for s in part["step"].to_numpy()), dtype=np.int64, count=part.height)
-        m[si, part["rank"].to_numpy()] = part["duration_s"].to_numpy()
-        mats[op] = m
-    start = None
-    if "start_s" in df.columns and df["start_s"].null_count() < df.height:
-        s = df.group_by("step").agg(pl.col("start_s").min()).sort("step")
-        start = np.full(steps.size, np.nan)
-        start[[step_idx[int(x)] for x in s["step"].to_list()]] = s["start_s"].cast(pl.Float64).to_numpy()
-    return steps, mats, start
-
-
-def _group_reference(m: np.ndarray, gid: np.ndarray, node: np.ndarray) -> np.ndarray:
-    """Per step, each rank's reference: the median of its peer group on *other* nodes (steps x ranks).
-
-    NVRx compares with the best rank; the median of the peers is steadier, and leaving out the rank's
-    own node keeps the reference healthy when a slow node holds half of a stage's ranks.
-    """
-    out = np.full_like(m, np.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        for g in np.unique(gid):
-            in_group = gid == g
-            for nd in np.unique(node[in_group]):
-                others = in_group & (node != nd)
-                if not others.any():
-                    others = in_group
-                out[:, in_group & (node == nd)] = np.nanmedian(m[:, others], axis=1, keepdims=True)
-    return out
 
 
 Episodes = dict[int, list[tuple[str, Episode]]]
@@ -265,7 +152,7 @@ class _Peers:
 
 
 def _peers(df: pl.DataFrame, topo: Topology) -> _Peers:
-    steps, mats, start = _matrices(df, topo.world_size)
+    steps, mats, start = matrices(df, topo.world_size)
     pp = topo.coords["pp"]
     n_pp = int(topo.sizes["pp"])
     dp = topo.group_ids("mp") if n_pp > 1 or topo.sizes["tp"] > 1 else topo.ranks.copy()  # replica of each rank
@@ -291,7 +178,7 @@ def _rank_episodes(p: _Peers, cfg: StragglerConfig) -> tuple[Episodes, Episodes]
     per_replica: Episodes = {}
     for op in p.compute_ops:
         m = p.mats[op]
-        lr = np.log(np.clip(m, 1e-12, None) / np.clip(_group_reference(m, p.gid, topo.node_index), 1e-12, None))
+        lr = np.log(np.clip(m, 1e-12, None) / np.clip(group_reference(m, p.gid, topo.node_index), 1e-12, None))
         common = np.zeros_like(lr)
         rep_lr = np.zeros((lr.shape[0], reps.size))
         with warnings.catch_warnings():
@@ -469,8 +356,8 @@ def find_stragglers(
     notes: list[str] = []
     p = _peers(df, topology_for(df, topology, notes))
     slow_ranks, imbalances = _blame(p, *_rank_episodes(p, cfg))
-    total = _sum_ops(list(p.mats.values()))  # steps x ranks, all ops (what the job waits for)
-    busy = _sum_ops([p.mats[op] for op in p.compute_ops])  # the work itself, without waiting for others
+    total = sum_ops(list(p.mats.values()))  # steps x ranks, all ops (what the job waits for)
+    busy = sum_ops([p.mats[op] for op in p.compute_ops])  # the work itself, without waiting for others
     if p.n_pp > 1:
         imbalances += _stage_imbalance(p, cfg, busy, {s.rank for s in slow_ranks})
     # with a blamed machine, everyone else waiting for it in collectives is its consequence, not a cause
@@ -485,13 +372,6 @@ def find_stragglers(
         p.peer_kind,
         tuple(notes),
     )
-
-
-def _sum_ops(parts: list[np.ndarray]) -> np.ndarray:
-    stack = np.stack(parts)
-    out = np.nansum(stack, axis=0)
-    out[np.all(np.isnan(stack), axis=0)] = np.nan
-    return out
 
 
 def _stage_has_culprit(stage: int, pp: np.ndarray, slow: set[int]) -> bool:

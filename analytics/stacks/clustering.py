@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rankscope.analytics.stacks.frames import classify, display, signature
-from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.datasets.domain.stacks import Frame, ProcStacks
 from rankscope.spine import InputError
 
 
@@ -86,7 +86,7 @@ def cluster(
     if not 0.0 < dominance <= 1.0:
         raise InputError(f"dominance={dominance!r} must be in (0, 1]")
     groups: dict[tuple[str, ...] | None, list[int]] = {}
-    empty: tuple = ()
+    empty: tuple[Frame, ...] = ()
     keys: list[tuple[str, ...] | None] = []
     for p in procs:
         if p.status == "failed":

@@ -99,7 +99,7 @@ def _send_direction(c: Cluster) -> int:
 
 def _pp_neighbours(ranks: Sequence[int], direction: int, topology: Topology) -> set[int]:
     """The ranks one pipeline stage away (in ``direction``) from each of ``ranks``."""
-    out = set()
+    out: set[int] = set()
     pp = topology.coords["pp"]
     gid = topology.group_ids("pp")
     n = topology.sizes["pp"]

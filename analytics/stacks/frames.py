@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Protocol
 
-from rankscope.datasets.domain.stacks import is_hook_idle_frame, is_launcher_frame
+from rankscope.datasets.domain.stacks import FrameLike, is_hook_idle_frame, is_launcher_frame
 
 _SITE = re.compile(r"^.*?/(?:site|dist)-packages/")
 _STDLIB = re.compile(r"^.*?/lib(?:64)?/python\d+(?:\.\d+)?/")
@@ -32,12 +31,6 @@ _REPO_ROOTS = (
     "fairscale/",
     "accelerate/",
 )
-
-
-class FrameLike(Protocol):
-    function: str
-    file: str
-    line: int | None
 
 
 def normalize_file(path: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rankscope.analytics.stacks.clustering import Cluster
 from rankscope.analytics.verdict import rank_ranges
@@ -38,7 +39,7 @@ class PrefixTree:
 
     lines: tuple[TreeLine, ...]
 
-    def to_dict(self) -> list[dict]:
+    def to_dict(self) -> list[dict[str, Any]]:
         return [
             {
                 "depth": ln.depth,

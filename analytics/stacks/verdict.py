@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from rankscope.analytics.faultdomain import cover
 from rankscope.analytics.performance.failslow import Degrader, degrader
@@ -93,6 +95,27 @@ def verdict(facts: StackFacts, topology: Topology, *, job: str = "") -> Verdict:
     )
 
 
+@dataclass
+class _Hang:
+    """One snapshot of a job that does not progress, and the words and fields every outcome shares."""
+
+    a: SnapshotAnalysis
+    topology: Topology
+    cfg: StackConfig
+    limits: Limits
+    reasons: list[str]
+    details: dict[str, Any]
+    common: dict[str, Any]
+
+    def verdict(self, kind: Severity, confidence: float, **fields: Any) -> Verdict:
+        return Verdict(
+            kind, confidence=confidence, reasons=tuple(self.reasons), details=self.details, **fields, **self.common
+        )
+
+    def evidence(self, culprit_ranks: Sequence[int] = ()) -> tuple[Evidence, ...]:
+        return _evidence(self.a, self.topology, culprit_ranks, self.limits.max_evidence_items)
+
+
 def _hang_verdict(
     a: SnapshotAnalysis,
     topology: Topology,
@@ -102,92 +125,92 @@ def _hang_verdict(
     limits: Limits,
     n_snaps: int,
 ) -> Verdict:
-    total = topology.world_size
-    clusters = _summaries(a.clusters, topology, a.snapshot, limits.max_reported_clusters) + _missing_summary(
-        a, topology, len(a.clusters)
-    )
+    """The first classifier that applies decides: too little evidence, no outlier, or the outliers localized."""
+    clusters = _summaries(a.clusters, topology, a.snapshot, limits.max_reported_clusters)
+    clusters += _missing_summary(a, topology, len(a.clusters))
     tree = build([c for c in a.clusters if c.role == "trainer"])
-    details: dict = {"prefix_tree": tree.to_dict()[:200], "dominant_fraction": round(a.dominant_fraction, 4)}
-    reasons = []
+    h = _Hang(
+        a,
+        topology,
+        cfg,
+        limits,
+        [],
+        {"prefix_tree": tree.to_dict()[:200], "dominant_fraction": round(a.dominant_fraction, 4)},
+        dict(job=job, clusters=clusters, world_size=topology.world_size, n_snapshots=n_snaps, sources=("stacks",)),
+    )
     if prog is not None:
-        reasons.append(
+        h.reasons.append(
             f"{prog.n_snapshots} snapshots: {prog.changed} of {prog.compared} rank stacks changed "
             f"between snapshots ({prog.fraction_changed:.0%}), so the job is not progressing."
         )
-    common = dict(job=job, clusters=clusters, world_size=total, n_snapshots=n_snaps, sources=("stacks",))
+    return _too_little(h) or _no_outlier(h) or _localized(h)
+
+
+def _too_little(h: _Hang) -> Verdict | None:
+    """No trainer dump at all, or too many ranks without one: inconclusive."""
+    a, total = h.a, h.topology.world_size
     if a.n_trainers == 0:
-        return Verdict(
-            Severity.INCONCLUSIVE,
-            confidence=0.0,
-            reasons=tuple(reasons) + ("no trainer stack dumps",),
-            details=details,
-            **common,
-        )
-    if len(a.missing_ranks) > cfg.max_missing_fraction * total:
-        reasons.append(
+        h.reasons.append("no trainer stack dumps")
+        return h.verdict(Severity.INCONCLUSIVE, 0.0)
+    if len(a.missing_ranks) > h.cfg.max_missing_fraction * total:
+        h.reasons.append(
             f"dumps are missing for {len(a.missing_ranks)} of {total} ranks "
             f"({rank_ranges(a.missing_ranks)[:200]}): too few to localize; check the layout "
             "(--layout, --gpus-per-node) and that every node's dumps were collected."
         )
-        return Verdict(Severity.INCONCLUSIVE, confidence=0.2, reasons=tuple(reasons), details=details, **common)
-    healthy = a.healthy_trainers
-    reasons.append(f"{healthy} of {total} ranks share the dominant stack(s): {_dominant_words(a)}.")
-    if not a.outlier_ranks and a.cut:
+        return h.verdict(Severity.INCONCLUSIVE, 0.2)
+    return None
+
+
+def _no_outlier(h: _Hang) -> Verdict | None:
+    """Every rank with a stack looks healthy: healthy, or inconclusive when some ranks left no usable stack."""
+    a = h.a
+    h.reasons.append(
+        f"{a.healthy_trainers} of {h.topology.world_size} ranks share the dominant stack(s): {_dominant_words(a)}."
+    )
+    if a.outlier_ranks:
+        return None
+    if a.cut:
         # a rank killed outright (OOM, SIGKILL) leaves no dump while the others wait in the collective it
         # never joined: that looks healthy. The ranks without a usable stack are where to look.
-        reasons.append(
+        h.reasons.append(
             f"No outlier among the ranks with a stack, but {len(a.cut)} rank(s) left no usable stack "
             f"(cut off or never written as they stopped): {rank_ranges(a.cut)[:200]}. If the job was "
             "stuck, look at them first (killed outright? the kernel log, the exit records)."
         )
-        return Verdict(
-            Severity.INCONCLUSIVE,
-            confidence=0.3,
-            suspect_ranks=a.cut,
-            reasons=tuple(reasons),
-            details=details,
-            evidence=_evidence(a, topology, (), limits.max_evidence_items),
-            **common,
-        )
-    if not a.outlier_ranks:
-        reasons.append(
-            "No outlier: every rank is in a healthy state. If the job is stuck, the cause is not "
-            "visible as a machine-specific stack (all ranks wait alike); take several snapshots "
-            "to tell a hang from progress, and check the network and the Flight Recorder."
-        )
-        conf = 0.5 + 0.4 * a.dominant_fraction
-        return Verdict(
-            Severity.HEALTHY, confidence=round(min(conf, 0.95), 3), reasons=tuple(reasons), details=details, **common
-        )
-    n_out_clusters = sum(1 for c in clusters if not c.healthy)
-    reasons.append(
+        return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=a.cut, evidence=h.evidence())
+    h.reasons.append(
+        "No outlier: every rank is in a healthy state. If the job is stuck, the cause is not "
+        "visible as a machine-specific stack (all ranks wait alike); take several snapshots "
+        "to tell a hang from progress, and check the network and the Flight Recorder."
+    )
+    return h.verdict(Severity.HEALTHY, round(min(0.5 + 0.4 * a.dominant_fraction, 0.95), 3))
+
+
+def _localized(h: _Hang) -> Verdict:
+    """Outliers mapped onto a fault domain (hang) with their likeliest culprits, or spread too wide (inconclusive)."""
+    a, topology = h.a, h.topology
+    n_out_clusters = sum(1 for c in h.common["clusters"] if not c.healthy)
+    h.reasons.append(
         f"{len(a.outlier_ranks)} outlier rank(s) in {n_out_clusters} cluster(s): {rank_ranges(a.outlier_ranks)[:300]}."
     )
-    group = cover(a.outlier_ranks, topology, max_fraction=cfg.max_cover_fraction)
+    group = cover(a.outlier_ranks, topology, max_fraction=h.cfg.max_cover_fraction)
     if group is None:
-        reasons.append("The outliers are spread over most of the job's nodes: no single fault domain to isolate.")
-        return Verdict(
-            Severity.INCONCLUSIVE,
-            confidence=0.25,
-            suspect_ranks=a.outlier_ranks,
-            reasons=tuple(reasons),
-            details=details,
-            evidence=_evidence(a, topology, (), limits.max_evidence_items),
-            **common,
-        )
+        h.reasons.append("The outliers are spread over most of the job's nodes: no single fault domain to isolate.")
+        return h.verdict(Severity.INCONCLUSIVE, 0.25, suspect_ranks=a.outlier_ranks, evidence=h.evidence())
     culprit_ranks, strong = culprits(a, topology)
     suspects = set(group.nodes)
     culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in suspects)
-    reasons.append(_cover_words(group))
+    h.reasons.append(_cover_words(group))
     best = a.best()
     for r in culprit_ranks[:5]:
         f = best.get(r)
         if f is not None:
-            reasons.append(f"Culprit rank {r} on {topology.node_of(r)}: {f.detail}.")
+            h.reasons.append(f"Culprit rank {r} on {topology.node_of(r)}: {f.detail}.")
     if len(culprit_ranks) > 5:
-        reasons.append(f"... and {len(culprit_ranks) - 5} more culprit rank(s): {rank_ranges(culprit_ranks)[:200]}.")
+        h.reasons.append(f"... and {len(culprit_ranks) - 5} more culprit rank(s): {rank_ranges(culprit_ranks)[:200]}.")
     if not strong and culprit_ranks:
-        reasons.append(
+        h.reasons.append(
             "Every outlier is waiting on someone else; the culprit above is the likeliest origin "
             "of the wait (weak evidence: isolate the whole suspect group)."
         )
@@ -195,18 +218,15 @@ def _hang_verdict(
     conf += 0.1 if group.kind != "node" and len(group.indices) == 1 else 0.05
     if any(c.state == "failed" for c in a.clusters):
         conf -= 0.05
-    return Verdict(
-        "hang",
-        confidence=round(max(0.05, min(conf, 0.99)), 3),
+    return h.verdict(
+        Severity.HANG,
+        round(max(0.05, min(conf, 0.99)), 3),
         suspect_nodes=group.nodes,
         culprit_nodes=culprit_nodes,
         suspect_ranks=a.outlier_ranks,
         culprit_ranks=tuple(culprit_ranks),
-        reasons=tuple(reasons),
         suspect_group=group,
-        details=details,
-        evidence=_evidence(a, topology, culprit_ranks, limits.max_evidence_items),
-        **common,
+        evidence=h.evidence(culprit_ranks),
     )
 
 
@@ -264,7 +284,7 @@ def _failslow_verdict(
     ]
     last = rounds[-1]
     clusters = _summaries(last.clusters, topology, last.snapshot, limits.max_reported_clusters)
-    common = dict(
+    common: dict[str, Any] = dict(
         job=job, clusters=clusters, world_size=topology.world_size, n_snapshots=len(rounds), sources=("stacks",)
     )
     min_votes = max(1, math.ceil(cfg.min_flag_fraction * len(rounds)))
@@ -325,7 +345,7 @@ def _failslow_verdict(
     )
 
 
-def _rounds_dict(d: Degrader | None) -> list[dict]:
+def _rounds_dict(d: Degrader | None) -> list[dict[str, Any]]:
     if d is None:
         return []
     return [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,19 @@ def from_dumps(items: Iterable[tuple[ProcessDump, int, int | None, str | None, s
     return [from_dump(d, snapshot=s, rank=r, node=n, role=role) for d, s, r, n, role in items]
 
 
+class FrameLike(Protocol):
+    """Anything with a frame's fields (a :class:`Frame`, a Flight Recorder frame, a test double)."""
+
+    @property
+    def function(self) -> str: ...
+
+    @property
+    def file(self) -> str: ...
+
+    @property
+    def line(self) -> int | None: ...
+
+
 class Frame(NamedTuple):
     """One stack frame as the tool printed it (``file`` not yet normalized). A tuple: cheap at 10^7."""
 
@@ -69,7 +82,7 @@ class Frame(NamedTuple):
 LAUNCH_FILES = frozenset({"<frozen runpy>", "runpy.py"})
 
 
-def is_launcher_frame(f: Frame) -> bool:
+def is_launcher_frame(f: FrameLike) -> bool:
     """A ``python -m`` start-up frame (runpy): the same on every rank, and the first thing a dump cut
     short loses (dumps are written innermost first)."""
     return f.file.rsplit("/", 1)[-1] in LAUNCH_FILES
@@ -78,7 +91,7 @@ def is_launcher_frame(f: Frame) -> bool:
 _HOOK_THREAD_FUNCTIONS = frozenset({"_control_loop", "_requested_dump"})  # only ever on its own thread
 
 
-def is_hook_idle_frame(f: Frame) -> bool:
+def is_hook_idle_frame(f: FrameLike) -> bool:
     """The rankscope hook's control thread: waiting for a request on its FIFO (a blocking read, which
     no stack shows) or answering one. Not training's work (idle), and never a process's main thread."""
     return f.function in _HOOK_THREAD_FUNCTIONS and f.file.replace("\\", "/").endswith("collectors/hook.py")

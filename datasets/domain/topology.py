@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -126,7 +127,7 @@ class Topology:
     coords: Mapping[str, np.ndarray]  # dim -> int64 per rank
     sizes: Mapping[str, int]  # dim -> size
     layout: Layout | None = None
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -304,7 +305,7 @@ class Topology:
         dims = ",".join(f"{d}={self.sizes[d]}" for d in DIMS if self.sizes[d] > 1) or "dp=1"
         return f"{self.world_size} ranks on {len(self.node_names)} nodes ({dims})"
 
-    def to_rows(self, job: str) -> list[dict]:
+    def to_rows(self, job: str) -> list[dict[str, Any]]:
         """Rows of the ``topology`` table."""
         return [
             {
@@ -318,7 +319,7 @@ class Topology:
         ]
 
 
-def _natural(name: str) -> tuple:
+def _natural(name: str) -> tuple[int | str, ...]:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 

@@ -122,10 +122,8 @@ def _read_fr(paths: Sequence[Path], notes: list[str]) -> list[Any]:
     the name family covering most ranks wins, pickles (which carry call stacks) on a tie."""
     if not paths:
         return []
-    from rankscope.datasets.readers.flight_recorder import (
-        read_fr_files,
-        select_fr_files,
-    )
+    from rankscope.datasets.readers.flight_recorder import read_fr_files
+    from rankscope.datasets.readers.fr_files import select_fr_files
 
     chosen = select_fr_files(paths)
     if len(chosen) < len(paths):
@@ -291,7 +289,7 @@ def load_inputs(
     else:
         lay = layout
         if lay is not None and order:
-            lay = Layout(**{d: lay.size(d) for d in DIMS}, order=order)
+            lay = Layout(**{d: lay.size(d) for d in DIMS}, order=parse_order(order))
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
     if Store.is_store(root):

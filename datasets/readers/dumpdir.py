@@ -33,7 +33,7 @@ from rankscope.datasets.readers.faulthandler import (
     looks_like_traceback,
     parse_traceback_text,
 )
-from rankscope.datasets.readers.flight_recorder import is_fr_file
+from rankscope.datasets.readers.fr_files import is_fr_file
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 from rankscope.datasets.readers.rundir import HookProcess, coords_of, resolve
@@ -203,7 +203,11 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
     manifest_path = root / MANIFEST
     manifest = {r["file"]: r for r in _read_manifest(manifest_path)} if manifest_path.is_file() else None
     files: list[DumpFile] = []
-    fr, metrics, timings, exits, notes = [], [], [], [], []
+    fr_found: list[tuple[int, Path]] = []
+    metrics: list[Path] = []
+    timings: list[Path] = []
+    exits: list[Path] = []
+    notes: list[str] = []
     ignored = []
     hooked: dict[tuple[str, int], HookProcess] = {}
     for path, rel, snap in _walk(root):
@@ -235,10 +239,10 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
             except OSError:
                 raw = None
             if raw is not None and raw.lstrip()[:1] == b"{":
-                fr.append((snap, Path(path)))
+                fr_found.append((snap, Path(path)))
                 continue
         elif suffix in ("", ".pkl", ".pickle") and os.path.isfile(path) and is_fr_file(path):
-            fr.append((snap, Path(path)))
+            fr_found.append((snap, Path(path)))
             continue
         if suffix not in _STACK_SUFFIXES:
             ignored.append(rel)
@@ -292,16 +296,17 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
         shown = ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else "")
         why = "not in manifest.csv" if manifest is not None else "no rank in the name or unknown type"
         notes.append(f"ignored {len(ignored)} file(s) ({why}): {shown}")
-    if not files and not fr and not hook_fr and not metrics and not timings and not exits and not steps:
+    if not files and not fr_found and not hook_fr and not metrics and not timings and not exits and not steps:
         raise InputError(
             f"{root}: no stack dumps found (expected rank<N>.txt / rank<N>.json files, a manifest.csv, "
             "or Flight Recorder / metrics / timings files)"
         )
-    if fr:
-        last = max(snap for snap, _ in fr)
-        if any(snap != last for snap, _ in fr):
+    fr: list[Path] = [p for _, p in fr_found]
+    if fr_found:
+        last = max(snap for snap, _ in fr_found)
+        if any(snap != last for snap, _ in fr_found):
             notes.append(f"Flight Recorder dumps from several snapshots: using snapshot {last}")
-        fr = [p for snap, p in fr if snap == last]
+        fr = [p for snap, p in fr_found if snap == last]
     return DumpDir(
         root,
         tuple(files),
@@ -332,7 +337,7 @@ def _add_hook_processes(
     by_dir: dict[str, dict[int, HookProcess]] = {}
     for (d, pid), hp in hooked.items():
         by_dir.setdefault(d, {})[pid] = hp
-    named, coords = False, {}
+    named, coords = False, dict[int, dict[str, int]]()
     for d, procs in sorted(by_dir.items()):
         snap = 0
         for part in d.strip("/").split("/"):

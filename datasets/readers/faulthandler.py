@@ -16,6 +16,7 @@ start a new thread.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from rankscope.datasets.domain.stacks import (
     Frame,
@@ -110,7 +111,7 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
         return [failed_dump(source_file, FORMAT, "empty dump file")]
     threads: list[ThreadDump] = []
     current: list[int] = []
-    cur: dict | None = None
+    cur: dict[str, Any] | None = None
     last_innermost_first = False
     dropped = False  # the last thread block had no whole frame (or none) and was dropped
 

@@ -17,6 +17,7 @@ output (a failed dump) and files cut short (status ``partial``).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 from rankscope.datasets.readers.base import Interner, failed_dump, mark_main
@@ -58,7 +59,7 @@ def parse_pyspy_text(text: str, source_file: str = "") -> list[ProcessDump]:
     pid: int | None = None
     cmdline: str | None = None
     threads: list[ThreadDump] = []
-    cur: dict | None = None
+    cur: dict[str, Any] | None = None
     errors: list[str] = []
 
     def close_thread() -> None:

@@ -162,7 +162,9 @@ def last_faulthandler_dump(
     chunks = split_faulthandler_dumps(text)
     if not chunks:
         return None
-    last = functools.cache(last_step) if callable(last_step) else lambda: last_step  # read at most once
+    last: Callable[[], float | None] = (  # read at most once
+        functools.cache(last_step) if callable(last_step) else lambda: last_step
+    )
 
     def stale(t: float) -> bool:  # requested before the process started or before its last step
         step = last()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -62,7 +63,9 @@ def _load(path: Path) -> pl.DataFrame:
         raise ParseError(path, f"unreadable {'Parquet' if 'parquet' in path.suffix else 'CSV'} ({exc})") from None
 
 
-def _conform(path: Path, df: pl.DataFrame, required: dict, optional: dict, kind: str) -> pl.DataFrame:
+def _conform(
+    path: Path, df: pl.DataFrame, required: dict[str, Any], optional: dict[str, Any], kind: str
+) -> pl.DataFrame:
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise ParseError(path, f"not a {kind} file: missing column(s) {missing} (required: {', '.join(required)})")

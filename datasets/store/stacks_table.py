@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -40,10 +41,10 @@ def _from_table(tbl: pa.Table) -> list[ProcStacks]:
     )
     cols = {name: tbl.column(name).to_pylist() for name in names}
     frames_col = tbl.column("frames")
-    hashes = pl.from_arrow(frames_col).hash().to_list() if tbl.num_rows else []
+    hashes = pl.Series(pl.from_arrow(frames_col)).hash().to_list() if tbl.num_rows else []
     lengths = pa.compute.list_value_length(frames_col).to_pylist() if tbl.num_rows else []
     decoded: dict[tuple[int, int], tuple[Frame, ...]] = {}
-    procs: dict[tuple, dict] = {}
+    procs: dict[tuple[Any, ...], dict[str, Any]] = {}
     for i in range(tbl.num_rows):
         key = (cols["snapshot"][i], cols["rank"][i], cols["pid"][i], cols["source_file"][i], cols["role"][i])
         p = procs.get(key)
@@ -93,13 +94,13 @@ def to_table(procs: Sequence[ProcStacks], job: str) -> pa.Table:
     """
     from rankscope.datasets.store.schemas import FRAME, STACKS
 
-    cols: dict[str, list] = {n: [] for n in STACKS.schema.names if n != "frames"}
+    cols: dict[str, list[Any]] = {n: [] for n in STACKS.schema.names if n != "frames"}
     uniq: dict[int, int] = {}
     uniq_frames: list[tuple[Frame, ...]] = []
     idx: list[int] = []
     for p in procs:
         threads = ([p.main_thread] if p.main_thread is not None else []) + list(p.others)
-        rows = threads or [None]
+        rows: list[ThreadDump | None] = list(threads) or [None]
         for t in rows:
             cols["job"].append(job)
             cols["snapshot"].append(p.snapshot)

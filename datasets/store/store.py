@@ -190,7 +190,7 @@ class Store:
             rel = con.sql(query)
             if rel is None:  # a statement without a result
                 return pl.DataFrame()
-            return pl.from_arrow(rel.to_arrow_table())  # type: ignore[return-value]
+            return pl.from_arrow(rel.to_arrow_table())
         except duckdb.Error as exc:
             raise InputError(f"SQL over {self.root}: {exc}") from None
         finally:
