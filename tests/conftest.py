@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = Path(os.environ.get("RANKSCOPE_SHARED_DIR") or REPO.parent / "shared")  # ../shared beside the checkout
 PROBE = SHARED / "data" / "torch_gloo_hang_probe"
 
 
