@@ -26,6 +26,11 @@ from rankscope.config import AgentConfig, agent_config_from_json
 from rankscope.spine import ConfigError, error_edge
 
 PROG = "rankscope agent"
+USAGE = (
+    "usage: python -m rankscope.collectors.daemon CONFIG_JSON\n\n"
+    "Run the node agent with an already-resolved configuration (a JSON object of AgentConfig fields).\n"
+    "`rankscope agent` resolves flags, environment and --config, then execs this; run that instead."
+)
 
 
 BOOTSTRAP = f"import sys; del sys.path[0]; from {__name__} import main; sys.exit(main())"
@@ -51,11 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     config or an unreadable file, 130 on Ctrl-C, 1 (one line) for anything else.
     """
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
     # a long-lived daemon: return freed Arrow buffers to the OS (the default pools keep them)
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     with error_edge():
         if len(argv) != 1:
-            raise ConfigError(f"usage: python -m {__name__} CONFIG_JSON (or run `rankscope agent --help`)")
+            raise ConfigError("usage: python -m rankscope.collectors.daemon CONFIG_JSON (or run `rankscope agent --help`)")
         config = agent_config_from_json(argv[0])
         from rankscope.collectors.agent import (
             Agent,  # after the config is known good: the import pulls in pyarrow
