@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     with error_edge():
         if len(argv) != 1:
-            raise ConfigError("usage: python -m rankscope.collectors.daemon CONFIG_JSON (or run `rankscope agent --help`)")
+            raise ConfigError(
+                "usage: python -m rankscope.collectors.daemon CONFIG_JSON (or run `rankscope agent --help`)"
+            )
         config = agent_config_from_json(argv[0])
         from rankscope.collectors.agent import (
             Agent,  # after the config is known good: the import pulls in pyarrow
