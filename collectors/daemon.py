@@ -10,7 +10,7 @@ working directory from ``sys.path`` first (``python -m`` would put it there, and
 directory full of ``*.py`` files must not shadow modules in a week-long daemon); match it with
 ``pgrep -f rankscope.collectors.daemon``.
 
-``CONFIG_JSON`` is an already-resolved :class:`~rankscope.collectors.config.AgentConfig` as a JSON
+``CONFIG_JSON`` is an already-resolved :class:`~rankscope.config.AgentConfig` as a JSON
 object (what :func:`exec_argv` writes); it is validated again here, so a hand-written one that is
 wrong gets the same one-line error.
 """
