@@ -10,7 +10,8 @@ Two sources, one shape (:class:`ProcessExit`):
   the time the agent noticed a process that vanished without a record (a signal, ``os._exit``,
   the OOM killer).
 
-Only abnormal exits are returned; the crash analysis (``rankscope.analytics.crashes``) orders them; the readers are in ``rankscope.datasets.readers.exits``.
+Only abnormal exits are returned; the crash analysis (``rankscope.analytics.crashes``) orders them.
+The readers of both sources are in ``rankscope.datasets.readers.exits``.
 """
 
 from __future__ import annotations
