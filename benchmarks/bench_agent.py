@@ -178,13 +178,13 @@ def diagnose(store: Path) -> tuple[dict[str, Any], str]:
     if r.returncode == 0:
         return json.loads(r.stdout), "cli"
     # the CLI is still being wired by the lead: fall back to the stack analysis library call
-    from rankscope.analytics.stacks.verdict import diagnose_stacks
+    from rankscope.analytics import stacks
     from rankscope.datasets.loading.inputs import load_inputs
 
     inp = load_inputs(store, layout="tp=2,pp=2,dp=2", order="tp-cp-ep-dp-pp", gpus_per_node=2, job=None)
-    return diagnose_stacks(inp.procs, inp.topology, job=inp.job).to_dict(), "library (CLI failed: " + (
-        r.stderr.strip().splitlines() or ["?"]
-    )[-1][:120] + ")"
+    return stacks.verdict(
+        stacks.facts(inp.procs, inp.topology), inp.topology, job=inp.job
+    ).to_dict(), "library (CLI failed: " + (r.stderr.strip().splitlines() or ["?"])[-1][:120] + ")"
 
 
 def injection_time(run_dir: Path, rank: int, fault: str) -> float | None:

@@ -70,7 +70,7 @@ finally:
 """
 _OURS_WRAPPER = """
 import json, sys, time
-from rankscope.analytics.collectives.analysis import analyze_collectives, fr_verdict
+from rankscope.analytics import collectives
 from rankscope.datasets.loading.inputs import infer_topology
 from rankscope.datasets.readers.flight_recorder import read_fr_dir
 from rankscope.datasets.domain.topology import Layout
@@ -78,7 +78,7 @@ t = time.perf_counter()
 dumps = read_fr_dir(sys.argv[1])
 lay = Layout.parse(sys.argv[2]) if sys.argv[2] else None
 topo, _ = infer_topology([d.rank for d in dumps], {}, layout=lay, gpus_per_node=int(sys.argv[3]), where=sys.argv[1])
-v = fr_verdict(analyze_collectives(dumps, topo), topo)
+v = collectives.verdict(collectives.facts(dumps, topo), topo)
 work = time.perf_counter() - t
 print(json.dumps(v.to_dict()))
 print("__WORK_SECONDS__", work, file=sys.stderr, flush=True)

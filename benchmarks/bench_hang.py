@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rankscope.analytics.stacks.verdict import diagnose_stacks
+from rankscope.analytics import stacks
 from rankscope.datasets.domain.stacks import from_dumps
 from rankscope.datasets.loading.ingest import ingest_inputs
 from rankscope.datasets.loading.inputs import load_inputs
@@ -86,7 +86,7 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
     best = None
     for _ in range(3):
         t = time.perf_counter()
-        v = diagnose_stacks(procs, job.topology)
+        v = stacks.verdict(stacks.facts(procs, job.topology), job.topology)
         dt = time.perf_counter() - t
         best = dt if best is None else min(best, dt)
     res["in_memory"] = {"localize_s": round(best, 4), "correct": correct(v, job.truth)}
@@ -99,7 +99,7 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
     t = time.perf_counter()
     inputs = load_inputs(dump, layout=layout, gpus_per_node=8)
     t_load = time.perf_counter() - t
-    v = diagnose_stacks(inputs.procs, inputs.topology)
+    v = stacks.verdict(stacks.facts(inputs.procs, inputs.topology), inputs.topology)
     total = time.perf_counter() - t
     res["dump_dir"] = {
         "files": n_files,
@@ -122,7 +122,7 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
     t = time.perf_counter()
     inputs = load_inputs(store_root)
     t_load = time.perf_counter() - t
-    v = diagnose_stacks(inputs.procs, inputs.topology)
+    v = stacks.verdict(stacks.facts(inputs.procs, inputs.topology), inputs.topology)
     total = time.perf_counter() - t
     res["store"] = {
         "files": s_files,

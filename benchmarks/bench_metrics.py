@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from rankscope.analytics.performance.decide import counters_to_rates
+from rankscope.analytics.performance.metrics import counters_to_rates
 from rankscope.harness.synthetic_metrics import FAULT_KINDS, make_metrics
 from rankscope.models import PeerDistance, PeerMad
 

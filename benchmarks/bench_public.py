@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from rankscope.analytics.performance.decide import diagnose_perf
+from rankscope.analytics import performance
 from rankscope.analytics.performance.stragglers import find_stragglers
 from rankscope.harness import public
 from rankscope.models import make_detector
@@ -88,7 +88,8 @@ def alibaba() -> dict:
             ],
             "imbalances": [i.reason for i in rep.imbalances],
         }
-    v = diagnose_perf(None, public.load_alibaba_job(1), None, job="pai-job_1")
+    facts = performance.facts(None, public.load_alibaba_job(1), None)
+    v = performance.verdict(facts, None, job="pai-job_1") if facts is not None else None
     top = res["job_1"]["slow_workers"][0] if res["job_1"]["slow_workers"] else {}
     res["job_1"].update(
         {
