@@ -106,3 +106,20 @@ def test_synthetic_hang_both_sources_agree() -> None:
     assert set(group.nodes) <= set(v.suspect_nodes)
     assert all("flight_recorder" in v.details["support"][n] for n in fr.suspect_nodes)
     assert v.to_dict()["details"]["support"]
+
+
+def test_one_severity_order_for_fusion_and_combination() -> None:
+    """crash > mismatch > hang > fail-slow > degraded > imbalance > inconclusive > healthy, in both places
+    (issue 9: fusion used to put healthy above inconclusive, the combiner hang above mismatch)."""
+    from rankscope.analytics.fusion import combine
+    from rankscope.analytics.verdict import VERDICTS, Severity
+
+    assert VERDICTS == ("crash", "mismatch", "hang", "fail-slow", "degraded", "imbalance", "inconclusive", "healthy")
+    healthy = Verdict("healthy", confidence=0.9, sources=("stacks",))
+    unsure = Verdict("inconclusive", confidence=0.3, sources=("flight_recorder",))
+    assert fuse(healthy, unsure).verdict is Severity.INCONCLUSIVE  # never hidden behind healthy
+    hang = Verdict("hang", confidence=0.9, suspect_nodes=("node-1",), culprit_nodes=("node-1",), sources=("stacks",))
+    mismatch = Verdict("mismatch", confidence=0.9, culprit_ranks=(3,), sources=("flight_recorder",))
+    assert combine([hang, mismatch]).verdict == "mismatch"  # definite evidence of a code fault leads
+    assert combine([mismatch, Verdict("crash", confidence=0.9, sources=("events",))]).verdict == "crash"
+    assert fuse(hang, mismatch).verdict == "mismatch" and fuse(hang, mismatch).suspect_nodes == ()
