@@ -54,8 +54,10 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         fr_v = collectives.verdict(analysis, topology, job=job)
     if stack_v is not None and fr_v is not None:
         verdicts.append(fuse(stack_v, fr_v))
-    elif stack_v is not None or fr_v is not None:
-        verdicts.append(stack_v or fr_v)  # type: ignore[arg-type]  # one of them is set
+    elif stack_v is not None:
+        verdicts.append(stack_v)
+    elif fr_v is not None:
+        verdicts.append(fr_v)
     timings = inputs.timings if "timings" in use else None
     if (
         stack_v is not None

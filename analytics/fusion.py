@@ -111,10 +111,12 @@ def _support(s: Verdict, f: Verdict, suspect_nodes: tuple[str, ...]) -> dict[str
 
 def fuse(stack_verdict: Verdict | None, fr_verdict: Verdict | None) -> Verdict:
     """One verdict from the stack and Flight Recorder verdicts (either may be None)."""
-    if stack_verdict is None or fr_verdict is None:
-        if stack_verdict is None and fr_verdict is None:
+    if stack_verdict is None:
+        if fr_verdict is None:
             return Verdict(Severity.INCONCLUSIVE, reasons=("no evidence: neither stacks nor Flight Recorder dumps",))
-        return _alone(stack_verdict or fr_verdict)  # type: ignore[arg-type]  # exactly one is None
+        return _alone(fr_verdict)
+    if fr_verdict is None:
+        return _alone(stack_verdict)
     p = _pair(stack_verdict, fr_verdict)
     s, f, lead = p.s, p.f, p.lead
     if lead.verdict is Severity.MISMATCH:
