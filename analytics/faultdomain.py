@@ -11,13 +11,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from rankscope.analytics.verdict import SuspectGroup
+from rankscope.config import StackConfig
 from rankscope.datasets.domain.topology import KINDS, Topology
-
-MAX_COVER_FRACTION = 0.5
 
 
 def cover(
-    outliers: Sequence[int], topology: Topology, *, max_fraction: float = MAX_COVER_FRACTION
+    outliers: Sequence[int], topology: Topology, *, max_fraction: float = StackConfig().max_cover_fraction
 ) -> SuspectGroup | None:
     """The smallest set of groups of one kind covering ``outliers`` (fewest nodes, then groups).
 
