@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -41,7 +41,7 @@ def _from_table(tbl: pa.Table) -> list[ProcStacks]:
     )
     cols = {name: tbl.column(name).to_pylist() for name in names}
     frames_col = tbl.column("frames")
-    hashes = pl.Series(pl.from_arrow(frames_col)).hash().to_list() if tbl.num_rows else []
+    hashes = cast("pl.Series", pl.from_arrow(frames_col)).hash().to_list() if tbl.num_rows else []
     lengths = pa.compute.list_value_length(frames_col).to_pylist() if tbl.num_rows else []
     decoded: dict[tuple[int, int], tuple[Frame, ...]] = {}
     procs: dict[tuple[Any, ...], dict[str, Any]] = {}

@@ -50,7 +50,9 @@ class Store:
             if not create:
                 raise StoreError(f"{self.root}: not a rankscope store (no {MARKER})")
             self.root.mkdir(parents=True, exist_ok=True)
-            atomic_write(marker, json.dumps({"format": "rankscope-store", "version": FORMAT_VERSION}) + "\n")
+            atomic_write(
+                marker, json.dumps({"format": "rankscope-store", "version": FORMAT_VERSION}) + "\n", durable=False
+            )
         try:
             meta = json.loads(marker.read_text())
             version = int(meta["version"])
