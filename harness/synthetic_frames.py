@@ -123,15 +123,15 @@ ENTRY_CALLERS = frozenset({"_call_impl", "wrapper", "apply", "run", "_bootstrap_
 
 
 # -- sites ------------------------------------------------------------------------------------
-def _m(q: str, p: str, n: int) -> Site:
+def meg(q: str, p: str, n: int) -> Site:
     return Site(q, "meg", p, n)
 
 
-def _t(q: str, p: str, n: int) -> Site:
+def torch_site(q: str, p: str, n: int) -> Site:
     return Site(q, "site", p, n)
 
 
-def _s(q: str, p: str, n: int) -> Site:
+def std_site(q: str, p: str, n: int) -> Site:
     return Site(q, "std", p, n)
 
 
@@ -169,12 +169,12 @@ MPQ = "multiprocessing/queues.py"
 CONN = "multiprocessing/connection.py"
 PROC = "multiprocessing/process.py"
 
-WRAPPER = _t("_exception_logger.<locals>.wrapper", "torch/distributed/c10d_logger.py", 81)
-APPLY = _t("Function.apply", "torch/autograd/function.py", 575)
-MODCALL = (_t("Module._wrapped_call_impl", MODULE, 1739), _t("Module._call_impl", MODULE, 1750))
+WRAPPER = torch_site("_exception_logger.<locals>.wrapper", "torch/distributed/c10d_logger.py", 81)
+APPLY = torch_site("Function.apply", "torch/autograd/function.py", 575)
+MODCALL = (torch_site("Module._wrapped_call_impl", MODULE, 1739), torch_site("Module._call_impl", MODULE, 1750))
 
 
-def _c10d(op: str) -> tuple[Site, ...]:
+def c10d_call(op: str) -> tuple[Site, ...]:
     lines = {
         "all_reduce": 2810,
         "reduce_scatter_tensor": 4403,
@@ -183,51 +183,59 @@ def _c10d(op: str) -> tuple[Site, ...]:
         "barrier": 4551,
         "batch_isend_irecv": 2584,
     }
-    return (WRAPPER, _t(op, C10D, lines[op]))
+    return (WRAPPER, torch_site(op, C10D, lines[op]))
 
 
-def _mp_poll_wait(get_line: int = 113) -> tuple[Site, ...]:
+def mp_poll_wait(get_line: int = 113) -> tuple[Site, ...]:
     """multiprocessing Queue.get with a timeout, blocked in select (outermost first)."""
     return (
-        _s("Queue.get", MPQ, get_line),
-        _s("_ConnectionBase.poll", CONN, 257),
-        _s("Connection._poll", CONN, 440),
-        _s("wait", CONN, 947),
-        _s("_PollLikeSelector.select", "selectors.py", 415),
+        std_site("Queue.get", MPQ, get_line),
+        std_site("_ConnectionBase.poll", CONN, 257),
+        std_site("Connection._poll", CONN, 440),
+        std_site("wait", CONN, 947),
+        std_site("_PollLikeSelector.select", "selectors.py", 415),
     )
 
 
-def _thread_wait(get_line: int) -> tuple[Site, ...]:
-    return (_s("Queue.get", "queue.py", get_line), _s("Condition.wait", "threading.py", 331))
+def thread_wait(get_line: int) -> tuple[Site, ...]:
+    return (std_site("Queue.get", "queue.py", get_line), std_site("Condition.wait", "threading.py", 331))
 
 
-THREAD_BOOT = (_s("Thread._bootstrap", "threading.py", 1002), _s("Thread._bootstrap_inner", "threading.py", 1045))
-THREAD_RUN = THREAD_BOOT + (_s("Thread.run", "threading.py", 982),)
+THREAD_BOOT = (
+    std_site("Thread._bootstrap", "threading.py", 1002),
+    std_site("Thread._bootstrap_inner", "threading.py", 1045),
+)
+THREAD_RUN = THREAD_BOOT + (std_site("Thread.run", "threading.py", 982),)
 
-MAIN_PREFIX = (_m("<module>", PRE, 270), _m("pretrain", TRN, 349), _m("train", TRN, 1332), _m("train_step", TRN, 714))
+MAIN_PREFIX = (
+    meg("<module>", PRE, 270),
+    meg("pretrain", TRN, 349),
+    meg("train", TRN, 1332),
+    meg("train_step", TRN, 714),
+)
 
 # Forked children (dataloader workers) keep the parent's stack at fork time below _bootstrap.
 FORK_PREFIX = (
-    _m("<module>", PRE, 270),
-    _m("pretrain", TRN, 312),
-    _m("build_train_valid_test_data_iterators", TRN, 1811),
-    _t("DataLoader.__iter__", DL, 493),
-    _t("DataLoader._get_iterator", DL, 426),
-    _t("_MultiProcessingDataLoaderIter.__init__", DL, 1040),
-    _s("BaseProcess.start", PROC, 121),
-    _s("Process._Popen", "multiprocessing/context.py", 224),
-    _s("ForkProcess._Popen", "multiprocessing/context.py", 282),
-    _s("Popen.__init__", "multiprocessing/popen_fork.py", 19),
-    _s("Popen._launch", "multiprocessing/popen_fork.py", 71),
-    _s("BaseProcess._bootstrap", PROC, 314),
-    _s("BaseProcess.run", PROC, 108),
+    meg("<module>", PRE, 270),
+    meg("pretrain", TRN, 312),
+    meg("build_train_valid_test_data_iterators", TRN, 1811),
+    torch_site("DataLoader.__iter__", DL, 493),
+    torch_site("DataLoader._get_iterator", DL, 426),
+    torch_site("_MultiProcessingDataLoaderIter.__init__", DL, 1040),
+    std_site("BaseProcess.start", PROC, 121),
+    std_site("Process._Popen", "multiprocessing/context.py", 224),
+    std_site("ForkProcess._Popen", "multiprocessing/context.py", 282),
+    std_site("Popen.__init__", "multiprocessing/popen_fork.py", 19),
+    std_site("Popen._launch", "multiprocessing/popen_fork.py", 71),
+    std_site("BaseProcess._bootstrap", PROC, 314),
+    std_site("BaseProcess.run", PROC, 108),
 )
 SPAWN_PREFIX = (
     Site("<module>", "raw", "<string>", 1),
-    _s("spawn_main", "multiprocessing/spawn.py", 122),
-    _s("_main", "multiprocessing/spawn.py", 135),
-    _s("BaseProcess._bootstrap", PROC, 314),
-    _s("BaseProcess.run", PROC, 108),
+    std_site("spawn_main", "multiprocessing/spawn.py", 122),
+    std_site("_main", "multiprocessing/spawn.py", 135),
+    std_site("BaseProcess._bootstrap", PROC, 314),
+    std_site("BaseProcess.run", PROC, 108),
 )
 
 
