@@ -10,7 +10,7 @@ from rankscope.cli.console import handle_errors, out
 
 PRECEDENCE = (
     "Settings: flags > RANKSCOPE_AGENT_<FIELD> environment variables > --config file (TOML/JSON, an "
-    "[agent] table or top-level keys) > defaults."
+    "\\[agent] table or top-level keys) > defaults."
 )
 
 
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         max_runtime_seconds: float = typer.Option(
             None, "--max-runtime-seconds", help="Stop after this long (0 = never)."
         ),
-        config: Path = typer.Option(None, "--config", help="TOML or JSON config file."),
+        config: Path = typer.Option(None, "--config", help="TOML or JSON config file (or RANKSCOPE_AGENT_CONFIG)."),
         trigger: bool = typer.Option(False, "--trigger", help="Ask the agent of --run-dir for a capture and exit."),
     ) -> None:
         """Run until SIGTERM/SIGINT; SIGUSR1 or touching RUN_DIR/trigger captures stacks now."""

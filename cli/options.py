@@ -37,7 +37,7 @@ ConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="TOML or JSON settings file, one table per section ([stacks], [performance], ...); "
+        help="TOML or JSON settings file, one table per section (\\[stacks], \\[performance], ...); "
         "precedence: flags > RANKSCOPE_<SECTION>_<FIELD> environment > this file > defaults.",
     ),
 ]
