@@ -34,3 +34,4 @@ class Inputs:
     identity, the layout's world size, a Flight Recorder pg_config, the logs): rank -> that source. A rank
     missing from the stacks is a *missing dump* only when it is here; a gap in file numbering is not."""
     inferred_nodes: tuple[str, ...] = ()  # machine names nobody gave (node-<rank // G>): not to act on blindly
+    source_files: tuple[tuple[str, str], ...] = ()  # (path as the rows name it, kind): what was read (ingest)

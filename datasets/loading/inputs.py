@@ -49,8 +49,12 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
     )
     notes: list[str] = list(src.notes)
     topo: Topology | None
-    nodes = names.nodes()
     coords = _hook_coords(dd, world_ranks, notes) if layout is None else None
+    world = layout.world_size if layout is not None else max(world_ranks, default=-1) + 1
+    filled = names.fill_from_neighbours(world, g)
+    if filled:
+        notes.append(filled)
+    nodes = names.nodes()
     if world_ranks or coords:
         topo, more = infer_topology(world_ranks, nodes, layout=layout, gpus_per_node=g, where=str(root), coords=coords)
         notes += more
@@ -91,7 +95,27 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
         logs=src.logs,
         expected_ranks=expected,
         inferred_nodes=inferred,
+        source_files=_source_files(dd, procs, src.fr),
     )
+
+
+def _source_files(dd: DumpDir, procs: Sequence[ProcStacks], fr: Sequence[Any]) -> tuple[tuple[str, str], ...]:
+    """Every evidence file read, as the rows will name it, with its kind (the ingest ledger digests them)."""
+    out: dict[str, str] = {}
+    for p in procs:
+        if p.source:
+            out.setdefault(p.source, "stacks")
+    for d in fr:
+        out.setdefault(d.source_file, "flight_recorder")
+    for _, rel in (*dd.log_files, *dd.elastic_files):
+        out.setdefault(rel, "logs")
+    for path in dd.exit_files:
+        out.setdefault(str(path), "exits")
+    for path in dd.metric_files:
+        out.setdefault(str(path), "metrics")
+    for path in (*dd.timing_files, *(Path(a) for a, _ in dd.step_files)):
+        out.setdefault(str(path), "timings")
+    return tuple(out.items())
 
 
 def _named_procs(procs: Sequence[ProcStacks], topo: Topology) -> list[ProcStacks]:
@@ -139,25 +163,27 @@ def _from_store(
         job = jobs[0]
     elif job not in jobs:
         raise InputError(f"{root}: no job {job!r} in the store (jobs: {', '.join(jobs) or 'none'})")
+    from rankscope.datasets.loading.incidents import choose, keep_fr_rows
+
     stacks_tbl = store.read_arrow("stacks", job=job)
-    procs = from_table(stacks_tbl)
-    snapshot_times = _snapshot_times(stacks_tbl)
-    notes: list[str] = []
-    latest = latest_series(snapshot_times, series_gap_seconds)
-    if len(latest) < len(snapshot_times):  # the agent's store keeps every capture: diagnose the latest
-        older = len(snapshot_times) - len(latest)
-        procs = [p for p in procs if p.snapshot in latest or p.snapshot not in snapshot_times]
-        snapshot_times = {s: t for s, t in snapshot_times.items() if s in latest}
-        notes.append(
-            f"{older} snapshot(s) of earlier captures ignored: the latest capture (from "
-            f"{_utc(min(snapshot_times.values()))}) is diagnosed"
-        )
+    chosen = choose(
+        store,
+        job,
+        stacks_tbl,
+        from_table(stacks_tbl),
+        _snapshot_times(stacks_tbl),
+        lambda times: latest_series(times, series_gap_seconds),
+    )
+    procs, snapshot_times, notes = chosen.procs, chosen.snapshot_times, list(chosen.notes)
     topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
     fr: list[Any] = []
     if store.files("collectives", job=job):
         from rankscope.datasets.readers.fr_table import fr_from_table
 
-        fr = list(fr_from_table(store.read_arrow("collectives", job=job)))
+        rows = store.read_arrow("collectives", job=job)
+        if store.files("ingests", job=job):
+            rows = keep_fr_rows(rows, store.read("ingests", job=job), chosen.fr_sources)
+        fr = list(fr_from_table(rows))
     topo: Topology | None
     if topo_df.height and layout is None:
         coords = {d: topo_df[d].to_list() for d in DIMS if topo_df[d].null_count() == 0}
@@ -201,12 +227,6 @@ def latest_series(snapshot_times: Mapping[int, float], gap_s: float = InputsConf
             break
         keep.append(s)
     return set(keep)
-
-
-def _utc(t: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _snapshot_times(tbl: Any) -> dict[int, float]:

@@ -46,6 +46,31 @@ class Names:
     def nodes(self) -> dict[int, str]:
         return {r: n for r, (n, _) in self.best.items()}
 
+    def fill_from_neighbours(self, world: int, gpus_per_node: int) -> str | None:
+        """Name a rank no source named after the machine of its neighbours, when the named ranks show
+        consecutive placement (every machine's ranks in one block of ``gpus_per_node``) and the rank's block
+        is on one machine with room for it (torchrun places local ranks 0..G-1 of a node consecutively).
+        Returns the note saying so, or None."""
+        g = gpus_per_node
+        hosts: dict[str, set[int]] = {}
+        for r, (n, _) in self.best.items():
+            hosts.setdefault(n, set()).add(r)
+        if not hosts or any(len({r // g for r in rs}) != 1 or len(rs) > g for rs in hosts.values()):
+            return None
+        block_host = {next(iter(rs)) // g: n for n, rs in hosts.items()}
+        filled = []
+        for r in range(world):
+            if r not in self.best and (r // g) in block_host:
+                self.best[r] = (block_host[r // g], "neighbours")
+                filled.append(r)
+        if not filled:
+            return None
+        shown = ", ".join(f"{r} ({self.best[r][0]})" for r in filled[:5]) + (", ..." if len(filled) > 5 else "")
+        return (
+            f"machine of {len(filled)} rank(s) nobody named taken from their neighbours (every named machine holds "
+            f"one block of {g} consecutive ranks): {shown}"
+        )
+
     def notes(self) -> list[str]:
         if not self.conflicts:
             return []
