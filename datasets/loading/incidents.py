@@ -113,7 +113,9 @@ def _fr_sources(ledger: Any, key: str) -> frozenset[str] | None:
     if ledger is None or key == "agent":
         return None
     return frozenset(
-        f for f, i, k in zip(ledger["source_file"], ledger["ingest_id"], ledger["kind"]) if i == key and k == "flight_recorder"
+        f
+        for f, i, k in zip(ledger["source_file"], ledger["ingest_id"], ledger["kind"])
+        if i == key and k == "flight_recorder"
     )
 
 
@@ -127,7 +129,9 @@ def keep_fr_rows(table: Any, ledger: Any, sources: frozenset[str] | None) -> Any
     files = table.column("source_file")
     if sources is not None:
         return table.filter(pc.is_in(files, value_set=pa.array(sorted(sources), type=pa.string())))
-    ingested: Sequence[str] = sorted({f for f, k in zip(ledger["source_file"], ledger["kind"]) if k == "flight_recorder" and f})
+    ingested: Sequence[str] = sorted(
+        {f for f, k in zip(ledger["source_file"], ledger["kind"]) if k == "flight_recorder" and f}
+    )
     if not ingested:
         return table
     return table.filter(pc.invert(pc.is_in(files, value_set=pa.array(ingested, type=pa.string()))))

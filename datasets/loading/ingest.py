@@ -173,7 +173,9 @@ def _ledger(
         if f in new or f not in digests
     ]
     if not rows:  # nothing file-backed (a store re-ingested): still one row, so the incident has a time
-        rows = [{"job": job, "ingest_id": ingest_id, "ingest_time": now, "source": inputs.source, "capture_time": captured}]
+        rows = [
+            {"job": job, "ingest_id": ingest_id, "ingest_time": now, "source": inputs.source, "capture_time": captured}
+        ]
     store.write("ingests", rows)
 
 

@@ -3,8 +3,8 @@
 Rules (the order is the order of trust; see :mod:`rankscope.datasets.domain.identity`):
 
 1. ``manifest.csv`` at any depth applies to the files under its folder. Its ``file`` column is relative
-   to the manifest's folder (else to the input root); ``rank``, ``node`` and optional ``role``, ``pid``,
-   ``snapshot``, ``local_rank``. Several rows of one file with different ``pid`` name the processes of a
+   to the manifest's folder (else to the input root); ``rank``, and optional ``node``, ``role``, ``pid``,
+   ``snapshot``, ``local_rank`` (other columns are ignored). Several rows of one file with different ``pid`` name the processes of a
    concatenated dump. Without a ``snapshot`` column the nearest enclosing ``snapshot-N/`` folder counts.
 2. The hook's identities (``pid<PID>.json``), by pid.
 3. The path: a ``rank[-_]N`` token in any component is the global rank (the file name's first), a
@@ -32,7 +32,7 @@ from rankscope.spine import InputError
 
 MANIFEST = "manifest.csv"
 
-SNAPSHOT_DIR = re.compile(r"^snap(?:shot)?[-_]?(\d+)$", re.I)
+SNAPSHOT_DIR = re.compile(r"^(?:snap(?:shot)?|round)[-_]?(\d+)$", re.I)
 _RANK = re.compile(r"(?<![A-Za-z])(?<!local_)(?<!local-)(?<!local)rank[-_]?(\d+)", re.I)
 _LOCAL = re.compile(r"(?<![A-Za-z])local[-_]?rank[-_]?(\d+)", re.I)
 _ATTEMPT = re.compile(r"^attempt[-_]?\d+$", re.I)
@@ -133,7 +133,7 @@ class ManifestRow:
 
     file: str
     rank: int
-    node: str
+    node: str | None
     role: str | None
     pid: int | None
     snapshot: int | None
@@ -150,9 +150,11 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.reader(fh)
             header = [h.strip() for h in next(reader, [])]
-            missing = {"file", "rank", "node"} - set(header)
+            missing = {"file", "rank"} - set(header)
             if missing:
-                raise InputError(f"{rel}: header must have file,rank,node (missing {', '.join(sorted(missing))})")
+                raise InputError(
+                    f"{rel}: header must have file,rank (and node to name machines; missing {', '.join(sorted(missing))})"
+                )
             idx = {c: header.index(c) for c in _COLUMNS if c in header}
             width = len(header)
             rows = []
@@ -166,8 +168,6 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
                     raise InputError(f"{rel}: line {i}: empty 'file'")
                 if not row["rank"].isdigit():
                     raise InputError(f"{rel}: line {i}: rank {row['rank']!r} is not a non-negative integer")
-                if not row["node"]:
-                    raise InputError(f"{rel}: line {i}: empty 'node'")
                 role = row.get("role")
                 if role and role not in ROLES:
                     raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(ROLES)}")
@@ -210,7 +210,7 @@ class Manifests:
             row = ManifestRow(
                 rel,
                 int(r["rank"]),
-                r["node"],
+                r.get("node") or None,
                 r.get("role") or None,
                 int(r["pid"]) if r.get("pid") else None,
                 snap,

@@ -62,10 +62,12 @@ class _Ranks:
 
     @staticmethod
     def host_of(f: FileRead) -> str | None:
+        """The machine a file's processes ran on; ``file:<path>`` when nothing names it (one launcher's
+        file still maps its own local ranks)."""
         if f.host:
             return f.host
         hosts = {e.host for e in f.summary if is_machine_name(e.host)}
-        return hosts.pop() if len(hosts) == 1 else None
+        return hosts.pop() if len(hosts) == 1 else f"file:{f.rel}"
 
     def global_rank(self, host: str | None, local: int) -> int | None:
         if host is None:
@@ -163,7 +165,8 @@ def _build(
     offset = _zone_offset(launcher, err_local, ranks)
     for f, key, st in plan:
         rank = _stream_rank(f, key, st, ranks)
-        host = ranks.host_of(f) or ""
+        key_host = ranks.host_of(f) or ""
+        host = "" if key_host.startswith("file:") else key_host  # a machine name, or none
         if rank is None:
             continue
         seen.setdefault(rank, host)
@@ -250,7 +253,8 @@ def _exits(
         if cur is None or (e.time or 0) < (cur.time or 0):
             summary[e.rank] = e
     files: dict[int, ElasticError] = {}
-    for _rel, one, facts in err_local:
+    orphans = []
+    for rel, one, facts in err_local:
         r = (
             facts.rank
             if facts.rank is not None
@@ -258,10 +262,17 @@ def _exits(
             if facts.host
             else None
         )
-        if r is not None:
+        if r is None:
+            orphans.append(rel)
+        else:
             files.setdefault(r, one)
             if facts.host:
                 out.names.setdefault(r, (facts.host, "host-folder"))
+    if orphans:
+        out.notes.append(
+            f"{len(orphans)} TorchElastic error file(s) with no rank (an error file says no rank; its path must: "
+            f"<host>/<run_id>/attempt_<k>/<local_rank>/error.json) not used: {', '.join(orphans[:3])}"
+        )
     timed_out = {w.rank: w for w in wd if w.kind == "timeout" and w.rank is not None}
     for rank in sorted(set(found) | set(summary) | set(files)):
         ex, s, err = found.get(rank), summary.get(rank), files.get(rank)

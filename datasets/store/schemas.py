@@ -256,8 +256,7 @@ TIMINGS = TableSpec(
 )
 
 TABLES: dict[str, TableSpec] = {
-    spec.name: spec
-    for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, PROCESSES, METRICS, EVENTS, TIMINGS, INGESTS)
+    spec.name: spec for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, PROCESSES, METRICS, EVENTS, TIMINGS, INGESTS)
 }
 
 

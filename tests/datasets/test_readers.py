@@ -169,7 +169,7 @@ def test_dump_dir_manifest_snapshots_and_missing(tmp_path):
 @pytest.mark.parametrize(
     "manifest, msg",
     [
-        ("file,rank\nrank0.txt,0\n", "missing node"),
+        ("file,node\nrank0.txt,n\n", "missing rank"),
         ("file,rank,node\nrank0.txt,x,n\n", "not a non-negative integer"),
         ("file,rank,node,role\nrank0.txt,0,n,gpu\n", "role 'gpu'"),
     ],
