@@ -3,8 +3,8 @@
 Every ingest is one incident: it gets an id and a time, its rows carry the digest of the file they came
 from and, when the content says, the time the evidence was captured, and its snapshot ids follow the
 job's earlier ones (snapshots of two incidents never merge). Ingesting the same files again (same paths
-inside the input, same bytes: the ``ingests`` ledger keeps them per job) adds nothing. ``diagnose STORE`` then diagnoses the
-latest incident: by capture time, else by ingest time.
+inside the input, same bytes: the ``ingests`` ledger keeps them per job) adds nothing. ``diagnose STORE``
+then diagnoses the latest incident: by capture time, else by ingest time.
 """
 
 from __future__ import annotations

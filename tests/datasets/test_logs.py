@@ -113,8 +113,8 @@ def _failure(rank, pg, pg_rank, seq, enq, stamp):
         rank,
         stamp,
         2271,
-        f"[PG ID {pg[0]} PG GUID {pg[1]}] Rank {pg_rank}]  failure detected by watchdog at work sequence id: {seq} "
-        f"PG status: last enqueued work: {enq}, last completed work: {seq - 1}".replace("] Rank", " Rank"),
+        f"[PG ID {pg[0]} PG GUID {pg[1]} Rank {pg_rank}]  failure detected by watchdog at work sequence id: {seq} "
+        f"PG status: last enqueued work: {enq}, last completed work: {seq - 1}",
     )
 
 
@@ -176,7 +176,10 @@ def test_periodic_work_updates_of_a_healthy_job_name_no_one(tmp_path):
     text = ""
     for i, r in enumerate(list(range(8)) * 3):  # each rank at its own moment: counters differ by tens
         stamp = f"12:{13 + i // 8}:{10 + i % 8:02d}.0"
-        line = f"[PG ID 0 PG GUID 0(default_pg) Rank {r}] NCCL Work update periodically: last enqueued NCCL work: {2000 + 7 * i}, last completed NCCL work: {1998 + 7 * i}."
+        line = (
+            f"[PG ID 0 PG GUID 0(default_pg) Rank {r}] NCCL Work update periodically: last enqueued NCCL work: "
+            f"{2000 + 7 * i}, last completed NCCL work: {1998 + 7 * i}."
+        )
         text += f"[default{r}]:[rank{r}]:[I1203 {stamp} ProcessGroupNCCL.cpp:2093] {line}\n"
     v = diagnose(load_inputs(_write(tmp_path / "logs", {"a100-r8-n10": text}), gpus_per_node=8))
     assert v.verdict.value == "healthy" and not v.suspect_nodes
