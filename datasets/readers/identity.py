@@ -5,7 +5,8 @@ Rules (the order is the order of trust; see :mod:`rankscope.datasets.domain.iden
 1. ``manifest.csv`` at any depth applies to the files under its folder. Its ``file`` column is relative
    to the manifest's folder (else to the input root); ``rank``, and optional ``node``, ``role``, ``pid``,
    ``snapshot``, ``local_rank`` (other columns are ignored). Several rows of one file with different ``pid``
-   name the processes of a concatenated dump. Without a ``snapshot`` column the nearest enclosing ``snapshot-N/`` folder counts.
+   name the processes of a concatenated dump. Without a ``snapshot`` column the nearest enclosing
+   ``snapshot-N/`` (or ``round-N/``) folder counts.
 2. The hook's identities (``pid<PID>.json``), by pid.
 3. The path: a ``rank[-_]N`` token in any component is the global rank (the file name's first), a
    ``local[-_]rank[-_]N`` token a local rank, torchrun's ``--log-dir`` layout
