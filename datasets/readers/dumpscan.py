@@ -24,7 +24,7 @@ def finish(
     from rankscope.datasets.readers.dumpdir import DumpDir, DumpFile
 
     notes = list(sc.notes)
-    kept = identify(sc.found, gpus_per_node=gpus_per_node, notes=notes)
+    kept = identify(sc.found, gpus_per_node=gpus_per_node, notes=notes, hook_ids=_hook_identities(hooked))
     files: list[DumpFile] = [
         DumpFile(
             f.rel, f.ident.snapshot, f.ident.rank, f.ident.node, f.role or "trainer", f.ident.pid, (f.dump,), f.ident
@@ -46,6 +46,7 @@ def finish(
         for f in files:
             if f.identity.source("rank") == "hook" and f.rank is not None:
                 expected.setdefault(f.rank, "the hook's identity")
+        files = _one_per_process(files, notes)
     named: dict[int, tuple[str, str]] = {}
     for f in files:
         if f.rank is not None and f.node is not None and f.role == "trainer":
@@ -85,6 +86,46 @@ def finish(
         expected,
         named,
     )
+
+
+def _one_per_process(files: list[DumpFile], notes: list[str]) -> list[DumpFile]:
+    """A process the hook and another tool both dumped is kept once (the dump with a stack wins)."""
+    order = {"ok": 0, "partial": 1, "cut": 2, "failed": 3}
+    best: dict[tuple[int, int], DumpFile] = {}
+    for f in files:
+        if f.role != "trainer" or f.rank is None:
+            continue
+        cur = best.get((f.snapshot, f.rank))
+        if cur is None:
+            best[(f.snapshot, f.rank)] = f
+            continue
+        if cur.pid is not None and f.pid is not None and cur.pid != f.pid:
+            raise InputError(
+                f"rank {f.rank} (snapshot {f.snapshot}) is claimed by two processes: {cur.path} (pid {cur.pid}) and "
+                f"{f.path} (pid {f.pid}); keep one, or give each its rank in a manifest.csv (file,pid,rank,node)"
+            )
+        a, b = order.get(cur.processes[0].status, 4), order.get(f.processes[0].status, 4)
+        best[(f.snapshot, f.rank)] = f if b < a else cur
+    keep = {id(f) for f in best.values()}
+    out = [f for f in files if f.role != "trainer" or f.rank is None or id(f) in keep]
+    if len(out) < len(files):
+        notes.append(
+            f"{len(files) - len(out)} process(es) both the hook and another capture dumped: one dump kept each"
+        )
+    return out
+
+
+def _hook_identities(hooked: dict[tuple[str, int], object]) -> dict[int, dict[str, object]]:
+    """The hook's identity of every pid that has one (a py-spy dump of that pid gets its rank and node)."""
+    from rankscope.datasets.readers.rundir import identity
+
+    out: dict[int, dict[str, object]] = {}
+    for (_d, pid), hp in hooked.items():
+        path = getattr(hp, "files", {}).get(rf.IDENTITY)
+        ident = identity(path) if path else None
+        if ident is not None:
+            out[pid] = ident
+    return out
 
 
 def ident_named(ident: Identity) -> bool:

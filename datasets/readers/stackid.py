@@ -12,8 +12,9 @@ line naming both files.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump
@@ -63,8 +64,9 @@ def _stack_role(dump: ProcessDump, name: str, single: bool, first: bool) -> str 
     return "other" if child else None
 
 
-def _base(f: Found, n_in_file: int, n_trainers: int) -> None:
-    """Identity from the manifest row(s), the path and the command line (roles are already known)."""
+def _base(f: Found, n_in_file: int, n_trainers: int, hook_ids: Mapping[int, Mapping[str, Any]]) -> None:
+    """Identity from the manifest row(s), the hook's identity of the pid, the path and the command line
+    (roles are already known)."""
     facts = path_facts(f.rel)
     ident = Identity().with_field("snapshot", facts.snapshot, "path")
     rows = list(f.rows or ())
@@ -79,6 +81,13 @@ def _base(f: Found, n_in_file: int, n_trainers: int) -> None:
             f.role = None if row.role == "trainer" else row.role
     elif rows:  # a process of a listed file that no row names: same machine, rank unknown
         ident = ident.with_field("node", rows[0].node, "manifest")
+    hook = hook_ids.get(f.dump.pid) if f.dump.pid is not None else None
+    if hook is not None and ident.rank is None and isinstance(hook.get("rank"), int):
+        ident = ident.with_field("rank", hook["rank"], "hook")
+        ident = ident.fill("node", hook.get("node") or None, "hook")
+        ident = ident.fill(
+            "local_rank", hook.get("local_rank") if isinstance(hook.get("local_rank"), int) else None, "hook"
+        )
     if ident.rank is None and facts.rank is not None and (n_trainers <= 1 or f.role is not None):
         ident = ident.with_field("rank", facts.rank, "path")  # (not for sibling trainers sharing one file)
     if ident.local_rank is None and facts.local_rank is not None and n_trainers <= 1:
@@ -95,7 +104,13 @@ def _base(f: Found, n_in_file: int, n_trainers: int) -> None:
         f.host = f"file:{f.rel}"  # an unnamed host: the file holds one host's trainers
 
 
-def identify(found: list[Found], *, gpus_per_node: int | None, notes: list[str]) -> list[Found]:
+def identify(
+    found: list[Found],
+    *,
+    gpus_per_node: int | None,
+    notes: list[str],
+    hook_ids: Mapping[int, Mapping[str, Any]] | None = None,
+) -> list[Found]:
     """Resolve every process's identity; returns the processes kept (unattributable ones are reported)."""
     per_file: dict[str, int] = defaultdict(int)
     trainers: dict[str, int] = defaultdict(int)
@@ -106,7 +121,7 @@ def identify(found: list[Found], *, gpus_per_node: int | None, notes: list[str])
         if f.role is None:
             trainers[f.rel] += 1
     for f in found:
-        _base(f, per_file[f.rel], trainers[f.rel])
+        _base(f, per_file[f.rel], trainers[f.rel], hook_ids or {})
     _children_follow_their_trainer(found, trainers)
     _siblings_by_pid(found, trainers, gpus_per_node, notes)
     _local_to_global(found, gpus_per_node, notes)

@@ -218,3 +218,13 @@ def test_refusals_are_one_line_on_stderr_with_exit_2(tmp_path, probe_dir):
     res = CliRunner().invoke(app, ["diagnose", str(tmp_path), "--gpus-per-node", "8"])
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert len(res.stderr.strip().splitlines()) == 1 and "host-a.txt" in res.stderr
+
+
+def test_hook_identities_name_the_processes_of_concatenated_dumps_by_pid(tmp_path, probe_dir):
+    (tmp_path / "dump.txt").write_text("".join(_text(probe_dir, r) for r in (2, 0, 3, 1)))
+    for r, pid in PIDS.items():
+        ident = {"pid": pid, "rank": r, "local_rank": r % 2, "node": HOST[r], "role": "trainer", "started": 1.0}
+        (tmp_path / f"pid{pid}.json").write_text(json.dumps(ident))
+    inputs, v = _verdict(tmp_path, gpus_per_node=2)
+    assert sorted((p.rank, p.pid) for p in inputs.procs if p.status == "ok") == sorted(PIDS.items())
+    _hang_on_host_b(v)
