@@ -73,6 +73,8 @@ def _base(f: Found, n_in_file: int, n_trainers: int, hook_ids: Mapping[int, Mapp
     by_pid = [r for r in rows if r.pid is not None and r.pid == f.dump.pid]
     file_rows = [r for r in rows if r.pid is None]
     row = by_pid[0] if by_pid else (file_rows[0] if file_rows and (f.role is None or n_in_file == 1) else None)
+    if row is None and len(rows) == 1 and n_in_file == 1:  # one process, one row: its pid may be another
+        row = rows[0]  # namespace's (a container) or absent from the dump (faulthandler prints none)
     if row is not None:
         ident = ident.with_field("rank", row.rank, "manifest").with_field("node", row.node, "manifest")
         ident = ident.with_field("local_rank", row.local_rank, "manifest").with_field("pid", row.pid, "manifest")
