@@ -23,8 +23,9 @@ win over ``inferred`` ones; a layout gives coordinates, never names.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 PROVENANCES = ("manifest", "hook", "log", "cmdline", "path", "host-folder", "pid-order", "host-order", "inferred")
 """Where an identity field can come from, most trusted first."""
@@ -33,9 +34,13 @@ NAMED_SOURCES = frozenset({"manifest", "hook", "log", "host-folder", "timings", 
 """Provenances of a node name the user gave (a machine name to act on), as opposed to ``inferred``."""
 
 
-@dataclass(frozen=True)
-class Identity:
-    """One process's (or one file's) place in the job, field by field, with where each field came from."""
+_NO_SOURCES: Mapping[str, str] = MappingProxyType({})
+
+
+class Identity(NamedTuple):
+    """One process's (or one file's) place in the job, field by field, with where each field came from.
+
+    A tuple, not a dataclass: one is built per process, 100,000 of them for a large job."""
 
     snapshot: int = 0
     rank: int | None = None
@@ -43,7 +48,7 @@ class Identity:
     node: str | None = None
     role: str | None = None
     pid: int | None = None
-    sources: Mapping[str, str] = field(default_factory=dict)  # field name -> provenance (see PROVENANCES)
+    sources: Mapping[str, str] = _NO_SOURCES  # field name -> provenance (see PROVENANCES)
 
     def source(self, name: str) -> str | None:
         """Where field ``name`` came from, or None when it is unset."""
@@ -53,7 +58,7 @@ class Identity:
         """A copy with ``name`` set to ``value`` (``None`` leaves it unchanged), recorded as from ``provenance``."""
         if value is None:
             return self
-        return replace(self, **{name: value}, sources={**self.sources, name: provenance})
+        return self._replace(**{name: value}, sources={**self.sources, name: provenance})
 
     def fill(self, name: str, value: Any, provenance: str) -> Identity:
         """Set ``name`` only when it is still unknown (a less trusted source never overrides a better one)."""

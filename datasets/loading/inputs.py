@@ -22,7 +22,7 @@ from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events
 from rankscope.datasets.store.stacks_table import from_table
 from rankscope.datasets.store.store import Store
-from rankscope.spine import InputError, LayoutError
+from rankscope.spine import InputError, LayoutError, paused_gc
 
 __all__ = ["infer_topology", "latest_series", "load_fr_inputs", "load_inputs"]
 
@@ -275,7 +275,8 @@ def load_inputs(
             job=job,
             series_gap_seconds=(config or InputsConfig()).series_gap_seconds,
         )
-    return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
+    with paused_gc():  # millions of small acyclic objects: full collections would make loading superlinear
+        return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
 
 
 def load_fr_inputs(

@@ -24,6 +24,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, from_dump
@@ -39,12 +40,16 @@ from rankscope.datasets.readers.walk import walk
 from rankscope.spine import InputError, paused_gc
 
 _STACK_KINDS = ("pyspy-text", "pyspy-error", "traceback", "pyspy-json")
+_READ_WHOLE = frozenset((*_STACK_KINDS, "json", "empty"))
+_COMMON_SUFFIXES = frozenset((".txt", ".json"))  # stack dumps: go straight to the content
+_TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
+_NOT_EVIDENCE = frozenset((".csv", ".parquet", ".pq", ".gz", ".tgz", ".zip", ".png", ".jpg", ".svg", ".html", ".md"))
 _JSON_WHOLE_LIMIT = 8 << 20  # a JSON object whose kind the head does not tell is decoded up to this size
 
 
-@dataclass(frozen=True)
-class DumpFile:
-    """One process of a stack file and what we know about it (``identity`` says where each field came from)."""
+class DumpFile(NamedTuple):
+    """One process of a stack file and what we know about it (``identity`` says where each field came from).
+    A tuple: one per process, 100,000 of them for a large job."""
 
     path: str  # relative to the dump root
     snapshot: int
@@ -53,7 +58,7 @@ class DumpFile:
     role: str | None
     pid: int | None
     processes: tuple[ProcessDump, ...]
-    identity: Identity = field(default_factory=Identity)
+    identity: Identity = Identity()
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,7 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
     fname = rel.rsplit("/", 1)[-1]
     if fname == MANIFEST or fname in rf.AUX:
         return
-    hm = rf.HOOK_FILE.match(fname)
+    hm = rf.HOOK_FILE.match(fname) if fname.startswith("pid") else None
     if hm is not None and not manifests.rows(rel):
         from rankscope.datasets.readers.rundir import HookProcess
 
@@ -180,24 +185,25 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         hp.rel[hm.group(2)] = rel
         return
     low = fname.lower()
-    stem, suffix = os.path.splitext(low)
-    if low.startswith("metrics") and suffix in (".csv", ".parquet"):
-        sc.metrics.append(Path(abs_path))
-        return
-    if low.startswith("timings") and suffix in (".csv", ".parquet"):
-        sc.timings.append(Path(abs_path))
-        return
-    if low.endswith(".exit.json"):
+    suffix = low[low.rfind(".") :] if "." in low else ""
+    if suffix not in _COMMON_SUFFIXES:
+        if low.startswith("metrics") and low.endswith(_TABLE_SUFFIXES):
+            sc.metrics.append(Path(abs_path))
+            return
+        if low.startswith("timings") and low.endswith(_TABLE_SUFFIXES):
+            sc.timings.append(Path(abs_path))
+            return
+        if suffix in _NOT_EVIDENCE:
+            sc.skipped.append(f"{rel} (a {suffix[1:]} file that is neither metrics* nor timings*)")
+            return
+    elif low.endswith(".exit.json"):
         sc.exits.append(Path(abs_path))
-        return
-    if suffix in (".csv", ".parquet", ".gz", ".tgz", ".zip", ".png", ".svg", ".html", ".md"):
-        sc.skipped.append(f"{rel} (a {suffix[1:]} file that is neither metrics* nor timings*)")
         return
     try:
         with open(abs_path, "rb") as fh:
-            head = fh.read(HEAD_BYTES)
+            head = fh.peek(HEAD_BYTES)[:HEAD_BYTES]  # buffered: the whole read below costs no second copy
             s = sniff(head, rel)
-            data = head + fh.read() if s.kind in (*_STACK_KINDS, "json", "empty") and len(head) == HEAD_BYTES else head
+            data = fh.read() if s.kind in _READ_WHOLE else head
     except OSError as exc:
         sc.skipped.append(f"{rel} (unreadable: {exc.strerror})")
         return
@@ -208,12 +214,12 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
             return
         kind = routed
     if kind in _STACK_KINDS:
-        covered = manifests.scope_of(rel)
-        if covered is not None and not manifests.rows(rel):
+        rows = manifests.rows(rel) or None
+        if rows is None and manifests.scope_of(rel) is not None:
             sc.unlisted.append(rel)
             return
         for i, proc in enumerate(parse_stack_bytes(data, rel, kind, prefixed=s.prefixed)):
-            sc.found.append(Found(rel, proc, manifests.rows(rel), i))
+            sc.found.append(Found(rel, proc, rows, i))
     elif kind == "pickle":
         sc.fr.append((abs_path, rel))
     elif kind == "log":

@@ -27,6 +27,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from rankscope.datasets.store.schemas import ROLES
 from rankscope.spine import InputError
@@ -118,7 +119,9 @@ def host_from_log_name(rel: str) -> str | None:
 
 def local_rank_from_cmdline(cmdline: str | None) -> int | None:
     """``--local-rank=N`` / ``--local_rank N`` / ``LOCAL_RANK=N`` in a command line, else None."""
-    m = _CMD_LOCAL.search(cmdline or "")
+    if not cmdline or ("ocal" not in cmdline and "LOCAL" not in cmdline):
+        return None
+    m = _CMD_LOCAL.search(cmdline)
     return int(m.group(1)) if m else None
 
 
@@ -128,9 +131,8 @@ def natural(name: str) -> tuple[tuple[int, int | str], ...]:
 
 
 # -- manifests ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ManifestRow:
-    """One row of a manifest, its ``file`` resolved relative to the input root."""
+class ManifestRow(NamedTuple):
+    """One row of a manifest, its ``file`` resolved relative to the input root (a tuple: 100,000 rows)."""
 
     file: str
     rank: int
@@ -198,17 +200,17 @@ class Manifests:
         scope = manifest_rel[: -len(MANIFEST)]
         self.scopes.append(scope)
         self.scopes.sort(key=len, reverse=True)
-        snap_of_scope = _dir_facts(scope.rstrip("/"))[0]
+        by_file = self.by_file
         for r in rows:
-            f = r["file"].replace("\\", "/")
-            while f.startswith("./"):
-                f = f[2:]
+            f = r["file"]
+            if "\\" in f or f.startswith("./"):
+                f = f.replace("\\", "/")
+                while f.startswith("./"):
+                    f = f[2:]
             rel = scope + f
             if rel not in present and f in present:
                 rel = f  # relative to the root (the older convention)
-            snap = int(r["snapshot"]) if r.get("snapshot") else None
-            if snap is None:
-                snap = path_facts(rel).snapshot if rel in present else snap_of_scope
+            snap = int(r["snapshot"]) if r.get("snapshot") else None  # else: the file's snapshot-N/ folder
             row = ManifestRow(
                 rel,
                 int(r["rank"]),
@@ -219,7 +221,7 @@ class Manifests:
                 int(r["local_rank"]) if r.get("local_rank") else None,
                 manifest_rel,
             )
-            self.by_file.setdefault(rel, []).append(row)
+            by_file.setdefault(rel, []).append(row)
 
     def __bool__(self) -> bool:
         return bool(self.scopes)

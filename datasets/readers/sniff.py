@@ -100,9 +100,13 @@ def sniff(head: bytes, name: str = "") -> Sniffed:
         return Sniffed("json")
     if body[:1] == b"[" and body[1:].lstrip()[:1] in (b"{", b"]", b""):
         return Sniffed("pyspy-json")
-    text = head.decode("utf-8", errors="replace")
     low = name.lower().rsplit("/", 1)[-1]
     log_suffix = low.endswith(LOG_SUFFIXES) or low in LOG_NAMES
+    if body.startswith(b"Process ") and PYSPY_PROCESS.match(body[:64].decode("utf-8", "replace")):
+        return Sniffed("pyspy-text")  # the common case, decided without splitting lines
+    if not log_suffix and body.startswith((b"Thread 0x", b"Current thread 0x", b"Traceback (most recent call last)")):
+        return Sniffed("traceback")
+    text = head.decode("utf-8", errors="replace")
     worker = log_lines = 0
     for raw in text.splitlines()[:200]:
         if not raw.strip():

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from rankscope.datasets.domain.identity import Identity
@@ -45,6 +46,10 @@ class Found:
     ident: Identity = field(default_factory=Identity)
     role: str | None = None  # dataloader / checkpoint / other; None: a trainer
     host: str | None = None  # the machine (its name, or "file:<rel>" for a per-host file without one)
+    siblings: int = 1  # trainer processes in its file
+
+
+_ROLE_MEMO: dict[tuple[int, bool], tuple[object, str | None]] = {}  # frames tuples are interned by the readers
 
 
 def _stack_role(dump: ProcessDump, name: str, single: bool, first: bool) -> str | None:
@@ -56,6 +61,18 @@ def _stack_role(dump: ProcessDump, name: str, single: bool, first: bool) -> str 
         return "checkpoint"
     main = dump.main_thread
     frames = main.frames if main else ()
+    key = (id(frames), first)
+    hit = _ROLE_MEMO.get(key)
+    if hit is not None and hit[0] is frames:
+        return hit[1]
+    if len(_ROLE_MEMO) > 100_000:
+        _ROLE_MEMO.clear()
+    role = _frames_role(frames, first)
+    _ROLE_MEMO[key] = (frames, role)
+    return role
+
+
+def _frames_role(frames: Sequence[Any], first: bool) -> str | None:
     if any(f.function in _DATALOADER_FRAMES for f in frames):
         return "dataloader"
     child = any(f.function in _CHILD_FUNCS and f.file.replace("\\", "/").endswith(_CHILD_FILES) for f in frames)
@@ -64,42 +81,75 @@ def _stack_role(dump: ProcessDump, name: str, single: bool, first: bool) -> str 
     return "other" if child else None
 
 
+_ROW_SOURCES = {
+    (snap, pid): MappingProxyType(
+        {"rank": "manifest", "node": "manifest", "local_rank": "manifest", "snapshot": snap, "pid": pid}
+    )
+    for snap in ("manifest", "path")
+    for pid in ("manifest", "content")
+}
+
+
+def _from_row(f: Found, row: ManifestRow) -> bool:
+    """The common case, fast: one process in a file a manifest row fully describes."""
+    if row.node is None:
+        return False
+    snap = row.snapshot if row.snapshot is not None else path_facts(f.rel).snapshot
+    pid = row.pid if row.pid is not None else f.dump.pid
+    how = ("manifest" if row.snapshot is not None else "path", "manifest" if row.pid is not None else "content")
+    src = _ROW_SOURCES[how]
+    f.ident = Identity(snap or 0, row.rank, row.local_rank, row.node, None, pid, src)
+    if row.role:
+        f.role = None if row.role == "trainer" else row.role
+    f.host = row.node
+    return True
+
+
 def _base(f: Found, n_in_file: int, n_trainers: int, hook_ids: Mapping[int, Mapping[str, Any]]) -> None:
     """Identity from the manifest row(s), the hook's identity of the pid, the path and the command line
-    (roles are already known)."""
+    (roles are already known). Fields are gathered first and the identity built once: this runs per process."""
+    if n_in_file == 1 and f.rows and len(f.rows) == 1 and _from_row(f, f.rows[0]):
+        return
     facts = path_facts(f.rel)
-    ident = Identity().with_field("snapshot", facts.snapshot, "path")
-    rows = list(f.rows or ())
-    by_pid = [r for r in rows if r.pid is not None and r.pid == f.dump.pid]
-    file_rows = [r for r in rows if r.pid is None]
-    row = by_pid[0] if by_pid else (file_rows[0] if file_rows and (f.role is None or n_in_file == 1) else None)
-    if row is None and len(rows) == 1 and n_in_file == 1:  # one process, one row: its pid may be another
-        row = rows[0]  # namespace's (a container) or absent from the dump (faulthandler prints none)
-    if row is not None:
-        ident = ident.with_field("rank", row.rank, "manifest").with_field("node", row.node, "manifest")
-        ident = ident.with_field("local_rank", row.local_rank, "manifest").with_field("pid", row.pid, "manifest")
-        ident = ident.with_field("snapshot", row.snapshot, "manifest")
-        if row.role:
-            f.role = None if row.role == "trainer" else row.role
-    elif rows:  # a process of a listed file that no row names: same machine, rank unknown
-        ident = ident.with_field("node", rows[0].node, "manifest")
-    hook = hook_ids.get(f.dump.pid) if f.dump.pid is not None else None
-    if hook is not None and ident.rank is None and isinstance(hook.get("rank"), int):
-        ident = ident.with_field("rank", hook["rank"], "hook")
-        ident = ident.fill("node", hook.get("node") or None, "hook")
-        ident = ident.fill(
-            "local_rank", hook.get("local_rank") if isinstance(hook.get("local_rank"), int) else None, "hook"
-        )
-    if ident.rank is None and facts.rank is not None and (n_trainers <= 1 or f.role is not None):
-        ident = ident.with_field("rank", facts.rank, "path")  # (not for sibling trainers sharing one file)
-    if ident.local_rank is None and facts.local_rank is not None and n_trainers <= 1:
-        ident = ident.with_field("local_rank", facts.local_rank, "path")
-    ident = ident.fill("local_rank", local_rank_from_cmdline(f.dump.cmdline), "cmdline")
+    v: dict[str, Any] = {}
+    src: dict[str, str] = {}
+
+    def put(name: str, value: Any, how: str, *, override: bool = False) -> None:
+        if value is not None and (override or v.get(name) is None):
+            v[name], src[name] = value, how
+
+    put("snapshot", facts.snapshot, "path")
+    rows = f.rows or ()
+    if rows:
+        by_pid = [r for r in rows if r.pid is not None and r.pid == f.dump.pid]
+        file_rows = [r for r in rows if r.pid is None]
+        row = by_pid[0] if by_pid else (file_rows[0] if file_rows and (f.role is None or n_in_file == 1) else None)
+        if row is None and len(rows) == 1 and n_in_file == 1:  # one process, one row: its pid may be another
+            row = rows[0]  # namespace's (a container) or absent from the dump (faulthandler prints none)
+        if row is not None:
+            for name in ("rank", "node", "local_rank", "pid", "snapshot"):
+                put(name, getattr(row, name), "manifest", override=True)
+            if row.role:
+                f.role = None if row.role == "trainer" else row.role
+        else:  # a process of a listed file that no row names: same machine, rank unknown
+            put("node", rows[0].node, "manifest")
+    hook = hook_ids.get(f.dump.pid) if hook_ids and f.dump.pid is not None else None
+    if hook is not None and v.get("rank") is None and isinstance(hook.get("rank"), int):
+        put("rank", hook["rank"], "hook")
+        put("node", hook.get("node") or None, "hook")
+        put("local_rank", hook.get("local_rank") if isinstance(hook.get("local_rank"), int) else None, "hook")
+    if facts.rank is not None and (n_trainers <= 1 or f.role is not None):
+        put("rank", facts.rank, "path")  # (not for sibling trainers sharing one file)
+    if facts.local_rank is not None and n_trainers <= 1:
+        put("local_rank", facts.local_rank, "path")
+    if f.dump.cmdline:
+        put("local_rank", local_rank_from_cmdline(f.dump.cmdline), "cmdline")
     if facts.host is not None:
-        ident = ident.fill("node", facts.host, "host-folder")
+        put("node", facts.host, "host-folder")
     elif n_trainers > 1:  # one file per host (py-spy of a node's processes concatenated)
-        ident = ident.fill("node", host_from_log_name(f.rel), "host-folder")
-    f.ident = ident.fill("pid", f.dump.pid, "content")
+        put("node", host_from_log_name(f.rel), "host-folder")
+    put("pid", f.dump.pid, "content")
+    f.ident = Identity(sources=src, **v)
     if f.ident.node is not None:
         f.host = f.ident.node
     elif n_trainers > 1:
@@ -114,19 +164,24 @@ def identify(
     hook_ids: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> list[Found]:
     """Resolve every process's identity; returns the processes kept (unattributable ones are reported)."""
-    per_file: dict[str, int] = defaultdict(int)
-    trainers: dict[str, int] = defaultdict(int)
-    for f in found:
-        per_file[f.rel] += 1
-    for f in found:
-        f.role = _stack_role(f.dump, f.rel.rsplit("/", 1)[-1], per_file[f.rel] == 1, f.index == 0)
-        if f.role is None:
-            trainers[f.rel] += 1
-    for f in found:
-        _base(f, per_file[f.rel], trainers[f.rel], hook_ids or {})
-    _children_follow_their_trainer(found, trainers)
-    _siblings_by_pid(found, trainers, gpus_per_node, notes)
-    _local_to_global(found, gpus_per_node, notes)
+    hooks = hook_ids or {}
+    n, i = len(found), 0
+    while i < n:  # the processes of one file are consecutive
+        rel, j = found[i].rel, i + 1
+        while j < n and found[j].rel == rel:
+            j += 1
+        name, size, trainers = rel.rsplit("/", 1)[-1], j - i, 0
+        for f in found[i:j]:
+            f.role = _stack_role(f.dump, name, size == 1, f.index == 0)
+            trainers += f.role is None
+        for f in found[i:j]:
+            f.siblings = trainers
+            _base(f, size, trainers, hooks)
+        i = j
+    if any(f.ident.rank is None for f in found):  # the job-level steps, only when some rank is still unknown
+        _children_follow_their_trainer(found)
+        _siblings_by_pid(found, gpus_per_node, notes)
+        _local_to_global(found, gpus_per_node, notes)
     kept, lost = [], []
     for f in found:
         if f.ident.rank is None and f.role is None:
@@ -142,10 +197,10 @@ def identify(
     return _dedupe(kept, notes)
 
 
-def _children_follow_their_trainer(found: list[Found], trainers: dict[str, int]) -> None:
+def _children_follow_their_trainer(found: list[Found]) -> None:
     """A child process (DataLoader worker, checkpoint writer) in a file with one trainer shares its rank
     (with several sibling trainers in a file, a child's parent is unknown)."""
-    trainer_of = {f.rel: f for f in found if f.role is None and trainers[f.rel] == 1}
+    trainer_of = {f.rel: f for f in found if f.role is None and f.siblings == 1}
     for f in found:
         t = trainer_of.get(f.rel)
         if f.role is not None and t is not None and f.ident.rank is None:
@@ -153,7 +208,7 @@ def _children_follow_their_trainer(found: list[Found], trainers: dict[str, int])
             f.ident = f.ident.fill("local_rank", t.ident.local_rank, t.ident.sources.get("local_rank", "path"))
 
 
-def _siblings_by_pid(found: list[Found], trainers: dict[str, int], gpus_per_node: int | None, notes: list[str]) -> None:
+def _siblings_by_pid(found: list[Found], gpus_per_node: int | None, notes: list[str]) -> None:
     """Trainers of one host with neither rank nor local rank: numbered by pid when every host holds the
     same count (``--gpus-per-node`` when given); otherwise refused with one line."""
     groups: dict[tuple[int, str], list[Found]] = defaultdict(list)
@@ -162,9 +217,9 @@ def _siblings_by_pid(found: list[Found], trainers: dict[str, int], gpus_per_node
             continue
         if f.host is not None and f.ident.pid is not None:
             groups[(f.ident.snapshot, f.host)].append(f)
-        elif trainers[f.rel] > 1:
+        elif f.siblings > 1:
             raise InputError(
-                f"{f.rel}: {trainers[f.rel]} trainer processes in one file and nothing tells their ranks (no "
+                f"{f.rel}: {f.siblings} trainer processes in one file and nothing tells their ranks (no "
                 "manifest row with their pid, no --local-rank in their command line, no pid to order them by); "
                 "add a manifest.csv with file,pid,rank,node"
             )
