@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -35,7 +35,10 @@ _CHILD_FUNCS = frozenset({"spawn_main", "_process_worker", "_bootstrap"})
 _STATUS_RANK = {"ok": 0, "partial": 1, "cut": 2, "failed": 3}
 
 
-@dataclass
+_UNKNOWN = Identity()
+
+
+@dataclass(slots=True)
 class Found:
     """One process found in a stack file, before its identity is resolved."""
 
@@ -43,7 +46,7 @@ class Found:
     dump: ProcessDump
     rows: Sequence[ManifestRow] | None  # the manifest rows of its file (None: no manifest lists it)
     index: int  # its position in the file
-    ident: Identity = field(default_factory=Identity)
+    ident: Identity = _UNKNOWN
     role: str | None = None  # dataloader / checkpoint / other; None: a trainer
     host: str | None = None  # the machine (its name, or "file:<rel>" for a per-host file without one)
     siblings: int = 1  # trainer processes in its file
@@ -170,11 +173,24 @@ def identify(
         rel, j = found[i].rel, i + 1
         while j < n and found[j].rel == rel:
             j += 1
-        name, size, trainers = rel.rsplit("/", 1)[-1], j - i, 0
-        for f in found[i:j]:
-            f.role = _stack_role(f.dump, name, size == 1, f.index == 0)
+        name, size = rel.rsplit("/", 1)[-1], j - i
+        if size == 1:  # the common case: one process per file
+            f = found[i]
+            rows = f.rows
+            if rows is not None and len(rows) == 1 and rows[0].role and _from_row(f, rows[0]):
+                f.siblings = int(f.role is None)  # the manifest said everything (fastest path)
+            else:
+                f.role = _stack_role(f.dump, name, True, True)
+                f.siblings = int(f.role is None)
+                _base(f, 1, f.siblings, hooks)
+            i = j
+            continue
+        group = found[i:j]
+        trainers = 0
+        for f in group:
+            f.role = _stack_role(f.dump, name, False, f.index == 0)
             trainers += f.role is None
-        for f in found[i:j]:
+        for f in group:
             f.siblings = trainers
             _base(f, size, trainers, hooks)
         i = j
