@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from rankscope.datasets.store.schemas import ROLES
 from rankscope.spine import InputError
 
 MANIFEST = "manifest.csv"
@@ -147,6 +146,12 @@ class ManifestRow(NamedTuple):
 _COLUMNS = ("file", "rank", "node", "role", "pid", "snapshot", "local_rank")
 
 
+def _roles() -> tuple[str, ...]:
+    from rankscope.datasets.store.schemas import ROLES  # (pyarrow: only when a manifest has a role column)
+
+    return ROLES
+
+
 def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
     """Rows of one manifest.csv, validated (one clear error naming the file and line)."""
     try:
@@ -173,8 +178,8 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
                 if not row["rank"].isdigit():
                     raise InputError(f"{rel}: line {i}: rank {row['rank']!r} is not a non-negative integer")
                 role = row.get("role")
-                if role and role not in ROLES:
-                    raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(ROLES)}")
+                if role and role not in _roles():
+                    raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(_roles())}")
                 for col in ("pid", "snapshot", "local_rank"):
                     v = row.get(col)
                     if v and not v.isdigit():
