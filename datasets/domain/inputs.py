@@ -35,3 +35,6 @@ class Inputs:
     missing from the stacks is a *missing dump* only when it is here; a gap in file numbering is not."""
     inferred_nodes: tuple[str, ...] = ()  # machine names nobody gave (node-<rank // G>): not to act on blindly
     source_files: tuple[tuple[str, str], ...] = ()  # (path as the rows name it, kind): what was read (ingest)
+    assumed_ranks: tuple[int, ...] = ()
+    """Ranks whose global number was assumed (sibling trainers numbered by pid, local ranks mapped by host
+    order): their machine is exact, their parallel group only if the assumption holds."""

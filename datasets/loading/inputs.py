@@ -96,6 +96,16 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
         expected_ranks=expected,
         inferred_nodes=inferred,
         source_files=_source_files(dd, procs, src.fr),
+        assumed_ranks=tuple(
+            sorted(
+                {
+                    f.rank
+                    for f in dd.files
+                    if f.rank is not None and f.identity.sources.get("rank") in ("host-order", "pid-order")
+                }
+                | set(src.assumed_ranks)
+            )
+        ),
     )
 
 

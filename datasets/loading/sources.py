@@ -34,6 +34,7 @@ class Sources:
     logs: LogEvidence | None = None
     names: Names = field(default_factory=Names)
     notes: list[str] = field(default_factory=list)
+    assumed_ranks: list[int] = field(default_factory=list)
 
 
 def read_sources(dd: DumpDir, *, gpus_per_node: int | None) -> Sources:
@@ -49,9 +50,10 @@ def read_sources(dd: DumpDir, *, gpus_per_node: int | None) -> Sources:
     src.exits = read_exit_records(dd.exit_files, nodes=nodes, notes=exit_notes) + src.exits
     src.notes += exit_notes
     src.metrics, src.timings = _read_tables(dd, nodes, src.notes)
-    if src.timings is not None and "node" in src.timings.columns:
-        pairs = src.timings.select("rank", "node").drop_nulls().unique().iter_rows()
-        src.names.add_all((int(r), str(n), "timings") for r, n in pairs)
+    for df, how in ((src.timings, "timings"), (src.metrics, "metrics")):  # their node columns name machines too
+        if df is not None and "node" in df.columns and "rank" in df.columns:
+            pairs = df.select("rank", "node").drop_nulls().unique().iter_rows()
+            src.names.add_all((int(r), str(n), how) for r, n in pairs)
     bad_only = not (src.procs or src.fr or src.exits or src.metrics is not None or src.timings is not None)
     if bad_only and (src.logs is None or src.logs.empty) and not dd.log_files and _table_errors(src):
         raise InputError(_table_errors(src)[0])
@@ -123,6 +125,7 @@ def _read_logs(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> None:
     src.notes += lr.notes
     src.logs = lr.evidence
     src.exits += lr.exits
+    src.assumed_ranks += lr.assumed_ranks
     for rank, (node, how) in lr.names.items():
         src.names.add(rank, node, how)
     if lr.stacks:

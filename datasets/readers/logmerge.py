@@ -35,6 +35,7 @@ class LogRead:
     stacks: list[tuple[int, str, ProcessDump]] = field(default_factory=list)  # (rank, node, dump): one snapshot
     names: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank -> (node, provenance)
     notes: list[str] = field(default_factory=list)
+    assumed_ranks: list[int] = field(default_factory=list)  # global ranks mapped by host order
 
 
 class _Ranks:
@@ -142,7 +143,9 @@ def read_logs(
     note = ranks.assume()
     if note:
         notes.append(note)
-    return _build(reads, plan, err_local, ranks, year, notes)
+    out = _build(reads, plan, err_local, ranks, year, notes)
+    out.assumed_ranks = sorted(ranks.map[k] for k in ranks.assumed)
+    return out
 
 
 def _build(
