@@ -45,12 +45,12 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     procs = inputs.procs if "stacks" in use else ()
     fr_dumps = inputs.fr_dumps if "flight_recorder" in use else ()
     log_facts = _log_facts(inputs) if "logs" in use else None
-    log_hang = log_facts is not None and log_facts.hang_evidence
+    logs_read = "logs" in use and inputs.logs is not None
     if inputs.exits and "exits" in use:
         crash_v = _crash(inputs, cfg)
-        if crash_v is not None and crash_v.details["crash"]["n_primary"] == 0 and (procs or fr_dumps or log_hang):
+        if crash_v is not None and crash_v.details["crash"]["n_primary"] == 0 and (procs or fr_dumps or logs_read):
             # every exit reports a lost peer or a deliberate stop (a hung job torn down with SIGTERM,
-            # watchdog timeouts): the stacks say more than the exits, which become context
+            # watchdog timeouts): the stacks, Flight Recorder or logs say more than the exits (context)
             context.append("[events] " + " ".join(crash_v.reasons))
         elif crash_v is not None:
             verdicts.append(crash_v)
@@ -89,7 +89,13 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         return Verdict(
             Severity.INCONCLUSIVE,
             job=job,
-            reasons=("no evidence: no stacks, Flight Recorder dumps, exits, metrics or timings were found", *notes),
+            reasons=(
+                "no evidence: no stacks, Flight Recorder dumps, exits, metrics or timings were found"
+                if not context
+                else "no failure of its own: every process exit reports a lost peer or a deliberate stop",
+                *context,
+                *notes,
+            ),
             world_size=topology.world_size if topology is not None else 0,
         )
     v = combine(verdicts)

@@ -44,7 +44,11 @@ RAY = re.compile(r"^\([A-Za-z_][\w.]* pid=\d+(?:, ip=[\d.]+)?\) ")
 
 PYSPY_PROCESS = re.compile(r"^Process \d+: ")
 PYSPY_THREAD = re.compile(r'^Thread (?:0[xX][0-9a-fA-F]+|\d+) \((?:idle|active|gil|[a-z +]+)\)(?:: ".*")?\s*$')
-PYSPY_ERROR = re.compile(r"^(?:Error: |Permission Denied: |error: )")
+# py-spy's own failures (its wordings, not any line starting with "Error")
+PYSPY_ERROR = re.compile(
+    r"^(?:Permission Denied: |Error: (?:Failed to|No such|Process \d+|Timed out|Couldn't|Unable to|"
+    r"Operation not permitted|Error getting|No python processes))"
+)
 TRACEBACK = re.compile(
     r"^(?:(?:Current thread|Thread) 0[xX][0-9a-fA-F]+(?: \[.*?\])? \(most recent call first\):"
     r"|Traceback \(most recent call last\):|Stack \(most recent call last\):|Fatal Python error: )"

@@ -224,3 +224,31 @@ def test_the_content_decides_the_format_not_the_name():
     assert sniff(b"Traceback (most recent call last):\n", "stderr.log").kind == "log"
     assert sniff(b"Traceback (most recent call last):\n", "rank3.txt").kind == "traceback"
     assert sniff(b"job hung at 03:12 UTC\n", "notes.txt").kind == "unknown"
+
+
+def test_a_job_stopped_by_its_scheduler_evicts_no_one(tmp_path):
+    """Every worker SIGTERMed (the launcher's summary in torch 2.13's wording): no failure of its own."""
+    entries = "".join(
+        f"[{i}]:\n  time      : 2026-12-01_15:20:30\n  host      : gpu-node-x\n  rank      : {r} (local_rank: {r})\n"
+        f"  exitcode  : -15 (pid: {100 + r})\n  error_file: <N/A>\n  traceback : Signal 15 (SIGTERM) received by PID "
+        f"{100 + r}\n"
+        for i, r in ((1, 1), (0, 0))
+    )
+    text = (
+        "W1201 15:20:01.000000 123 torch/distributed/run.py:874] *****\n[default0]:step 10\n[default1]:step 10\n"
+        "W1201 15:20:30.100000 123 torch/distributed/elastic/agent/server/api.py:704] Received 15 death signal, "
+        "shutting down workers\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        + "=" * 60
+        + "\ntrain.py FAILED\n"
+        + "-" * 60
+        + "\nFailures:\n"
+        + entries.split("[0]:")[0]
+        + "-" * 60
+        + "\nRoot Cause (first observed failure):\n[0]:"
+        + entries.split("[0]:")[1]
+        + "=" * 60
+        + "\n"
+    )
+    v = diagnose(load_inputs(_write(tmp_path / "logs", {"gpu-node-x": text}), gpus_per_node=2))
+    assert not v.suspect_nodes and v.verdict.value == "inconclusive", v.explain()
+    assert "deliberate stop" in v.reasons[0]
