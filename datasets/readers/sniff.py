@@ -37,7 +37,7 @@ GLOG = re.compile(r"^(?P<lvl>[IWEF])(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+
 C10_LOG = re.compile(r"^\[(?P<lvl>[IWEF])(?:(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?))? *[^\]\s]+:\d+\] ?")
 # "[2026-11-30 10:00:01,123] ", "2026-11-30T10:00:01.123Z ", "[2026-12-03 12:13:35] "
 STAMP = re.compile(
-    r"^\[?(?P<date>\d{4}-\d\d-\d\d)[ T_](?P<hms>\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<tz>Z|[+-]\d\d:?\d\d)?\]?:? ?"
+    r"^ ?\[?(?P<date>\d{4}-\d\d-\d\d)[ T_](?P<hms>\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<tz>Z|[+-]\d\d:?\d\d)?\]?:? ?"
 )
 # Ray's "(WorkerDict pid=3490362) " and similar process tags in front of forwarded output
 RAY = re.compile(r"^\([A-Za-z_][\w.]* pid=\d+(?:, ip=[\d.]+)?\) ")
