@@ -132,6 +132,7 @@ def to_rows(
         "source_file": dump.source_file,
         "status": dump.status,
         "error": dump.error,
+        "failure_kind": dump.failure_kind,
     }
     if not dump.threads:
         return [{**base, "frames": [], "thread_id": None, "thread_name": None, "is_main_thread": None, "active": None}]
