@@ -221,7 +221,10 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         for i, proc in enumerate(parse_stack_bytes(data, rel, kind, prefixed=s.prefixed)):
             sc.found.append(Found(rel, proc, rows, i))
     elif kind == "pickle":
-        sc.fr.append((abs_path, rel))
+        if any(k in head for k in (b"entries", b"pg_config", b"pg_status", b"version")):
+            sc.fr.append((abs_path, rel))
+        else:  # a checkpoint or other pickle: never unpickled
+            sc.skipped.append(f"{rel} (a pickle that is not a Flight Recorder dump: not unpickled)")
     elif kind == "log":
         sc.logs.append((abs_path, rel))
     elif kind == "empty":
