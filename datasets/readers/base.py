@@ -132,10 +132,19 @@ def to_rows(
         "source_file": dump.source_file,
         "status": dump.status,
         "error": dump.error,
-        "failure_kind": dump.failure_kind,
     }
-    if not dump.threads:
-        return [{**base, "frames": [], "thread_id": None, "thread_name": None, "is_main_thread": None, "active": None}]
+    if not dump.threads:  # a failed capture: one row, saying why it failed (the optional failure_kind column)
+        return [
+            {
+                **base,
+                "failure_kind": dump.failure_kind,
+                "frames": [],
+                "thread_id": None,
+                "thread_name": None,
+                "is_main_thread": None,
+                "active": None,
+            }
+        ]
     return [
         {
             **base,
