@@ -2,9 +2,11 @@
 
 Each evidence source is a subpackage with the same surface, facts in and a verdict out:
 :mod:`.stacks` (hang or fail-slow), :mod:`.collectives` (Flight Recorder, fused with the stacks by
-:mod:`.fusion`), :mod:`.performance` (metrics and timings) and :mod:`.crashes` (process exits, which
-lead when present). :func:`~rankscope.analytics.fusion.combine` orders the verdicts by the one
-severity order (:class:`~rankscope.analytics.verdict.Severity`). Pure: an in-memory
+:mod:`.fusion`), :mod:`.logs` (watchdog timeouts and laggards in training logs), :mod:`.performance`
+(metrics and timings) and :mod:`.crashes` (process exits, which lead when present; exits that only
+report a lost peer become context when stacks, Flight Recorder dumps or the logs' timeouts say more).
+:func:`~rankscope.analytics.fusion.combine` orders the verdicts by the one severity order
+(:class:`~rankscope.analytics.verdict.Severity`). Pure: an in-memory
 :class:`~rankscope.datasets.domain.inputs.Inputs` in, a frozen
 :class:`~rankscope.analytics.verdict.Verdict` out. The CLI's ``diagnose``, ``detect`` and ``fr``
 commands all call it (``detect`` and ``fr`` with fewer ``sources``).
@@ -13,6 +15,7 @@ commands all call it (``detect`` and ``fr`` with fewer ``sources``).
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from rankscope.analytics import collectives, crashes, stacks
 from rankscope.analytics.fusion import combine, fuse
@@ -20,7 +23,10 @@ from rankscope.analytics.verdict import Severity, Verdict
 from rankscope.config import Config
 from rankscope.datasets.domain.inputs import Inputs
 
-SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "exits")
+if TYPE_CHECKING:
+    from rankscope.analytics.logs import LogFacts
+
+SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "exits", "logs")
 """The evidence ``diagnose`` can use; ``sources=`` picks some of them."""
 
 
@@ -38,11 +44,13 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     context: list[str] = []
     procs = inputs.procs if "stacks" in use else ()
     fr_dumps = inputs.fr_dumps if "flight_recorder" in use else ()
+    log_facts = _log_facts(inputs) if "logs" in use else None
+    logs_read = "logs" in use and inputs.logs is not None
     if inputs.exits and "exits" in use:
         crash_v = _crash(inputs, cfg)
-        if crash_v is not None and crash_v.details["crash"]["n_primary"] == 0 and (procs or fr_dumps):
+        if crash_v is not None and crash_v.details["crash"]["n_primary"] == 0 and (procs or fr_dumps or logs_read):
             # every exit reports a lost peer or a deliberate stop (a hung job torn down with SIGTERM,
-            # watchdog timeouts): the stacks say more than the exits, which become context
+            # watchdog timeouts): the stacks, Flight Recorder or logs say more than the exits (context)
             context.append("[events] " + " ".join(crash_v.reasons))
         elif crash_v is not None:
             verdicts.append(crash_v)
@@ -58,6 +66,10 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         verdicts.append(stack_v)
     elif fr_v is not None:
         verdicts.append(fr_v)
+    if log_facts is not None:
+        from rankscope.analytics import logs
+
+        verdicts.append(logs.verdict(log_facts, topology, job=job))
     timings = inputs.timings if "timings" in use else None
     if (
         stack_v is not None
@@ -77,7 +89,13 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         return Verdict(
             Severity.INCONCLUSIVE,
             job=job,
-            reasons=("no evidence: no stacks, Flight Recorder dumps, exits, metrics or timings were found", *notes),
+            reasons=(
+                "no evidence: no stacks, Flight Recorder dumps, exits, metrics or timings were found"
+                if not context
+                else "no failure of its own: every process exit reports a lost peer or a deliberate stop",
+                *context,
+                *notes,
+            ),
             world_size=topology.world_size if topology is not None else 0,
         )
     v = combine(verdicts)
@@ -85,7 +103,17 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         v = v.with_updates(reasons=tuple(v.reasons) + tuple(context))
     if notes:
         v = v.with_updates(details={**v.details, "notes": notes})
+    if inputs.inferred_nodes:  # nobody named these machines: say so where a machine reads the verdict
+        v = v.with_updates(details={**v.details, "inferred_node_names": list(inputs.inferred_nodes)})
     return v
+
+
+def _log_facts(inputs: Inputs) -> LogFacts | None:
+    if inputs.logs is None:
+        return None
+    from rankscope.analytics import logs
+
+    return logs.facts(inputs.logs, inputs.topology)
 
 
 def _crash(inputs: Inputs, cfg: Config) -> Verdict | None:

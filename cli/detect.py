@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         ),
         layout: LayoutOpt = None,
         order: OrderOpt = DEFAULT_ORDER,
-        gpus_per_node: GpusPerNodeOpt = 8,
+        gpus_per_node: GpusPerNodeOpt = None,
         job: JobOpt = None,
         continuity_seconds: float = typer.Option(
             None, "--continuity-seconds", show_default="240", help="How long a machine must stay unlike its peers."

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         ),
         layout: LayoutOpt = None,
         order: OrderOpt = DEFAULT_ORDER,
-        gpus_per_node: GpusPerNodeOpt = 8,
+        gpus_per_node: GpusPerNodeOpt = None,
         job: JobOpt = None,
         fmt: FormatOpt = Format.text,
         save: bool = typer.Option(

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="A directory of FR dumps (<prefix><rank>, pickle or JSON), or one file."),
         layout: LayoutOpt = None,
         order: OrderOpt = DEFAULT_ORDER,
-        gpus_per_node: GpusPerNodeOpt = 8,
+        gpus_per_node: GpusPerNodeOpt = None,
         prefix: str = typer.Option(None, "--prefix", help="Only files whose name starts with this prefix."),
         job: JobOpt = None,
         fmt: FormatOpt = Format.text,

@@ -29,7 +29,14 @@ OrderOpt = Annotated[
         "--order", help="Rank order of the dimensions, fastest-varying first (Megatron default tp-cp-ep-dp-pp)."
     ),
 ]
-GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="Ranks per node when no manifest names nodes.")]
+GpusPerNodeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-node",
+        help="Ranks (GPUs) per node: maps local ranks to global ones and names unnamed machines node-<rank // N>. "
+        "Default: what the evidence shows (each host's process count), else 8.",
+    ),
+]
 JobOpt = Annotated[str | None, typer.Option("--job", help="Job name (selects one job of a store).")]
 FormatOpt = Annotated[Format, typer.Option("--format", help="text for people, json for machines.")]
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"

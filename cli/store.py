@@ -21,13 +21,17 @@ def register(app: typer.Typer) -> None:
         job: str = typer.Option(None, "--job", help="Job name (default: the directory name)."),
         layout: LayoutOpt = None,
         order: OrderOpt = DEFAULT_ORDER,
-        gpus_per_node: GpusPerNodeOpt = 8,
+        gpus_per_node: GpusPerNodeOpt = None,
     ) -> None:
         """Append a dump directory to the store (atomic, append-only)."""
         from rankscope.datasets.loading.ingest import ingest_path
 
         rep = ingest_path(path, store, job=job, layout=layout, order=order, gpus_per_node=gpus_per_node)
-        out.print(f"ingested job {rep.job}: " + ", ".join(f"{n} {t} rows" for t, n in rep.rows.items()), markup=False)
+        rows = ", ".join(f"{n} {t} rows" for t, n in rep.rows.items()) or "nothing new"
+        out.print(f"ingested job {rep.job}: {rows} (ingest {rep.ingest_id})", markup=False)
+        for note in rep.notes:
+            if "already ingested" in note:
+                out.print(note, markup=False)
 
     @app.command()
     @handle_errors

@@ -91,8 +91,8 @@ def test_bad_inputs_get_one_line_and_exit_2(tmp_path, probe_dir):
     _bad(_run("diagnose", probe_dir / "pyspy" / "text", "--order", "tp-xx"), "unknown dimension")
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "rank0.txt").write_text("Error: Permission denied\n")
-    (tmp_path / "m" / "manifest.csv").write_text("file,rank\nrank0.txt,0\n")
-    _bad(_run("diagnose", tmp_path / "m"), "manifest.csv", "missing node")
+    (tmp_path / "m" / "manifest.csv").write_text("file,node\nrank0.txt,n\n")
+    _bad(_run("diagnose", tmp_path / "m"), "manifest.csv", "missing rank")
 
 
 def test_corrupt_store_file_is_named(tmp_path, probe_dir):
