@@ -18,8 +18,7 @@ from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
 from rankscope.datasets.readers.dumpdir import DumpDir, from_dump_dir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events, read_exit_records
-from rankscope.datasets.store.stacks_table import from_table
-from rankscope.datasets.store.store import Store
+from rankscope.datasets.store import is_store
 from rankscope.spine import InputError, LayoutError
 
 
@@ -172,6 +171,9 @@ def _read_tables(dd: DumpDir, nodes: Mapping[int, str]) -> tuple[Any, Any]:
 def _from_store(
     root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None, series_gap_seconds: float
 ) -> Inputs:
+    from rankscope.datasets.store.stacks_table import from_table  # pyarrow: only a store needs it
+    from rankscope.datasets.store.store import Store
+
     store = Store(root)
     jobs = sorted(
         set(store.jobs("stacks"))
@@ -292,7 +294,7 @@ def load_inputs(
             lay = Layout(**{d: lay.size(d) for d in DIMS}, order=parse_order(order))
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
-    if Store.is_store(root):
+    if is_store(root):
         return _from_store(
             root,
             layout=lay,

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, from_dump
+from rankscope.datasets.domain.stacks import ROLES, ProcessDump, ProcStacks, from_dump
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import failed_dump
 from rankscope.datasets.readers.faulthandler import (
@@ -37,8 +37,7 @@ from rankscope.datasets.readers.fr_files import is_fr_file
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 from rankscope.datasets.readers.rundir import HookProcess, coords_of, resolve
-from rankscope.datasets.store.schemas import ROLES
-from rankscope.spine import InputError, paused_gc
+from rankscope.spine import InputError, paused_gc, progress
 
 MANIFEST = "manifest.csv"
 # the run directory's other files: the launcher's rank -> node map the hook reads (RANKSCOPE_MANIFEST),
@@ -210,7 +209,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int) -> DumpDir:
     notes: list[str] = []
     ignored = []
     hooked: dict[tuple[str, int], HookProcess] = {}
-    for path, rel, snap in _walk(root):
+    for path, rel, snap in progress(_walk(root), f"reading {root.name or root}"):
         if rel == MANIFEST or rel.rsplit("/", 1)[-1] in rf.AUX:  # identities carry what these say
             continue
         fname = rel.rsplit("/", 1)[-1]
