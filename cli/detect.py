@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 
 import typer
@@ -23,8 +24,22 @@ from rankscope.cli.options import (
 EXAMPLES = """\b
 Examples:
   rankscope detect /shared/telemetry/run3            # metrics*.csv|parquet, timings*.csv|parquet
-  rankscope detect /data/rankscope --job llama70b-run3 --continuity-seconds 120 --format json
+  rankscope detect /data/rankscope --job llama70b-run3 --detector iforest --format json
+\b
+Detectors (rankscope.models): peer-distance (Minder-style distance to the peers, the default) and
+peer-mad compare machines directly; mad, iforest and lstm-vae (torch) learn the windows of every
+machine's deviation from its peers and score each machine's windows against them.
 """
+
+
+class Detector(str, Enum):
+    """``rankscope.config.DETECTOR_NAMES`` (a test keeps them equal)."""
+
+    peer_distance = "peer-distance"
+    peer_mad = "peer-mad"
+    mad = "mad"
+    iforest = "iforest"
+    lstm_vae = "lstm-vae"
 
 
 def register(app: typer.Typer) -> None:
@@ -48,6 +63,9 @@ def register(app: typer.Typer) -> None:
             show_default="240",
             help="How long a machine must stay unlike its peers.",
         ),
+        detector: Detector = typer.Option(
+            None, "--detector", show_default="peer-distance", help="Metric detector (timings are unaffected)."
+        ),
         fmt: FormatOpt = Format.text,
         config: ConfigOpt = None,
     ) -> None:
@@ -67,7 +85,12 @@ def register(app: typer.Typer) -> None:
             job=job,
             config=config,
             sources=("metrics", "timings"),
-            flags={"performance": {"continuity_seconds": continuity_seconds}},
+            flags={
+                "performance": {
+                    "continuity_seconds": continuity_seconds,
+                    "detector": detector.value if detector is not None else None,
+                }
+            },
         )
         if inputs.metrics is None and inputs.timings is None:
             fail(f"{path}: no metrics or timings found (files named metrics*/timings*, or a store with those tables)")

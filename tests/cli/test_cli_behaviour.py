@@ -106,6 +106,29 @@ def test_demo_lists_its_faults_with_the_harness_spelling() -> None:
     assert "compute_hang" not in readme and "slow_rank" not in readme
 
 
+# -- detect --detector ------------------------------------------------------------------------------------
+def test_detect_chooses_among_the_readme_detectors(tmp_path: Path) -> None:
+    from rankscope.cli.detect import Detector
+    from rankscope.config import DETECTOR_NAMES
+    from rankscope.harness.synthetic_metrics import make_metrics
+    from rankscope.models import DETECTORS
+
+    assert tuple(d.value for d in Detector) == DETECTOR_NAMES == tuple(DETECTORS)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert all(f"`{name}`" in readme for name in DETECTOR_NAMES)
+    run = make_metrics(n_machines=24, duration_s=900, faults={"gpu-throttle": 1}, onset_range_s=(300, 400), seed=3)
+    (tmp_path / "m").mkdir()
+    run.to_long(job="m").write_parquet(tmp_path / "m" / "metrics.parquet")
+    for name in ("peer-mad", "mad", "iforest"):
+        res = _run("detect", tmp_path / "m", "--detector", name, "--format", "json")
+        assert res.exit_code == 0, res.output
+        v = json.loads(res.stdout)
+        assert v["culprit_nodes"] == [run.faults[0].node], (name, v["reasons"])
+        assert f"of detector {name}" in " ".join(v["reasons"])
+    err = _one_error_line(_run("detect", tmp_path / "m", "--detector", "prophet"))
+    assert "'peer-distance', 'peer-mad', 'mad', 'iforest', 'lstm-vae'" in err
+
+
 # -- options that do not apply -------------------------------------------------------------------------------
 def test_gpus_per_node_on_a_store_says_it_does_not_apply(tmp_path: Path, probe_dir: Path) -> None:
     st = tmp_path / "store"
