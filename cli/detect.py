@@ -33,7 +33,7 @@ machine's deviation from its peers and score each machine's windows against them
 
 
 class Detector(str, Enum):
-    """``rankscope.config.DETECTOR_NAMES`` (a test keeps them equal)."""
+    """``rankscope.models.DETECTORS`` (a test keeps them equal; the CLI must not import the models to list them)."""
 
     peer_distance = "peer-distance"
     peer_mad = "peer-mad"

@@ -109,13 +109,12 @@ def test_demo_lists_its_faults_with_the_harness_spelling() -> None:
 # -- detect --detector ------------------------------------------------------------------------------------
 def test_detect_chooses_among_the_readme_detectors(tmp_path: Path) -> None:
     from rankscope.cli.detect import Detector
-    from rankscope.config import DETECTOR_NAMES
     from rankscope.harness.synthetic_metrics import make_metrics
     from rankscope.models import DETECTORS
 
-    assert tuple(d.value for d in Detector) == DETECTOR_NAMES == tuple(DETECTORS)
+    assert tuple(d.value for d in Detector) == tuple(DETECTORS)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert all(f"`{name}`" in readme for name in DETECTOR_NAMES)
+    assert all(f"`{name}`" in readme for name in DETECTORS)
     run = make_metrics(n_machines=24, duration_s=900, faults={"gpu-throttle": 1}, onset_range_s=(300, 400), seed=3)
     (tmp_path / "m").mkdir()
     run.to_long(job="m").write_parquet(tmp_path / "m" / "metrics.parquet")
@@ -127,6 +126,9 @@ def test_detect_chooses_among_the_readme_detectors(tmp_path: Path) -> None:
         assert f"of detector {name}" in " ".join(v["reasons"])
     err = _one_error_line(_run("detect", tmp_path / "m", "--detector", "prophet"))
     assert "'peer-distance', 'peer-mad', 'mad', 'iforest', 'lstm-vae'" in err
+    # from the environment or a config file: one line naming the valid detectors when the metrics are scored
+    env = _run("detect", tmp_path / "m", env={"RANKSCOPE_PERFORMANCE_DETECTOR": "prophet"})
+    assert "unknown detector 'prophet'; valid detectors: peer-distance, peer-mad" in _one_error_line(env)
 
 
 # -- options that do not apply -------------------------------------------------------------------------------
