@@ -175,3 +175,33 @@ def test_every_input_string_is_escaped(open_report: Any) -> None:
     text = page.inner_text("body")
     assert text.count(PAYLOAD) >= len(bad["reasons"]) + len(bad["suspect_nodes"])
     assert log.problems() == []
+
+
+def test_a_report_written_by_the_cli_from_real_dumps(open_report: Any, artifacts: Path, probe_dir: Path) -> None:
+    """End to end: ``rankscope report`` on the real gloo probe (py-spy text + Flight Recorder pickles)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from rankscope.cli.main import app
+
+    dumps = artifacts / "cli-probe-dumps"
+    shutil.rmtree(dumps, ignore_errors=True)
+    dumps.mkdir()
+    for f in [*(probe_dir / "pyspy" / "text").iterdir(), *(probe_dir / "fr").glob("rank_*")]:
+        shutil.copy(f, dumps / f.name)
+    out = artifacts / "cli-probe.html"
+    res = CliRunner().invoke(app, ["report", str(dumps), "--gpus-per-node", "1", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    page, log = open_report(out.read_text(encoding="utf-8"), "cli-probe")
+    names = page.eval_on_selector_all("figure[data-figure]", "els => els.map(e => e.dataset.figure)")
+    assert names == ["rank-grid", "prefix-tree", "fr-wavefront"]
+    for name in names:
+        shot = page.locator(f'figure[data-figure="{name}"] img').screenshot(
+            path=str(artifacts / f"cli-probe-{name}.png")
+        )
+        _, _, std, ink = image_stats(shot)
+        assert std > 8 and ink > 0.02, name
+    assert page.inner_text(".badge").strip().lower() == "hang"
+    assert page.locator("#decision .node.culprit", has_text="node-3").count() >= 1
+    assert log.problems() == []
