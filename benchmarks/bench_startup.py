@@ -5,8 +5,9 @@
 Cases: ``rankscope --help``, ``rankscope diagnose --help``, and the 4-rank gloo probe
 (``rankscope diagnose ../shared/data/torch_gloo_hang_probe/pyspy/text --gpus-per-node 1``, skipped when the
 shared data is absent). Each case runs ``--runs`` times after ``--warmup`` runs (page cache warm); the
-JSON gives median, min and max seconds, and the load average before and after (the machine is shared:
-read the median against the load). Uses hyperfine when it is on PATH (``--no-hyperfine`` to not),
+JSON gives median, min and max wall seconds, the median CPU seconds (user + system: what the command
+itself costs, nearly independent of the machine's load), and the load average before and after (the
+machine is shared: read the wall times against the load). Uses hyperfine when it is on PATH (``--no-hyperfine`` to not),
 else a loop of ``subprocess.run`` timed with ``perf_counter``. Also lists, per case, which heavy
 third-party packages the process imported. Targets: ``--help`` < 0.15 s, the probe < 0.4 s.
 """
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,14 +47,23 @@ def cases() -> dict[str, list[str]]:
 
 
 def loop(argv: list[str], runs: int, warmup: int) -> list[float]:
+    return loop_with_cpu(argv, runs, warmup)[0]
+
+
+def loop_with_cpu(argv: list[str], runs: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Wall seconds and CPU seconds (user + system of the child) of each run. CPU time barely moves with
+    the machine's load, wall time does: on a shared machine read both."""
     for _ in range(warmup):
         subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
         times.append(time.perf_counter() - t)
-    return times
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return times, cpu
 
 
 def hyperfine(argv: list[str], runs: int, warmup: int) -> list[float]:
@@ -99,11 +110,13 @@ def main() -> int:
     }
     for name, argv in cases().items():
         times = hyperfine(argv, args.runs, args.warmup) if use_hf else loop(argv, args.runs, args.warmup)
+        _, cpu = loop_with_cpu(argv, max(3, args.runs // 4), 0)
         res = {
             "argv": " ".join(Path(a).name if i == 0 else a for i, a in enumerate(argv)),
             "median_s": round(statistics.median(times), 4),
             "min_s": round(min(times), 4),
             "max_s": round(max(times), 4),
+            "cpu_median_s": round(statistics.median(cpu), 4),
             "heavy_imports": heavy_imports(argv),
         }
         if name in TARGETS:
