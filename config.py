@@ -99,6 +99,7 @@ class PerfConfig:
     window_seconds: float = 10.0
     continuity_seconds: float = 240.0
     threshold: float = 12.0  # peer-distance score that alerts
+    detector: str = "peer-distance"  # a rankscope.models.DETECTORS name (checked where the metrics are scored)
     rate_window_seconds: float = 120.0
     counter_allowance: float = 2.0  # counter increments forgiven per rate window (normal wear)
     min_machines: int = 3

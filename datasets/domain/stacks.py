@@ -11,6 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+ROLES = ("trainer", "dataloader", "checkpoint", "other")
+"""Process roles: a torchrun worker, a DataLoader worker, a checkpoint writer, anything else."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProcStacks:

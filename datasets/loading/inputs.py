@@ -20,8 +20,7 @@ from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_ord
 from rankscope.datasets.loading.names import infer_topology, inferred_nodes, inferred_note
 from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events
-from rankscope.datasets.store.stacks_table import from_table
-from rankscope.datasets.store.store import Store
+from rankscope.datasets.store import is_store
 from rankscope.spine import InputError, LayoutError, paused_gc
 
 __all__ = ["infer_topology", "latest_series", "load_fr_inputs", "load_inputs"]
@@ -158,6 +157,9 @@ def _hook_coords(dd: DumpDir, ranks: Sequence[int], notes: list[str]) -> dict[st
 def _from_store(
     root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None, series_gap_seconds: float
 ) -> Inputs:
+    from rankscope.datasets.store.stacks_table import from_table  # pyarrow: only a store needs it
+    from rankscope.datasets.store.store import Store
+
     store = Store(root)
     jobs = sorted(
         set(store.jobs("stacks"))
@@ -277,7 +279,7 @@ def load_inputs(
             lay = Layout(**{d: lay.size(d) for d in DIMS}, order=parse_order(order))
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
-    if Store.is_store(root):
+    if is_store(root):
         return _from_store(
             root,
             layout=lay,

@@ -37,7 +37,7 @@ from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 from rankscope.datasets.readers.sniff import HEAD_BYTES, json_kind, json_kind_from_head, sniff
 from rankscope.datasets.readers.stackid import Found
 from rankscope.datasets.readers.walk import walk
-from rankscope.spine import InputError, paused_gc
+from rankscope.spine import InputError, paused_gc, progress
 
 _STACK_KINDS = ("pyspy-text", "pyspy-error", "traceback", "pyspy-json")
 _READ_WHOLE = frozenset((*_STACK_KINDS, "json", "empty"))
@@ -159,7 +159,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None) -> DumpDir
             manifests.add(rel, read_manifest(abs_path, rel), present)
     sc = _Scan(root, notes=w.notes())
     hooked: dict[tuple[str, int], object] = {}
-    for abs_path, rel in w.files:
+    for abs_path, rel in progress(w.files, f"reading {root.name or root}"):
         _classify(sc, abs_path, rel, manifests, hooked)
     for row in manifests.absent(present):  # listed but not there: that process's capture is missing
         why = f"listed in {row.manifest} but the file is absent"

@@ -21,7 +21,7 @@ from typing import Any
 from rankscope.datasets.domain.flight_recorder import FRDump, FREntry, PGInfo, PGStatus
 from rankscope.datasets.domain.stacks import Frame
 from rankscope.datasets.readers.fr_files import is_fr_file, load_raw, rank_from_name, select_fr_files
-from rankscope.spine import InputError, ParseError, paused_gc
+from rankscope.spine import InputError, ParseError, paused_gc, progress
 
 _P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
 
@@ -103,7 +103,7 @@ def read_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None
     seen: dict[int, str] = {}
     dumps = []
     with paused_gc():
-        for p in select_fr_files(paths, prefix=prefix):
+        for p in progress(select_fr_files(paths, prefix=prefix), "reading Flight Recorder dumps"):
             d = read_fr_file(p)
             if d.rank in seen:
                 raise InputError(

@@ -147,7 +147,7 @@ _COLUMNS = ("file", "rank", "node", "role", "pid", "snapshot", "local_rank")
 
 
 def _roles() -> tuple[str, ...]:
-    from rankscope.datasets.store.schemas import ROLES  # (pyarrow: only when a manifest has a role column)
+    from rankscope.datasets.domain.stacks import ROLES
 
     return ROLES
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from rankscope.datasets.domain.stacks import ROLES
 from rankscope.spine import InputError, StoreError
 
 TIME = pa.timestamp("us", tz="UTC")
@@ -27,8 +28,7 @@ FRAME = pa.struct(
     ]
 )
 
-ROLES = ("trainer", "dataloader", "checkpoint", "other")
-"""Process roles: a torchrun worker, a DataLoader worker, a checkpoint writer, anything else."""
+__all__ = ["ROLES", "TABLES", "TableSpec", "table"]  # ROLES lives with the stacks (no pyarrow to read a role)
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ VERDICTS = TableSpec(
     pa.schema(
         [
             pa.field("job", pa.string(), nullable=False),
-            pa.field("time", TIME),
+            pa.field("time", TIME),  # when the diagnosis ran
             pa.field("verdict", pa.string(), nullable=False),
             pa.field("confidence", pa.float64()),
             pa.field("suspect_nodes", pa.list_(pa.string())),
@@ -126,9 +126,11 @@ VERDICTS = TableSpec(
             pa.field("suspect_ranks", pa.list_(pa.int32())),
             pa.field("summary", pa.string()),
             pa.field("verdict_json", pa.string()),
+            pa.field("incident_time", TIME),  # when the incident happened (see datasets.store.catalog)
+            pa.field("incident_source", pa.string()),  # capture | first-failure | flight-recorder | ...
         ]
     ),
-    doc="One row per diagnosis: the decision and its full JSON.",
+    doc="One row per diagnosis: the decision, its full JSON, and when the incident it explains happened.",
 )
 
 COLLECTIVES = TableSpec(

@@ -100,14 +100,14 @@ def run_fault(tmp_path: Path, fault: str, rank: int) -> tuple[dict, dict]:
 @pytest.mark.parametrize(
     ("fault", "rank", "culprits", "kind"),
     [
-        ("compute_hang", 5, ["node-2"], "hang"),
-        ("dataloader_stall", 3, ["node-1"], "hang"),
+        ("compute-hang", 5, ["node-2"], "hang"),
+        ("dataloader-stall", 3, ["node-1"], "hang"),
         # the other ranks fail 0.5-3 s after the crash ("Connection closed by peer", SIGTERM from torchrun);
         # the stacks alone can then look inconclusive: the exits' order names the first failure
         ("crash", 6, ["node-3"], "crash"),
         # rank 1 (stage 0) skips its send to rank 5 (stage 1): each waits to receive from the other, and
         # rank 4 waits for rank 5 in a TP all_reduce. A lost message between two stages: both ends.
-        ("p2p_stuck", 1, ["node-0", "node-2"], "hang"),
+        ("p2p-stuck", 1, ["node-0", "node-2"], "hang"),
     ],
 )
 def test_agent_and_diagnose_name_the_faulty_node(
