@@ -13,6 +13,7 @@ commands all call it (``detect`` and ``fr`` with fewer ``sources``).
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 from rankscope.analytics import collectives, crashes, stacks
 from rankscope.analytics.fusion import combine, fuse
@@ -28,8 +29,9 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     """Diagnose one job from whatever evidence is present (all of ``SOURCES`` unless ``sources`` is given).
 
     Abnormal process exits give a ``crash`` verdict that leads: the first failure is the culprit and
-    the hang the stacks show after it is its consequence. Snapshot times let step timings overrule a
-    stack "hang": steps that kept completing between the snapshots mean the job is slow, not stuck.
+    the hang the stacks show after it is its consequence. Step records are time evidence for the stacks:
+    steps that kept completing up to the last snapshot mean the job was moving (slow, not stuck), a
+    snapshot taken long after the last step means it was stuck.
     """
     cfg = config or Config()
     use = set(SOURCES if sources is None else sources)
@@ -47,8 +49,12 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         elif crash_v is not None:
             verdicts.append(crash_v)
     stack_v = fr_v = None
+    timings = inputs.timings if "timings" in use else None
     if procs and topology is not None:
-        stack_v = stacks.verdict(stacks.facts(procs, topology, config=cfg.stacks, limits=cfg.limits), topology, job=job)
+        stack_facts = stacks.facts(
+            procs, topology, config=cfg.stacks, limits=cfg.limits, expected=getattr(inputs, "expected_ranks", None)
+        )
+        stack_v = stacks.verdict(stack_facts, topology, job=job, steps=_steps(inputs, timings, stack_facts))
     if fr_dumps and topology is not None:
         analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=cfg.collectives)
         fr_v = collectives.verdict(analysis, topology, job=job)
@@ -58,17 +64,6 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         verdicts.append(stack_v)
     elif fr_v is not None:
         verdicts.append(fr_v)
-    timings = inputs.timings if "timings" in use else None
-    if (
-        stack_v is not None
-        and verdicts
-        and verdicts[-1].verdict is Severity.HANG
-        and timings is not None
-        and inputs.snapshot_times
-    ):
-        from rankscope.analytics.performance.failslow import steps_overrule
-
-        verdicts[-1] = steps_overrule(verdicts[-1], timings, inputs.snapshot_times)
     notes = list(inputs.notes)
     perf_v = _performance(inputs, cfg, use, notes)
     if perf_v is not None:
@@ -86,6 +81,21 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     if notes:
         v = v.with_updates(details={**v.details, "notes": notes})
     return v
+
+
+def _steps(inputs: Inputs, timings: Any, f: stacks.StackFacts) -> Any:
+    """What the step records say about the stack snapshots (None without step times): time evidence that
+    overrules the stacks' own reading of whether the job moved."""
+    if timings is None or not f.analyses:
+        return None
+    from rankscope.analytics.performance.failslow import step_evidence
+
+    return step_evidence(
+        timings,
+        inputs.snapshot_times,
+        getattr(inputs, "snapshot_latest", None) or {},
+        last_snapshot=f.analyses[-1].snapshot,
+    )
 
 
 def _crash(inputs: Inputs, cfg: Config) -> Verdict | None:

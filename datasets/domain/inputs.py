@@ -27,3 +27,6 @@ class Inputs:
     memberships: Mapping[str, Sequence[int]] = field(default_factory=dict)
     exits: tuple[ProcessExit, ...] = ()  # abnormal process exits (hook records or the agent's events)
     snapshot_times: Mapping[int, float] = field(default_factory=dict)  # snapshot -> wall time (the agent's)
+    # snapshot -> the latest it can have been taken (a stack file's modification time: copying only makes it
+    # later, so it proves a job progressed up to a stop, never that it hung)
+    snapshot_latest: Mapping[int, float] = field(default_factory=dict)

@@ -18,6 +18,7 @@ from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
 from rankscope.datasets.readers.dumpdir import DumpDir, from_dump_dir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events, read_exit_records
+from rankscope.datasets.readers.rundir_rounds import stack_rounds
 from rankscope.datasets.store.stacks_table import from_table
 from rankscope.datasets.store.store import Store
 from rankscope.spine import InputError, LayoutError
@@ -61,6 +62,9 @@ def _ranks_and_nodes(procs: Sequence[ProcStacks]) -> tuple[list[int], dict[int, 
 def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> Inputs:
     dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node)
     procs = from_dump_dir(dd)
+    round_notes: list[str] = []
+    rounds = stack_rounds(procs, root, round_notes)  # the hook's run directory: every dump is a round
+    procs = rounds.procs
     ranks, nodes = _ranks_and_nodes(procs)
     fr_notes: list[str] = []
     fr = _read_fr(dd.fr_files, fr_notes) + _read_hook_fr(dd.hook_fr_files, fr_notes)
@@ -93,9 +97,11 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str
         tuple(fr),
         metrics,
         timings,
-        tuple(dd.notes) + tuple(fr_notes) + tuple(exit_notes) + tuple(notes),
+        tuple(dd.notes) + tuple(round_notes) + tuple(fr_notes) + tuple(exit_notes) + tuple(notes),
         str(root),
         exits=tuple(exits),
+        snapshot_times=rounds.times,
+        snapshot_latest=rounds.latest,
     )
 
 
