@@ -48,16 +48,19 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
             context.append("[events] " + " ".join(crash_v.reasons))
         elif crash_v is not None:
             verdicts.append(crash_v)
-    stack_v = fr_v = None
+    stack_v = fr_v = steps = None
     timings = inputs.timings if "timings" in use else None
     if procs and topology is not None:
         stack_facts = stacks.facts(
             procs, topology, config=cfg.stacks, limits=cfg.limits, expected=getattr(inputs, "expected_ranks", None)
         )
-        stack_v = stacks.verdict(stack_facts, topology, job=job, steps=_steps(inputs, timings, stack_facts))
+        steps = _steps(inputs, timings, stack_facts)
+        stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps)
     if fr_dumps and topology is not None:
         analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=cfg.collectives)
         fr_v = collectives.verdict(analysis, topology, job=job)
+        if fr_v.verdict is Severity.HANG and steps is not None and steps.progressing:
+            fr_v = _kept_stepping(fr_v, steps)
     if stack_v is not None and fr_v is not None:
         verdicts.append(fuse(stack_v, fr_v))
     elif stack_v is not None:
@@ -95,6 +98,25 @@ def _steps(inputs: Inputs, timings: Any, f: stacks.StackFacts) -> Any:
         inputs.snapshot_times,
         getattr(inputs, "snapshot_latest", None) or {},
         last_snapshot=f.analyses[-1].snapshot,
+    )
+
+
+def _kept_stepping(fr_v: Verdict, steps: Any) -> Verdict:
+    """A Flight Recorder "hang" while the step records prove the job kept stepping through the snapshots: the
+    collectives in flight were the running job's; the dump names no machine (it stays as context)."""
+    return fr_v.with_updates(
+        verdict=Severity.INCONCLUSIVE,
+        confidence=round(fr_v.confidence * 0.5, 3),
+        suspect_nodes=(),
+        culprit_nodes=(),
+        suspect_ranks=(),
+        culprit_ranks=(),
+        suspect_group=None,
+        reasons=(
+            f"The step records show the job kept stepping ({'; '.join(steps.words)}): the collectives in "
+            "flight in the Flight Recorder dumps are not a hang.",
+            *fr_v.reasons,
+        ),
     )
 
 

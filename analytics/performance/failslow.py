@@ -3,14 +3,15 @@
 The other fail-slow evidence lives beside this module: metric outliers among peers (:mod:`.metrics`)
 and timing stragglers (:mod:`.stragglers`), folded into one verdict by :mod:`.decide`.
 
-- Rounds of stack snapshots (ByteRobust's fail-slow mode, every 10 s for 5 rounds; :func:`degrader`):
-  in each round a rank is *flagged* when it runs its own code (compute, I/O, a local wait) while at
-  least half of the other members of its tightest parallel group wait for it in a collective or a
-  pipeline transfer. Flags accumulate per rank. The degrader is flagged in most rounds and clearly
-  more often than its symmetric peers (the same slot in the other data-parallel replicas, which run
-  the same code and give the base rate of being the last to finish by chance). Its tightest group is
-  evicted, its node first. The outliers may shift from round to round, and the dumps may come in mixed
-  formats with per-node install prefixes: the states are compared, not the stacks.
+- Rounds of stack snapshots (ByteRobust's fail-slow mode, every 10 s for 5 rounds; :func:`vote`): in
+  each round a rank is *flagged* when its stack is an outlier of that round's clustering and it runs its
+  own code (compute, I/O, a local wait, waiting on its own DataLoader) - an outlier that waits in a
+  collective or a transfer is a victim of the rank it waits for. Flags accumulate per rank. The degrader
+  is flagged in most rounds, clearly more often than its symmetric peers (the same slot in the other
+  data-parallel replicas, which run the same code), and more often than chance at the job's rate of
+  busy outliers across all its ranks. Its tightest group inside a pipeline stage is evicted, its node
+  first. The outliers may shift from round to round, and the dumps may come in mixed formats with
+  per-node install prefixes: states and clusters are compared, never raw stacks.
 - Step records (:func:`step_evidence`): steps completed up to a stop prove the job was progressing,
   a capture long after the last step proves it was stuck, and a step-time change point proves it slowed.
 """
@@ -126,7 +127,27 @@ def eviction_group(ranks: Sequence[int], topology: Topology, *, max_fraction: fl
     )
 
 
-def degrader(
+@dataclass(frozen=True)
+class Candidate:
+    """A rank flagged often: in how many rounds, the most any symmetric peer was, and how many ranks of the
+    whole job would be flagged that often by chance (at the job's rate of busy outliers)."""
+
+    rank: int
+    flags: int
+    peer_max: int
+    expected_by_chance: float
+
+
+@dataclass(frozen=True)
+class Vote:
+    """The vote over the rounds: the degrader when one stands out, else the best candidate that did not."""
+
+    degrader: Degrader | None
+    rounds: int
+    near_miss: Candidate | None = None
+
+
+def vote(
     rounds: Sequence[RoundStates],
     topology: Topology,
     *,
@@ -134,53 +155,53 @@ def degrader(
     max_fraction: float = 0.5,
     margin: int = PEER_MARGIN,
     alpha: float = CHANCE,
-) -> Degrader | None:
+) -> Vote:
     """ByteRobust's vote over rounds: the rank(s) flagged in at least ``min_flag_fraction`` of the rounds (and
     :data:`MIN_FLAGS`), at least ``margin`` rounds more than any symmetric peer, and more often than chance:
     at the job's rate of busy outliers, at most ``alpha`` ranks of the whole job would be flagged that often
-    (binomial tail times the number of ranks). None when no rank stands out (or the slow ranks would take
-    more than ``max_fraction`` of the nodes)."""
+    (binomial tail times the number of ranks). No degrader when no rank stands out (or the slow ranks would
+    take more than ``max_fraction`` of the nodes)."""
+    n = len(rounds)
     if not rounds:
-        return None
+        return Vote(None, 0)
     counts = np.zeros(topology.world_size, dtype=np.int64)
     per_round = []
     for r in rounds:
         f = flag_round(r)
         counts += f
         per_round.append((r.snapshot, tuple(int(x) for x in np.flatnonzero(f)[:50])))
-    n = len(rounds)
     need = max(MIN_FLAGS, math.ceil(min_flag_fraction * n))
-    cand = np.flatnonzero(counts >= need)
-    if cand.size == 0:
-        return None
     rank_rounds = int(sum(int(np.count_nonzero(r.has)) for r in rounds))
     total = int(counts.sum())
-    keep, peer_max, p_values = [], {}, {}
-    for r in cand.tolist():
+    cands = []
+    for r in np.flatnonzero(counts >= min(need, max(2, int(counts.max())))).tolist():
         peers = _peers(r, topology)
         pmax = int(counts[peers].max()) if peers.size else 0
-        # chance: the job's rate of busy outliers (without this rank); how many ranks of the whole job would be
-        # flagged this often by chance
+        # the job's rate of busy outliers (without this rank): how many ranks would be flagged this often by chance
         p_job = max((total - int(counts[r])) / max(1, rank_rounds - n), 0.5 / max(1, rank_rounds))
-        expected = binomial_tail(int(counts[r]), n, p_job) * topology.world_size
-        if counts[r] >= pmax + margin and expected <= alpha:
-            keep.append(r)
-            peer_max[r], p_values[r] = pmax, expected
-    culprits = np.asarray(keep, dtype=np.int64)
-    if culprits.size == 0:
-        return None
-    group = eviction_group(culprits.tolist(), topology, max_fraction=max_fraction)
+        cands.append(Candidate(r, int(counts[r]), pmax, binomial_tail(int(counts[r]), n, p_job) * topology.world_size))
+    keep = [c for c in cands if c.flags >= need and c.flags >= c.peer_max + margin and c.expected_by_chance <= alpha]
+    best = max(cands, key=lambda c: (c.flags - c.peer_max, -c.expected_by_chance), default=None)
+    if not keep:
+        return Vote(None, n, best)
+    group = eviction_group([c.rank for c in keep], topology, max_fraction=max_fraction)
     if group is None:
-        return None
-    return Degrader(
+        return Vote(None, n, best)
+    d = Degrader(
         group,
-        tuple(int(r) for r in culprits),
-        {int(r): int(counts[r]) for r in culprits},
-        peer_max,
+        tuple(c.rank for c in keep),
+        {c.rank: c.flags for c in keep},
+        {c.rank: c.peer_max for c in keep},
         n,
         tuple(per_round),
-        p_values,
+        {c.rank: c.expected_by_chance for c in keep},
     )
+    return Vote(d, n)
+
+
+def degrader(rounds: Sequence[RoundStates], topology: Topology, **kw: Any) -> Degrader | None:
+    """The degrader of :func:`vote`, or None."""
+    return vote(rounds, topology, **kw).degrader
 
 
 # -- steps -----------------------------------------------------------------------------------------

@@ -230,18 +230,20 @@ STATES = (
     "p2p",
     "dataloader-wait",
     "checkpoint-wait",
+    "device-wait",
     "startup",
     "empty",
 )
 """Every state :func:`classify` returns."""
 PEER_WAIT_STATES = frozenset({"collective", "p2p"})
 """Waiting on other ranks: a collective or a pipeline transfer."""
-WAIT_STATES = PEER_WAIT_STATES | {"dataloader-wait", "checkpoint-wait"}
-"""Blocked waiting on someone else (peers, or the rank's own DataLoader / checkpoint process): what the
-majority of a stuck job is doing."""
-OWN_WORK_STATES = frozenset({"compute", "io", "idle", "dataloader-wait", "checkpoint-wait"})
-"""Not waiting on a peer: running its own code, its own I/O, a local sleep or wait on its own child.
-While its parallel group waits in a collective, the others wait for such a rank."""
+WAIT_STATES = PEER_WAIT_STATES | {"dataloader-wait", "checkpoint-wait", "device-wait"}
+"""Blocked waiting on someone else (peers, its own DataLoader / checkpoint process, its GPU): what the
+majority of a stuck job is doing (with NCCL, ranks block in the next device sync after a hung collective)."""
+OWN_WORK_STATES = frozenset({"compute", "io", "idle", "dataloader-wait", "checkpoint-wait", "device-wait"})
+"""Not waiting on a peer: running its own code, its own I/O, a local sleep, a wait on its own child or its
+own GPU. While its parallel group waits in a collective, the others wait for such a rank."""
+DEVICE_WAIT = frozenset({"synchronize", "wait_event", "wait_stream"})
 
 
 def _is_dist(file: str) -> bool:
@@ -277,9 +279,10 @@ def is_startup(frames: Sequence[FrameLike]) -> tuple[bool, int]:
 def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str, int]:
     """The state of an innermost-first stack and the index of the frame that decided it.
 
-    States (:data:`STATES`): ``collective``, ``p2p``, ``dataloader-wait``, ``checkpoint-wait``, ``io``,
-    ``idle``, ``startup`` (importing modules or joining the process group, before training),
-    ``compute`` (anything else: the process is running its own code), ``empty``.
+    States (:data:`STATES`): ``collective``, ``p2p``, ``dataloader-wait``, ``checkpoint-wait``,
+    ``device-wait`` (``torch.cuda.synchronize`` and kin: waiting on its own GPU), ``io``, ``idle``,
+    ``startup`` (importing modules or joining the process group, before training), ``compute``
+    (anything else: the process is running its own code), ``empty``.
     """
     if not frames:
         return "empty", -1
@@ -303,6 +306,8 @@ def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str
     if importing >= 0:  # module-level code being imported, no training wait below it: still starting
         return "startup", importing
     leaf = frames[0].function.rsplit(".", 1)[-1]
+    if leaf in DEVICE_WAIT and "torch/cuda" in frames[0].file.replace("\\", "/"):
+        return "device-wait", 0
     if leaf in IO_LEAVES:
         return "io", 0
     # a few frames of I/O under a user frame (e.g. numpy read -> fromfile) still count as I/O

@@ -42,6 +42,10 @@ PREMISE = (
     "captured (a running job caught at the same instant looks alike). Step records, Flight Recorder dumps "
     "or a second snapshot overrule it."
 )
+PREMISE_ROUNDS = (
+    "The snapshots neither show the job progressing nor frozen (a waiter or two released): this verdict rests "
+    "on the premise that the job was stuck when it was captured. Step records or more rounds would settle it."
+)
 
 
 @dataclass
@@ -52,7 +56,7 @@ class _Hang:
     topology: Topology
     cfg: StackConfig
     limits: Limits
-    premise: bool  # no time evidence: stuck only if the job was stuck when captured
+    premise: str  # without time evidence: the words saying the job is stuck only if it was stuck when captured
     reasons: list[str]
     details: dict[str, Any]
     common: dict[str, Any]
@@ -61,7 +65,7 @@ class _Hang:
     def verdict(self, kind: Severity, confidence: float, **fields: Any) -> Verdict:
         reasons = list(self.reasons)
         if self.premise and kind is Severity.HANG:
-            reasons.append(PREMISE)
+            reasons.append(self.premise)
             confidence = max(0.05, confidence - 0.1)
         reasons += problem_words(self.problems)
         return Verdict(
@@ -81,7 +85,7 @@ def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> 
         topology,
         facts.config,
         facts.limits,
-        m.kind in ("premise", "stuck-weak"),
+        {"premise": PREMISE, "stuck-weak": PREMISE_ROUNDS}.get(m.kind, ""),
         list(m.reasons),
         details(facts, {"prefix_tree": tree.to_dict()[:200], "dominant_fraction": round(a.dominant_fraction, 4)}),
         common_fields(facts, topology, job, a),

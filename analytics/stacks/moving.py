@@ -17,9 +17,9 @@ from rankscope.analytics.performance.failslow import (
     Degrader,
     RoundStates,
     StepEvidence,
-    degrader,
     eviction_group,
     flag_round,
+    vote,
 )
 from rankscope.analytics.stacks.facts import StackFacts
 from rankscope.analytics.stacks.motion import Motion
@@ -42,24 +42,31 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
     rounds = [round_states(a) for a in facts.analyses]
     reasons = list(m.reasons)
     common = common_fields(facts, topology, job, last)
-    d = (
-        degrader(rounds, topology, min_flag_fraction=cfg.min_flag_fraction, max_fraction=cfg.max_cover_fraction)
+    v = (
+        vote(rounds, topology, min_flag_fraction=cfg.min_flag_fraction, max_fraction=cfg.max_cover_fraction)
         if len(rounds) >= 2
         else None
     )
-    if d is not None:
-        return _failslow(facts, topology, d, reasons, common)
+    if v is not None and v.degrader is not None:
+        return _failslow(facts, topology, v.degrader, reasons, common)
     if steps is not None and steps.progressing and (len(rounds) >= 2 or steps.slowdown is not None):
         v = _steps_and_stacks(facts, topology, rounds, steps, reasons, common)
         if v is not None:
             return v
-    if len(rounds) >= 2:
+    if v is not None:
         reasons.append(
-            f"No rank stands out over the {len(rounds)} rounds: no rank ran its own code while its parallel "
-            f"group waited for it in {cfg.min_flag_fraction:.0%} of the rounds and clearly more often than its "
-            "symmetric peers (ByteRobust's fail-slow vote)."
+            f"No rank stands out over the {len(rounds)} rounds (ByteRobust's fail-slow vote): none was a stack "
+            f"outlier running its own code in {cfg.min_flag_fraction:.0%} of the rounds, clearly more often than "
+            "its symmetric peers and than chance."
         )
-    hint = _hint(last, topology) if m.kind == "progressing" else ""
+        c = v.near_miss
+        if c is not None and c.flags >= 2 and c.flags > c.peer_max:
+            reasons.append(
+                f"Closest: rank {c.rank} on {topology.node_of(c.rank)}, flagged in {c.flags} of {len(rounds)} rounds "
+                f"(its symmetric peers at most {c.peer_max}); at this job's rate of busy outliers "
+                f"{c.expected_by_chance:.2g} rank(s) would be flagged as often by chance. More rounds would tell."
+            )
+    hint = _hint(last, topology) if m.kind == "progressing" and len(rounds) == 1 else ""
     if hint:
         reasons.append(hint)
     reasons += problem_words(problems_of(facts))
@@ -152,9 +159,10 @@ def _failslow(
     culprit_nodes = tuple(n for n in topology.nodes_of(d.culprit_ranks) if n in d.nodes)
     for r in d.culprit_ranks[:5]:
         reasons.append(
-            f"Rank {r} on {topology.node_of(r)} ran its own code while its parallel group waited for it in "
-            f"{d.culprit_counts[r]} of {d.rounds} rounds; its symmetric peers (same slot in the other replicas) "
-            f"at most {d.peer_counts.get(r, 0)}: the others keep waiting for it (ByteRobust's fail-slow vote)."
+            f"Rank {r} on {topology.node_of(r)} was a stack outlier running its own code (not waiting on anyone) "
+            f"in {d.culprit_counts[r]} of {d.rounds} rounds; its symmetric peers (same slot in the other replicas) "
+            f"at most {d.peer_counts.get(r, 0)}, and {d.p_values.get(r, 0.0):.2g} rank(s) of the job would be "
+            "as often by chance: the others keep waiting for it (ByteRobust's fail-slow vote)."
         )
     reasons.append(cover_words(d.group, "The degrader is"))
     reasons += problem_words(problems_of(facts))
@@ -166,7 +174,7 @@ def _failslow(
         Evidence(
             "stacks",
             "slow-rank",
-            f"running while its group waits in {d.culprit_counts[r]} of {d.rounds} rounds "
+            f"a stack outlier running its own code in {d.culprit_counts[r]} of {d.rounds} rounds "
             f"(symmetric peers: at most {d.peer_counts.get(r, 0)})",
             (r,),
             (topology.node_of(r),),

@@ -120,7 +120,8 @@ def culprits_first(nodes: Sequence[str], culprit_nodes: Sequence[str]) -> tuple[
 
 def cover_words(group: SuspectGroup, subject: str = "The outliers are") -> str:
     if group.kind == "node" and len(group.nodes) == 1:
-        return f"{subject} all on {group.nodes[0]}: that machine is the fault domain."
+        where = "all on" if subject.endswith(" are") else "on"
+        return f"{subject} {where} {group.nodes[0]}: that machine is the fault domain."
     if group.kind == "node":
         return (
             f"No parallel group is a small enough fault domain (or the layout has none): isolate the "

@@ -35,13 +35,11 @@ SCORES = {
     "local-wait": 0.8,
     "waits-on-dataloader": 0.7,
     "waits-on-checkpoint": 0.7,
+    "waits-on-device": 0.8,
     "child-outlier": 0.5,
     "collective-wait": 0.25,
     "p2p-wait": 0.2,
 }
-BUSY_STATES = frozenset({"compute", "io", "empty"})
-RUNNING_STATES = frozenset({"compute", "io"})
-"""A majority in these states was running its own code when captured: the job was not stuck."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +72,6 @@ class SnapshotAnalysis:
     outlier_ranks: tuple[int, ...]
     missing_ranks: tuple[int, ...]
     findings: tuple[Finding, ...]  # best finding per outlier rank
-    busy_ranks: tuple[int, ...] = ()  # trainers running their own code (not waiting), healthy or not
     thread_notes: tuple[tuple[int, str], ...] = ()  # (rank, words) for busy non-main threads of outliers
     cut: tuple[int, ...] = ()  # ranks whose dump was cut off as they died: present, no evidence
     problems: tuple[CaptureProblem, ...] = ()  # captures that gave no evidence (failed, empty, cut)
@@ -125,6 +122,7 @@ _STATE_KIND = {
     "idle": "local-wait",
     "dataloader-wait": "waits-on-dataloader",
     "checkpoint-wait": "waits-on-checkpoint",
+    "device-wait": "waits-on-device",
     "collective": "collective-wait",
     "p2p": "p2p-wait",
     "startup": "not-in-collective",
@@ -136,6 +134,7 @@ _DETAIL = {
     "local-wait": "blocked locally, not in a collective: in {}",
     "waits-on-dataloader": "main thread waits on its dataloader: in {}",
     "waits-on-checkpoint": "main thread waits on its checkpoint writer: in {}",
+    "waits-on-device": "main thread waits on its GPU, not in a collective: in {}",
     "collective-wait": "waits in a collective the healthy ranks are not in: {}",
     "p2p-wait": "waits in a pipeline send/recv: {}",
 }
@@ -336,7 +335,6 @@ def analyze_snapshot(
         )
     )
     outliers = tuple(sorted(findings))
-    busy = tuple(sorted(r for c in clusters if c.role == "trainer" and c.state in BUSY_STATES for r in c.ranks))
     return SnapshotAnalysis(
         snapshot,
         tuple(clusters),
@@ -345,7 +343,6 @@ def analyze_snapshot(
         outliers,
         tuple(int(r) for r in missing.tolist()),
         tuple(findings[r] for r in outliers),
-        busy,
         _thread_notes(outliers, roles.trainers),
         tuple(sorted(roles.cut)),
         tuple(roles.problems),
