@@ -50,9 +50,9 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
     if v is not None and v.degrader is not None:
         return _failslow(facts, topology, v.degrader, reasons, common)
     if steps is not None and steps.progressing and (len(rounds) >= 2 or steps.slowdown is not None):
-        v = _steps_and_stacks(facts, topology, rounds, steps, reasons, common)
-        if v is not None:
-            return v
+        named = _steps_and_stacks(facts, topology, rounds, steps, reasons, common)
+        if named is not None:
+            return named
     if v is not None:
         reasons.append(
             f"No rank stands out over the {len(rounds)} rounds (ByteRobust's fail-slow vote): none was a stack "
