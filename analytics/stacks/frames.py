@@ -231,19 +231,23 @@ STATES = (
     "dataloader-wait",
     "checkpoint-wait",
     "device-wait",
+    "backward",
     "startup",
     "empty",
 )
 """Every state :func:`classify` returns."""
 PEER_WAIT_STATES = frozenset({"collective", "p2p"})
 """Waiting on other ranks: a collective or a pipeline transfer."""
-WAIT_STATES = PEER_WAIT_STATES | {"dataloader-wait", "checkpoint-wait", "device-wait"}
-"""Blocked waiting on someone else (peers, its own DataLoader / checkpoint process, its GPU): what the
-majority of a stuck job is doing (with NCCL, ranks block in the next device sync after a hung collective)."""
-OWN_WORK_STATES = frozenset({"compute", "io", "idle", "dataloader-wait", "checkpoint-wait", "device-wait"})
+WAIT_STATES = PEER_WAIT_STATES | {"dataloader-wait", "checkpoint-wait", "device-wait", "backward"}
+"""Blocked waiting on someone else (peers, its own DataLoader / checkpoint process, its GPU), or possibly so
+(``backward``: DDP's gradient all-reduce runs inside the autograd engine, so a DDP job stuck on one rank
+shows every other rank in ``backward``): what the majority of a stuck job is doing (with NCCL, ranks block in
+the next device sync after a hung collective)."""
+OWN_WORK_STATES = frozenset({"compute", "io", "idle", "dataloader-wait", "checkpoint-wait", "device-wait", "backward"})
 """Not waiting on a peer: running its own code, its own I/O, a local sleep, a wait on its own child or its
 own GPU. While its parallel group waits in a collective, the others wait for such a rank."""
 DEVICE_WAIT = frozenset({"synchronize", "wait_event", "wait_stream"})
+AUTOGRAD_ENGINE = frozenset({"_engine_run_backward", "run_backward"})
 
 
 def _is_dist(file: str) -> bool:
@@ -280,7 +284,8 @@ def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str
     """The state of an innermost-first stack and the index of the frame that decided it.
 
     States (:data:`STATES`): ``collective``, ``p2p``, ``dataloader-wait``, ``checkpoint-wait``,
-    ``device-wait`` (``torch.cuda.synchronize`` and kin: waiting on its own GPU), ``io``, ``idle``,
+    ``device-wait`` (``torch.cuda.synchronize`` and kin: waiting on its own GPU), ``backward`` (inside
+    the autograd engine: computing, or waiting in DDP's gradient all-reduce), ``io``, ``idle``,
     ``startup`` (importing modules or joining the process group, before training), ``compute``
     (anything else: the process is running its own code), ``empty``.
     """
@@ -305,6 +310,9 @@ def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str
             return "checkpoint-wait", i
     if importing >= 0:  # module-level code being imported, no training wait below it: still starting
         return "startup", importing
+    for i, f in enumerate(frames[:4]):  # in the autograd engine (C++: backward kernels, DDP's all-reduce hooks)
+        if f.function.rsplit(".", 1)[-1] in AUTOGRAD_ENGINE and "autograd" in f.file:
+            return "backward", i
     leaf = frames[0].function.rsplit(".", 1)[-1]
     if leaf in DEVICE_WAIT and "torch/cuda" in frames[0].file.replace("\\", "/"):
         return "device-wait", 0

@@ -123,6 +123,7 @@ _STATE_KIND = {
     "dataloader-wait": "waits-on-dataloader",
     "checkpoint-wait": "waits-on-checkpoint",
     "device-wait": "waits-on-device",
+    "backward": "not-in-collective",
     "collective": "collective-wait",
     "p2p": "p2p-wait",
     "startup": "not-in-collective",
@@ -306,7 +307,8 @@ def analyze_snapshot(
     states, healthy_rank = _states(clusters, world)
     known = topology.ranks if expected is None else np.asarray(expected, dtype=np.int64)
     known = known[(known >= 0) & (known < world)]
-    dumped = np.fromiter((r for r in roles.seen if r not in set(roles.gone)), dtype=np.int64)
+    gone = set(roles.gone)
+    dumped = np.fromiter((r for r in roles.seen if r not in gone), dtype=np.int64, count=len(roles.seen) - len(gone))
     missing = np.setdiff1d(known, dumped)
     if missing.size:
         waits = waited_for(

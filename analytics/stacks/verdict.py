@@ -29,7 +29,7 @@ import numpy as np
 from rankscope.analytics.performance.failslow import StepEvidence
 from rankscope.analytics.stacks.facts import StackFacts
 from rankscope.analytics.stacks.hang import hang_verdict
-from rankscope.analytics.stacks.motion import motion
+from rankscope.analytics.stacks.motion import Motion, motion
 from rankscope.analytics.stacks.moving import moving_verdict
 from rankscope.analytics.stacks.report import common_fields, details, problem_words, problems_of, round_states
 from rankscope.analytics.stacks.snapshot import STATE_CODE
@@ -55,7 +55,9 @@ def verdict(facts: StackFacts, topology: Topology, *, job: str = "", steps: Step
             sources=("stacks",),
         )
     last = facts.analyses[-1]
-    if last.n_trainers and last.startup_fraction >= 0.5:
+    if last.n_trainers == 0:  # no usable stack at all (every capture failed): inconclusive, with the problems
+        return hang_verdict(facts, topology, Motion("premise"), job)
+    if last.startup_fraction >= 0.5:
         return _startup_verdict(facts, topology, job, steps)
     m = motion(facts, steps)
     if m.kind in ("progressing", "running"):
