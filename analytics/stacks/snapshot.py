@@ -316,12 +316,12 @@ def analyze_snapshot(
         )
         for r, why in zip(missing.tolist(), waits):
             if why:
-                gone = r in roles.gone
+                was_gone = r in gone
                 findings.add(
                     Finding(
                         int(r),
                         "missing-dump",
-                        ("its process was gone when captured" if gone else "no stack dump for this rank")
+                        ("its process was gone when captured" if was_gone else "no stack dump for this rank")
                         + f" (crashed, exited, or unreachable), and {why}",
                     )
                 )
