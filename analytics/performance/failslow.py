@@ -9,8 +9,9 @@ and timing stragglers (:mod:`.stragglers`), folded into one verdict by :mod:`.de
   collective or a transfer is a victim of the rank it waits for. Flags accumulate per rank. The degrader
   is flagged in most rounds, clearly more often than its symmetric peers (the same slot in the other
   data-parallel replicas, which run the same code), and more often than chance at the job's rate of
-  busy outliers across all its ranks. Its tightest group inside a pipeline stage is evicted, its node
-  first. The outliers may shift from round to round, and the dumps may come in mixed formats with
+  busy outliers across all its ranks (family-wise: at most 0.05 ranks of the job expected as often, or
+  0.2 when the job's dominant ranks were blocked every time it was flagged - they waited for it). One
+  fault domain at a time: its tightest group inside a pipeline stage is evicted, its node first. The outliers may shift from round to round, and the dumps may come in mixed formats with
   per-node install prefixes: states and clusters are compared, never raw stacks.
 - Step records (:func:`step_evidence`): steps completed up to a stop prove the job was progressing,
   a capture long after the last step proves it was stuck, and a step-time change point proves it slowed.
@@ -34,7 +35,11 @@ PEER_MARGIN = 2
 MIN_FLAGS = 3
 """A degrader is flagged in at least this many rounds (ByteRobust takes 5 rounds, 10 s apart)."""
 CHANCE = 0.2
-"""At most this many ranks of the whole job may be expected to be flagged as often by chance."""
+"""At most this many ranks of the whole job may be expected to be flagged as often by chance, when the job
+waited (:data:`BLOCKED`) in every round the rank was flagged: the others were waiting for it."""
+CHANCE_ALONE = 0.05
+"""... and at most this many whatever the rest of the job was doing."""
+BLOCKED = 0.9
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class RoundStates:
     own: np.ndarray
     outlier: np.ndarray
     has: np.ndarray
+    blocked: float = 0.0  # the share of the round's dominant ranks blocked in a wait
 
 
 def flag_round(r: RoundStates) -> np.ndarray:
@@ -145,6 +151,7 @@ class Vote:
     degrader: Degrader | None
     rounds: int
     near_miss: Candidate | None = None
+    others: tuple[Candidate, ...] = ()  # ranks that stood out too, in unrelated groups (not evicted)
 
 
 def vote(
@@ -155,12 +162,14 @@ def vote(
     max_fraction: float = 0.5,
     margin: int = PEER_MARGIN,
     alpha: float = CHANCE,
+    alpha_alone: float = CHANCE_ALONE,
 ) -> Vote:
     """ByteRobust's vote over rounds: the rank(s) flagged in at least ``min_flag_fraction`` of the rounds (and
     :data:`MIN_FLAGS`), at least ``margin`` rounds more than any symmetric peer, and more often than chance:
-    at the job's rate of busy outliers, at most ``alpha`` ranks of the whole job would be flagged that often
-    (binomial tail times the number of ranks). No degrader when no rank stands out (or the slow ranks would
-    take more than ``max_fraction`` of the nodes)."""
+    at the job's rate of busy outliers, at most ``alpha_alone`` ranks of the whole job would be flagged that
+    often (binomial tail times the number of ranks), or at most ``alpha`` when the job's dominant ranks were
+    blocked in every round the rank was flagged (they were waiting for it). No degrader when no rank stands
+    out (or the slow ranks would take more than ``max_fraction`` of the nodes)."""
     n = len(rounds)
     if not rounds:
         return Vote(None, 0)
@@ -180,10 +189,26 @@ def vote(
         # the job's rate of busy outliers (without this rank): how many ranks would be flagged this often by chance
         p_job = max((total - int(counts[r])) / max(1, rank_rounds - n), 0.5 / max(1, rank_rounds))
         cands.append(Candidate(r, int(counts[r]), pmax, binomial_tail(int(counts[r]), n, p_job) * topology.world_size))
-    keep = [c for c in cands if c.flags >= need and c.flags >= c.peer_max + margin and c.expected_by_chance <= alpha]
+
+    def waited_for(r: int) -> bool:  # the dominant ranks were blocked whenever it was flagged
+        return all(rnd.blocked >= BLOCKED for rnd in rounds if rnd.own[r] and rnd.outlier[r] and rnd.has[r])
+
+    keep = [
+        c
+        for c in cands
+        if c.flags >= need
+        and c.flags >= c.peer_max + margin
+        and (c.expected_by_chance <= alpha_alone or (c.expected_by_chance <= alpha and waited_for(c.rank)))
+    ]
     best = max(cands, key=lambda c: (c.flags - c.peer_max, -c.expected_by_chance), default=None)
     if not keep:
         return Vote(None, n, best)
+    # one fault domain at a time: the strongest degrader's group; others in unrelated groups are reported
+    keep.sort(key=lambda c: (-c.flags, c.expected_by_chance))
+    kind = intra_stage_kind(topology)
+    gid = topology.group_ids(kind) if kind else topology.node_index
+    others = tuple(c for c in keep if gid[c.rank] != gid[keep[0].rank])
+    keep = [c for c in keep if gid[c.rank] == gid[keep[0].rank]]
     group = eviction_group([c.rank for c in keep], topology, max_fraction=max_fraction)
     if group is None:
         return Vote(None, n, best)
@@ -196,7 +221,7 @@ def vote(
         tuple(per_round),
         {c.rank: c.expected_by_chance for c in keep},
     )
-    return Vote(d, n)
+    return Vote(d, n, others=others)
 
 
 def degrader(rounds: Sequence[RoundStates], topology: Topology, **kw: Any) -> Degrader | None:

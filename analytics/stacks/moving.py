@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.analytics.performance.failslow import (
+    Candidate,
     Degrader,
     RoundStates,
     StepEvidence,
@@ -48,7 +49,7 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
         else None
     )
     if v is not None and v.degrader is not None:
-        return _failslow(facts, topology, v.degrader, reasons, common)
+        return _failslow(facts, topology, v.degrader, reasons, common, v.others)
     if steps is not None and steps.progressing and (len(rounds) >= 2 or steps.slowdown is not None):
         named = _steps_and_stacks(facts, topology, rounds, steps, reasons, common)
         if named is not None:
@@ -154,7 +155,12 @@ def _steps_and_stacks(
 
 
 def _failslow(
-    facts: StackFacts, topology: Topology, d: Degrader, reasons: list[str], common: dict[str, Any]
+    facts: StackFacts,
+    topology: Topology,
+    d: Degrader,
+    reasons: list[str],
+    common: dict[str, Any],
+    others: Sequence[Candidate] = (),
 ) -> Verdict:
     culprit_nodes = tuple(n for n in topology.nodes_of(d.culprit_ranks) if n in d.nodes)
     for r in d.culprit_ranks[:5]:
@@ -165,6 +171,11 @@ def _failslow(
             "as often by chance: the others keep waiting for it (ByteRobust's fail-slow vote)."
         )
     reasons.append(cover_words(d.group, "The degrader is"))
+    for c in others[:3]:
+        reasons.append(
+            f"Rank {c.rank} on {topology.node_of(c.rank)} stood out too ({c.flags} of {d.rounds} rounds), in an "
+            "unrelated group: one fault domain is isolated at a time; check it after this one."
+        )
     reasons += problem_words(problems_of(facts))
     members = set(d.ranks)
     suspect_ranks = tuple(

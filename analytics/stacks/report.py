@@ -67,7 +67,7 @@ def round_states(a: SnapshotAnalysis) -> RoundStates:
             r = np.asarray(c.ranks, dtype=np.int64)
             healthy[r[r < healthy.size]] = True
     has = a.states >= 0
-    return RoundStates(a.snapshot, np.isin(a.states, _OWN_CODES), has & ~healthy, has)
+    return RoundStates(a.snapshot, np.isin(a.states, _OWN_CODES), has & ~healthy, has, a.blocked_fraction)
 
 
 def problems_of(facts: StackFacts) -> list[CaptureProblem]:
