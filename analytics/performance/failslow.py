@@ -11,8 +11,9 @@ and timing stragglers (:mod:`.stragglers`), folded into one verdict by :mod:`.de
   data-parallel replicas, which run the same code), and more often than chance at the job's rate of
   busy outliers across all its ranks (family-wise: at most 0.05 ranks of the job expected as often, or
   0.2 when the job's dominant ranks were blocked every time it was flagged - they waited for it). One
-  fault domain at a time: its tightest group inside a pipeline stage is evicted, its node first. The outliers may shift from round to round, and the dumps may come in mixed formats with
-  per-node install prefixes: states and clusters are compared, never raw stacks.
+  fault domain at a time: its tightest group inside a pipeline stage is evicted, its node first. The
+  outliers may shift from round to round, and the dumps may come in mixed formats with per-node install
+  prefixes: states and clusters are compared, never raw stacks.
 - Step records (:func:`step_evidence`): steps completed up to a stop prove the job was progressing,
   a capture long after the last step proves it was stuck, and a step-time change point proves it slowed.
 """
