@@ -33,12 +33,14 @@ class CaptureProblem:
         return self.kind in ("process-gone", "absent")
 
     def line(self) -> str:
+        """One line for people: ``rank 1: py-spy failed: Permission Denied: ... - rerun py-spy with ...``."""
         who = f"rank {self.rank}" if self.rank is not None else self.source or "a process"
         role = "" if self.role == "trainer" else f" ({self.role})"
         what = {"cut": "stack dump cut off", "empty": "empty dump", "absent": "no dump"}.get(
             self.kind, "capture failed"
         )
-        return f"{who}{role}: {what}: {self.detail}" + (f" - {self.advice}" if self.advice else "")
+        detail = self.detail if self.detail.startswith("py-spy failed") else f"{what}: {self.detail}"
+        return f"{who}{role}: {detail}" + (f" - {self.advice}" if self.advice else "")
 
 
 # (kind, pattern over the error text, advice); the first match wins

@@ -157,7 +157,7 @@ def test_a_failed_capture_in_a_healthy_job_names_nobody(tmp_path: Path, error: s
     assert no_suspect(v), v.explain()
     problems = v.details["collection_problems"]
     assert [p["rank"] for p in problems] == [2]
-    assert any(r.startswith("  rank 2: capture failed") for r in v.reasons), v.reasons
+    assert any(r.startswith("  rank 2: py-spy failed") for r in v.reasons), v.reasons
 
 
 def test_a_permission_error_in_a_hang_is_reported_and_the_culprit_still_named(tmp_path: Path, probe_dir: Path) -> None:

@@ -115,7 +115,7 @@ def test_failed_py_spy_dump_is_a_collection_problem_never_a_suspect(tmp_path, pr
     v = json.loads(res.stdout)
     assert v["verdict"] == "inconclusive" and v["suspect_nodes"] == [] and v["culprit_nodes"] == []
     assert any(e["kind"] == "capture-failed" and e["ranks"] == [3] for e in v["evidence"])
-    assert any("rank 3: capture failed" in r for r in v["reasons"]), v["reasons"]
+    assert any("rank 3: py-spy failed: Error: Failed to suspend process" in r for r in v["reasons"]), v["reasons"]
     assert v["details"]["collection_problems"][0]["rank"] == 3
 
 
