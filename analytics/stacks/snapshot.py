@@ -1,9 +1,11 @@
 """One snapshot's stack facts: clusters of every role, the outlier ranks, and why each is suspect.
 
-ByteRobust's aggregation analysis, step by step: split processes by role (:func:`split_roles`),
-cluster the trainers (the dominant clusters are healthy), give each outlier rank a finding, cluster
-each child role among its own kind (a stuck dataloader or checkpoint process makes its rank suspect),
-and note busy non-main threads. Findings are scored by how likely the rank is the root rather than a
+ByteRobust's aggregation analysis, step by step: split processes by role (:func:`split_roles`; captures
+that failed are set apart as collection problems), cluster the trainers (the dominant clusters are
+healthy), give each outlier rank a finding, give a missing rank (known to exist, no live process) a
+finding when its parallel group waits for it, cluster each child role among its own kind (a stuck
+dataloader or checkpoint process makes its rank suspect unless the rank itself is healthy), and note
+busy non-main threads. Findings are scored by how likely the rank is the root rather than a
 victim (:data:`SCORES`); :mod:`.culprits` and :mod:`rankscope.analytics.faultdomain` take it from there.
 """
 
