@@ -152,8 +152,8 @@ def _no_outlier(h: _Hang) -> Verdict | None:
 def _victims(h: _Hang, culprit_ranks: Sequence[int]) -> tuple[list[int], list[int]]:
     """The other outliers split into victims (waiting on peers, in a group or on a node shared with a
     culprit) and the unexplained rest."""
-    best = h.a.best()
-    others = np.asarray([r for r in h.a.outlier_ranks if r not in set(culprit_ranks)], dtype=np.int64)
+    best, culprit_set = h.a.best(), set(culprit_ranks)
+    others = np.asarray([r for r in h.a.outlier_ranks if r not in culprit_set], dtype=np.int64)
     if others.size == 0:
         return [], []
     waiting = np.asarray([best[int(r)].score < STRONG and h.a.state_of(int(r)) in PEER_WAIT_STATES for r in others])
