@@ -34,7 +34,8 @@ from rankscope.datasets.domain.topology import Topology
 PEER_MARGIN = 2
 """A degrader is flagged in at least this many more rounds than any of its symmetric peers."""
 MIN_FLAGS = 3
-"""A degrader is flagged in at least this many rounds (ByteRobust takes 5 rounds, 10 s apart)."""
+"""A degrader is flagged in at least this many rounds (ByteRobust takes 5 rounds, 10 s apart); 2 when the
+job's steps are known to have slowed down (the question is then only who slowed it)."""
 CHANCE = 0.2
 """At most this many ranks of the whole job may be expected to be flagged as often by chance, when the job
 waited (:data:`BLOCKED`) in every round the rank was flagged: the others were waiting for it."""
@@ -164,9 +165,10 @@ def vote(
     margin: int = PEER_MARGIN,
     alpha: float = CHANCE,
     alpha_alone: float = CHANCE_ALONE,
+    min_flags: int = MIN_FLAGS,
 ) -> Vote:
     """ByteRobust's vote over rounds: the rank(s) flagged in at least ``min_flag_fraction`` of the rounds (and
-    :data:`MIN_FLAGS`), at least ``margin`` rounds more than any symmetric peer, and more often than chance:
+    ``min_flags``), at least ``margin`` rounds more than any symmetric peer, and more often than chance:
     at the job's rate of busy outliers, at most ``alpha_alone`` ranks of the whole job would be flagged that
     often (binomial tail times the number of ranks), or at most ``alpha`` when the job's dominant ranks were
     blocked in every round the rank was flagged (they were waiting for it). No degrader when no rank stands
@@ -180,7 +182,7 @@ def vote(
         f = flag_round(r)
         counts += f
         per_round.append((r.snapshot, tuple(int(x) for x in np.flatnonzero(f)[:50])))
-    need = max(MIN_FLAGS, math.ceil(min_flag_fraction * n))
+    need = max(min_flags, 2, math.ceil(min_flag_fraction * n))
     rank_rounds = int(sum(int(np.count_nonzero(r.has)) for r in rounds))
     total = int(counts.sum())
     cands = []

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.analytics.performance.failslow import (
+    MIN_FLAGS,
     Candidate,
     Degrader,
     RoundStates,
@@ -43,8 +44,15 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
     rounds = [round_states(a) for a in facts.analyses]
     reasons = list(m.reasons)
     common = common_fields(facts, topology, job, last)
+    slowed = steps is not None and steps.progressing and steps.slowdown is not None
     v = (
-        vote(rounds, topology, min_flag_fraction=cfg.min_flag_fraction, max_fraction=cfg.max_cover_fraction)
+        vote(
+            rounds,
+            topology,
+            min_flag_fraction=cfg.min_flag_fraction,
+            max_fraction=cfg.max_cover_fraction,
+            min_flags=2 if slowed else MIN_FLAGS,  # the steps already say the job slowed: who, is the question
+        )
         if len(rounds) >= 2
         else None
     )
