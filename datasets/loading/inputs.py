@@ -20,6 +20,7 @@ from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_ord
 from rankscope.datasets.loading.names import infer_topology, inferred_nodes, inferred_note
 from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events
+from rankscope.datasets.readers.rundir_rounds import stack_rounds
 from rankscope.datasets.store import is_store
 from rankscope.spine import InputError, LayoutError, paused_gc
 
@@ -38,7 +39,9 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
     dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node)
     g = gpus_per_node or 8
     src = read_sources(dd, gpus_per_node=gpus_per_node)
-    procs = src.procs
+    round_notes: list[str] = []
+    rounds = stack_rounds(src.procs, root, round_notes)  # the hook's run directory: every dump is a round
+    procs = rounds.procs
     names = src.names
     world_ranks = sorted(
         {p.rank for p in procs if p.rank is not None}
@@ -46,7 +49,7 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
         | {e.rank for e in src.exits}
         | (set(src.logs.ranks) if src.logs is not None else set())
     )
-    notes: list[str] = list(src.notes)
+    notes: list[str] = list(src.notes) + round_notes
     topo: Topology | None
     coords = _hook_coords(dd, world_ranks, notes) if layout is None else None
     world = layout.world_size if layout is not None else max(world_ranks, default=-1) + 1
@@ -92,6 +95,8 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
         str(root),
         exits=tuple(src.exits),
         logs=src.logs,
+        snapshot_times=rounds.times,
+        snapshot_latest=rounds.latest,
         expected_ranks=expected,
         inferred_nodes=inferred,
         source_files=_source_files(dd, procs, src.fr),
