@@ -59,7 +59,7 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     timings = inputs.timings if "timings" in use else None
     if procs and topology is not None:
         stack_facts = stacks.facts(
-            procs, topology, config=cfg.stacks, limits=cfg.limits, expected=inputs.expected_ranks
+            procs, topology, config=cfg.stacks, limits=cfg.limits, expected=sorted(inputs.expected_ranks)
         )
         steps = _steps(inputs, timings, stack_facts)
         stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps)
