@@ -62,7 +62,7 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
             procs, topology, config=cfg.stacks, limits=cfg.limits, expected=sorted(inputs.expected_ranks)
         )
         steps = _steps(inputs, timings, stack_facts)
-        stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps)
+        stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps, config=cfg.stacks)
     if fr_dumps and topology is not None:
         analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=cfg.collectives)
         fr_v = collectives.verdict(analysis, topology, job=job)

@@ -176,6 +176,18 @@ def _localized(h: _Hang) -> Verdict:
             return _strong(h, culprit_ranks, victims)
     # everyone waits (or strong culprits beside unexplained outliers): cover the outliers with groups of one kind
     group: SuspectGroup | None
+    if h.premise and not strong and _largest_share(a) < 0.5:
+        h.reasons.append(
+            "Every outlier waits on someone, and no single wait holds most ranks (the largest cluster has "
+            f"{_largest_share(a):.0%} of them): a stuck job converges on one wait within seconds, a running "
+            "job caught mid-step spreads over several. With no time evidence, nothing to isolate"
+            + (
+                f"; if the job is known to be stuck, look at rank(s) {rank_ranges(culprit_ranks)[:100]} first."
+                if culprit_ranks
+                else "."
+            )
+        )
+        return h.verdict(Severity.INCONCLUSIVE, 0.2, evidence=h.evidence())
     if h.premise:  # no time evidence: only one group holding every outlier is a fault domain
         group = smallest_group(a.outlier_ranks, topology, max_fraction=h.cfg.max_cover_fraction)
         if group is None:
@@ -212,6 +224,12 @@ def _localized(h: _Hang) -> Verdict:
         suspect_group=group,
         evidence=h.evidence(culprit_ranks),
     )
+
+
+def _largest_share(a: SnapshotAnalysis) -> float:
+    """The share of the trainers with a stack that sit in the largest trainer cluster."""
+    sizes = [c.size for c in a.clusters if c.role == "trainer"]
+    return max(sizes) / a.n_trainers if sizes and a.n_trainers else 0.0
 
 
 def _culprit_words(h: _Hang, culprit_ranks: Sequence[int]) -> None:

@@ -28,8 +28,13 @@ class Motion:
     reasons: list[str] = field(default_factory=list)
 
 
-def motion(facts: StackFacts, steps: StepEvidence | None = None) -> Motion:
-    """How the job moved across the snapshots (time evidence first, then the stacks)."""
+def motion(facts: StackFacts, steps: StepEvidence | None = None, *, max_running_fraction: float = 0.2) -> Motion:
+    """How the job moved across the snapshots (time evidence first, then the stacks).
+
+    ``max_running_fraction``: one snapshot in which more of the trainers than this (and more than one) run
+    their own code was taken from a running job (a hang spreads to every rank that depends on the stuck one
+    within seconds; what keeps running is the stuck rank, or the few ranks of one faulty machine).
+    """
     last = facts.analyses[-1]
     prog = facts.progress
     step_words = list(steps.words) if steps is not None else []
@@ -59,6 +64,17 @@ def motion(facts: StackFacts, steps: StepEvidence | None = None) -> Motion:
         if prog is not None:
             words.insert(0, f"{prog.words()}.")
         return Motion("running", words + _also(step_words))
+    n = round(last.running_fraction * last.n_trainers)
+    if prog is None and n > max(1.0, max_running_fraction * last.n_trainers):
+        return Motion(
+            "running",
+            [
+                f"{n} of {last.n_trainers} ranks were running their own code, not waiting: a hang leaves few ranks "
+                "running (every rank that depends on the stuck one blocks within seconds), so the job was "
+                "running when captured, not stuck."
+            ]
+            + _also(step_words),
+        )
     words = (
         [f"{prog.words()}: too few waiters released to call it progress, so the job is not progressing."]
         if prog

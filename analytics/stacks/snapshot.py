@@ -28,6 +28,7 @@ CHILD_ROLES = ("dataloader", "checkpoint", "other")
 STATE_CODE = {st: i for i, st in enumerate(STATES)}
 """Each main-thread state as a small integer (:attr:`SnapshotAnalysis.states`); -1 is no usable stack."""
 NO_STACK = -1
+_RUNNING_CODES = np.array([STATE_CODE[s] for s in ("compute", "io", "idle")], dtype=np.int8)
 
 # How strongly each observation points at a rank being the root cause (1 = certain).
 SCORES = {
@@ -108,6 +109,15 @@ class SnapshotAnalysis:
         dom = self.dominant_states()
         total = sum(dom.values())
         return sum(n for st, n in dom.items() if st in WAIT_STATES) / total if total else 0.0
+
+    @property
+    def running_fraction(self) -> float:
+        """The share of all trainers with a stack that run their own code (compute, I/O, a local sleep). A hang
+        spreads: within seconds every rank that depends on the stuck one blocks, so a stuck job leaves few
+        ranks running; a running job caught at one instant leaves many."""
+        if not self.n_trainers:
+            return 0.0
+        return int(np.count_nonzero(np.isin(self.states, _RUNNING_CODES))) / self.n_trainers
 
     @property
     def startup_fraction(self) -> float:

@@ -34,12 +34,20 @@ from rankscope.analytics.stacks.moving import moving_verdict
 from rankscope.analytics.stacks.report import common_fields, details, problem_words, problems_of, round_states
 from rankscope.analytics.stacks.snapshot import STATE_CODE
 from rankscope.analytics.verdict import Severity, Verdict, rank_ranges
+from rankscope.config import StackConfig
 from rankscope.datasets.domain.topology import Topology
 
 __all__ = ["round_states", "verdict"]
 
 
-def verdict(facts: StackFacts, topology: Topology, *, job: str = "", steps: StepEvidence | None = None) -> Verdict:
+def verdict(
+    facts: StackFacts,
+    topology: Topology,
+    *,
+    job: str = "",
+    steps: StepEvidence | None = None,
+    config: StackConfig | None = None,
+) -> Verdict:
     """The stack verdict: start-up, progressing (fail-slow or healthy), or stuck (hang, localized).
 
     ``steps``: what the job's step records say about the snapshots (time evidence, which overrules the
@@ -59,7 +67,7 @@ def verdict(facts: StackFacts, topology: Topology, *, job: str = "", steps: Step
         return hang_verdict(facts, topology, Motion("premise"), job)
     if last.startup_fraction >= 0.5:
         return _startup_verdict(facts, topology, job, steps)
-    m = motion(facts, steps)
+    m = motion(facts, steps, max_running_fraction=(config or StackConfig()).max_running_fraction)
     if m.kind in ("progressing", "running"):
         return moving_verdict(facts, topology, m, job, steps)
     return hang_verdict(facts, topology, m, job)
