@@ -64,13 +64,14 @@ class _Hang:
 
     def verdict(self, kind: Severity, confidence: float, **fields: Any) -> Verdict:
         reasons = list(self.reasons)
+        details = self.details
         if self.premise and kind is Severity.HANG:
             reasons.append(self.premise)
             confidence = max(0.05, confidence - 0.1)
+            # machine-readable: no time evidence says the job was stuck (the recovery ladder reads this)
+            details = {**details, "stuck_on_premise": True}
         reasons += problem_words(self.problems)
-        return Verdict(
-            kind, confidence=confidence, reasons=tuple(reasons), details=self.details, **fields, **self.common
-        )
+        return Verdict(kind, confidence=confidence, reasons=tuple(reasons), details=details, **fields, **self.common)
 
     def evidence(self, culprit_ranks: Sequence[int] = (), victims: Sequence[int] = ()) -> tuple[Evidence, ...]:
         return _evidence(self.a, self.topology, culprit_ranks, victims, self.limits.max_evidence_items)

@@ -276,3 +276,37 @@ def test_verdict_json_carries_the_collection_problems(tmp_path: Path) -> None:
     v = stack_verdict(load_inputs(tmp_path, gpus_per_node=1))
     d = json.loads(v.to_json())
     assert d["details"]["collection_problems"][0]["kind"] == "empty" and d["suspect_nodes"] == []
+
+
+# -- one snapshot of a running pipeline job (tp=2,pp=2,dp=2) --------------------------------------------
+
+
+@pytest.mark.parametrize("snap", ["round-0", "round-2"])
+def test_one_snapshot_of_a_real_running_pipeline_job_names_nobody(snap: str) -> None:
+    # a healthy 8-rank job caught mid-step: several ranks compute (forward, zero_grad, between steps) while the
+    # others wait in different places (TP all_reduce, pipeline send/recv, DP all_reduce)
+    inp = load_inputs(DATA / "healthy_mp8" / snap, layout="tp=2,pp=2,dp=2")
+    v = run_diagnose(inp)
+    assert no_suspect(v), v.explain()
+
+
+def test_the_rounds_of_a_real_running_pipeline_job_name_nobody() -> None:
+    v = run_diagnose(load_inputs(DATA / "healthy_mp8", layout="tp=2,pp=2,dp=2"))
+    assert no_suspect(v) and v.n_snapshots == 3, v.explain()
+
+
+def test_one_snapshot_that_looks_exactly_like_a_hang_says_it_rests_on_the_premise() -> None:
+    # round-1 caught the healthy job with rank 3 between steps and every rank that depends on it waiting: one
+    # snapshot cannot tell that from a hang (no time in it). The verdict must say it rests on the premise that
+    # the job was stuck when captured, so that the caller (and the recovery ladder) knows what it stands on.
+    v = run_diagnose(load_inputs(DATA / "healthy_mp8" / "round-1", layout="tp=2,pp=2,dp=2"))
+    assert v.verdict == "hang" and any("premise" in r for r in v.reasons), v.explain()
+    assert v.details["stuck_on_premise"] is True
+
+
+@pytest.mark.parametrize("snap", ["round-0", "round-1"])
+def test_one_snapshot_of_a_real_compute_hang_still_names_the_stuck_rank(snap: str) -> None:
+    # rank 5 spins in compute at step 25 while its peers block: a stuck job leaves one rank running
+    v = run_diagnose(load_inputs(DATA / "hang_compute_mp8" / snap, layout="tp=2,pp=2,dp=2", gpus_per_node=2))
+    assert v.verdict == "hang" and v.culprit_ranks == (5,), v.explain()
+    assert v.suspect_nodes[0] == "node-2", v.suspect_nodes
