@@ -4,6 +4,11 @@ FR dumps are untrusted input, so pickles go through :class:`SafeUnpickler`, whic
 containers and scalars: a pickle that names any other global is refused before anything runs.
 Every field of the format (``version``, ``pg_config``, ``pg_status``, ``entries``) is read, with
 defaults for fields older or newer versions lack; a file no version explains is a :class:`ParseError`.
+
+``pg_status`` is keyed by **pg_id** in PyTorch (``FlightRecorder::getPgStatusJson``) while
+``pg_config`` and the entries name groups by pg name: the reader translates each id through the
+dump's own entries (``pg_id`` -> ``process_group[0]``) and drops an id no entry names (its group's
+entries left the ring buffer), with a note when its counters said something.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from rankscope.datasets.domain.flight_recorder import FRDump, FREntry, PGInfo, PGStatus
+from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry, PGInfo, PGStatus
 from rankscope.datasets.domain.stacks import Frame
 from rankscope.datasets.readers.fr_files import is_fr_file, load_raw, rank_from_name, select_fr_files
 from rankscope.spine import InputError, ParseError, paused_gc
@@ -56,20 +61,24 @@ def parse_dump(
             entries.append(_entry(e, frame_cache))
         except (TypeError, ValueError, KeyError) as exc:
             raise ParseError(path, f"entry {i}: {exc}") from None
+    notes: list[str] = []
     try:
         pg_config = _pg_config(raw.get("pg_config"))
-        pg_status = _pg_status(raw.get("pg_status"))
+        pg_status = _pg_status(raw.get("pg_status"), {e.pg_id: e.pg_name for e in entries}, notes)
+        dump_time = _opt_int(raw.get(DUMP_TIME_KEY))
     except (TypeError, ValueError, SyntaxError) as exc:
-        raise ParseError(path, f"bad pg_config/pg_status: {exc}") from None
+        raise ParseError(path, f"bad pg_config/pg_status/{DUMP_TIME_KEY}: {exc}") from None
     return FRDump(
         rank=int(rank),
         entries=tuple(entries),
         version=str(raw.get("version", "") or ""),
         pg_config=pg_config,
         pg_status=pg_status,
-        comm_lib_version=str(raw.get("comm_lib_version", "") or ""),
+        comm_lib_version=str(raw.get("comm_lib_version", "") or raw.get("nccl_version", "") or ""),
         source_file=path,
         source_format=source_format,
+        dump_time_ns=dump_time if dump_time is not None and dump_time > 0 else None,
+        notes=tuple(f"rank {int(rank)}: {n}" for n in notes),
     )
 
 
@@ -342,17 +351,31 @@ def _pg_config(v: Any) -> dict[str, PGInfo]:
     return out
 
 
-def _pg_status(v: Any) -> dict[str, PGStatus]:
+def _pg_status(v: Any, id_to_name: Mapping[str, str], notes: list[str]) -> dict[str, PGStatus]:
+    """``pg_status`` (keyed by pg_id) filed under pg names; ids no entry names are dropped."""
     if not v:
         return {}
     if not isinstance(v, Mapping):
         raise TypeError(f"pg_status is a {type(v).__name__}, not a dict")
     out = {}
+    dropped = []
     for key, st in v.items():
-        if isinstance(st, Mapping):
-            out[str(key)] = PGStatus(
-                _opt_int(st.get("last_enqueued_collective")),
-                _opt_int(st.get("last_started_collective")),
-                _opt_int(st.get("last_completed_collective")),
-            )
+        if not isinstance(st, Mapping):
+            continue
+        status = PGStatus(
+            _opt_int(st.get("last_enqueued_collective")),
+            _opt_int(st.get("last_started_collective")),
+            _opt_int(st.get("last_completed_collective")),
+            str(key),
+        )
+        name = id_to_name.get(str(key))
+        if name is not None:
+            out[name] = status
+        elif any((c or 0) > 0 for c in (status.last_enqueued, status.last_started, status.last_completed)):
+            dropped.append(str(key))
+    if dropped:
+        notes.append(
+            f"pg_status of pg_id {', '.join(dropped[:8])} ignored: pg_status is keyed by pg_id and no entry "
+            "in the ring buffer names that group"
+        )
     return out
