@@ -2,8 +2,13 @@
 
 Entries are aligned by ``collective_seq_id`` (absolute, so wrapped ring buffers and missing ranks need
 no record-id alignment): each member's last enqueued, started and completed collective, the signature
-of each collective (op, sizes, dtypes), the unfinished entries of each rank, p2p ops pending per
-(src, dst) and the kernel durations recorded.
+of each collective (op, sizes, dtypes), the unfinished entries of each rank, the p2p ops still open per
+(src, dst), the kernel durations recorded, and the job's own latency and enqueue cadence per group
+(what "normal" looks like, for the clock in :mod:`.clock`).
+
+What "started" means depends on what the backend records (:func:`start_semantics`): NCCL with timing
+moves an entry to ``started`` when its kernel begins; NCCL without timing and gloo do not, and then the
+last op a rank *enqueued* is the best that is known.
 """
 
 from __future__ import annotations
@@ -31,19 +36,29 @@ VARIABLE_SIZE_OPS = frozenset(
 """Ops whose members legitimately pass different sizes: only op and dtypes are compared."""
 MARKER_OPS = frozenset({"coalesced", "ALLGATHER_coalesced", "REDUCE_SCATTER_coalesced"})
 _STATEFUL_BACKENDS = ("nccl", "ncclx", "rccl", "rcclx", "xccl", "hccl", "mccl")
+SAMPLES_PER_RANK = 64
+"""Latency/cadence samples kept per rank and group (its most recent ops): enough for a p99, bounded."""
 
 Shapes = tuple[tuple[int, ...], ...]
 Sizes = tuple[Shapes, Shapes]
 Signature = tuple[str, Sizes | None, tuple[str, ...], tuple[str, ...]]
 """(op, (input sizes, output sizes) or None for variable-size ops, input dtypes, output dtypes)"""
 P2PKey = tuple[GroupKey, int, int, str]  # (group, global src, global dst, op)
-DurationKey = tuple[object, ...]  # (group, seq) for collectives, (group, -i, src, dst) for paired p2p
+DurationKey = tuple[GroupKey, int]  # (group, collective seq)
 
 
 def tracks_state(d: FRDump) -> bool:
     """NCCL moves entries to started/completed (retired but not completed = timed out); gloo leaves
     them 'scheduled' and only retires them when done."""
     return d.backend in _STATEFUL_BACKENDS or any(e.state in ("started", "completed") for e in d.entries)
+
+
+def knows_starts(d: FRDump) -> bool:
+    """Whether the dump says which ops *started* (NCCL with timing: ``started`` states, discovered start
+    times, or a ``last_started`` counter), rather than only which were enqueued."""
+    if any(st.last_started is not None and st.last_started >= 0 for st in d.pg_status.values()):
+        return True
+    return any(e.state == "started" or e.time_discovered_started_ns for e in d.entries)
 
 
 def is_done(e: FREntry, tracks: bool) -> bool:
@@ -107,39 +122,54 @@ class ProgressTables:
     enq: defaultdict[GroupKey, dict[int, int]] = field(default_factory=_seq_map)  # last enqueued seq
     comp: defaultdict[GroupKey, dict[int, int]] = field(default_factory=_seq_map)  # last completed seq
     started: defaultdict[GroupKey, dict[int, int]] = field(default_factory=_seq_map)  # last started seq
+    starts: dict[int, bool] = field(default_factory=dict)  # rank -> its dump records starts
+    tracks: dict[int, bool] = field(default_factory=dict)  # rank -> its backend records states (not gloo)
     sigs: defaultdict[tuple[GroupKey, int], defaultdict[tuple[Signature, ...], list[int]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
     ops_at: dict[tuple[GroupKey, int], str] = field(default_factory=dict)  # profiling name per collective
     durations: defaultdict[DurationKey, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
+    created_at: defaultdict[DurationKey, list[int]] = field(default_factory=lambda: defaultdict(list))
     pending: defaultdict[int, list[tuple[GroupKey, FREntry]]] = field(default_factory=lambda: defaultdict(list))
-    p2p_pending: defaultdict[P2PKey, int] = field(default_factory=lambda: defaultdict(int))
-    p2p_timed: defaultdict[P2PKey, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
+    p2p_open: defaultdict[P2PKey, list[tuple[int, bool]]] = field(default_factory=lambda: defaultdict(list))
+    """Open (not completed) p2p ops per (group, src, dst, op): (rank, started) of each."""
+    latency_s: defaultdict[GroupKey, list[float]] = field(default_factory=lambda: defaultdict(list))
+    cadence_s: defaultdict[GroupKey, list[float]] = field(default_factory=lambda: defaultdict(list))
     n_entries: int = 0
 
+    def reached(self, g: GroupKey, m: int, seq: int) -> bool:
+        """Whether dumped member ``m`` started collective ``seq`` of ``g`` (enqueued, where starts are
+        not recorded)."""
+        table = self.started if self.starts.get(m) else self.enq
+        return table[g].get(m, 0) >= seq or self.comp[g].get(m, 0) >= seq
 
-def _status(t: ProgressTables, d: FRDump, r: int, k: Mapping[str, GroupKey]) -> None:
-    """A rank's pg_status (last enqueued/started/completed per group), and zeros for groups it knows."""
+
+def _status(t: ProgressTables, d: FRDump, r: int, k: Mapping[str, GroupKey], p2p_groups: set[str]) -> None:
+    """A rank's pg_status (last enqueued/started/completed per group), and zeros for groups it knows.
+
+    Groups that carry send/recv on this rank are skipped: their counters may be p2p sequence ids."""
     for n, st in d.pg_status.items():
-        if n in k and st.last_enqueued is not None:
-            t.enq[k[n]][r] = max(t.enq[k[n]].get(r, 0), st.last_enqueued)
-        if n in k and st.last_completed is not None:
-            t.comp[k[n]][r] = max(t.comp[k[n]].get(r, 0), st.last_completed)
-        if n in k and st.last_started is not None:
-            t.started[k[n]][r] = max(t.started[k[n]].get(r, 0), st.last_started)
+        if n not in k or n in p2p_groups:
+            continue
+        g = k[n]
+        if st.last_enqueued is not None:
+            t.enq[g][r] = max(t.enq[g].get(r, 0), st.last_enqueued)
+        if st.last_completed is not None:
+            t.comp[g][r] = max(t.comp[g].get(r, 0), st.last_completed)
+        if st.last_started is not None:
+            t.started[g][r] = max(t.started[g].get(r, 0), st.last_started)
     for n in k:
         t.enq[k[n]].setdefault(r, 0)
         t.comp[k[n]].setdefault(r, 0)
+        t.started[k[n]].setdefault(r, 0)
 
 
-def _p2p(t: ProgressTables, r: int, g: GroupKey, e: FREntry, info: GroupInfo, done: bool) -> None:
+def _p2p(t: ProgressTables, r: int, g: GroupKey, e: FREntry, info: GroupInfo, done: bool, starts: bool) -> None:
     s, d = global_rank(info, e.src), global_rank(info, e.dst)
     if not done:
         t.pending[r].append((g, e))
         if s is not None and d is not None:
-            t.p2p_pending[(g, s, d, e.op)] += 1
-    elif e.duration_ms is not None and s is not None and d is not None:
-        t.p2p_timed[(g, s, d, e.op)].append((r, e.duration_ms))
+            t.p2p_open[(g, s, d, e.op)].append((r, e.state == "started" or not starts))
 
 
 def _collective(
@@ -155,7 +185,7 @@ def _collective(
         t.enq[g][r] = seq
     if done and seq > t.comp[g][r]:
         t.comp[g][r] = seq
-    if (done or e.state == "started") and seq > t.started[g].get(r, 0):
+    if (done or e.state == "started") and seq > t.started[g][r]:
         t.started[g][r] = seq
     if e.op not in MARKER_OPS:
         rank_sigs[(g, seq)].append(signature(e))
@@ -164,6 +194,33 @@ def _collective(
         t.pending[r].append((g, e))
     elif e.duration_ms is not None:
         t.durations[(g, seq)].append((r, e.duration_ms))
+        if e.time_created_ns:
+            t.created_at[(g, seq)].append(e.time_created_ns)
+
+
+def _samples(t: ProgressTables, d: FRDump, k: Mapping[str, GroupKey], tracks: bool) -> None:
+    """The rank's latest latency (created -> completed, else the kernel's duration) and enqueue-gap samples
+    per group: the job's own idea of how long an op stays in flight and how often one comes."""
+    last: dict[str, int] = {}
+    lat: dict[str, list[float]] = defaultdict(list)
+    cad: dict[str, list[float]] = defaultdict(list)
+    for e in d.entries[-SAMPLES_PER_RANK * max(1, len(k)) :]:
+        n, t0 = e.pg_name, e.time_created_ns
+        if t0:
+            prev = last.get(n)
+            if prev is not None and t0 >= prev:
+                cad[n].append((t0 - prev) / 1e9)
+            last[n] = t0
+        if is_done(e, tracks):
+            t1 = e.time_discovered_completed_ns
+            if t0 and t1 and t1 >= t0:
+                lat[n].append((t1 - t0) / 1e9)
+            elif e.duration_ms is not None:
+                lat[n].append(e.duration_ms / 1e3)
+    for n, xs in lat.items():
+        t.latency_s[k[n]].extend(xs[-SAMPLES_PER_RANK:])
+    for n, xs in cad.items():
+        t.cadence_s[k[n]].extend(xs[-SAMPLES_PER_RANK:])
 
 
 def build_tables(
@@ -174,16 +231,19 @@ def build_tables(
     for r, d in by_rank.items():
         k = keys[r]
         tracks = tracks_state(d)
+        starts = tracks and knows_starts(d)
+        t.starts[r], t.tracks[r] = starts, tracks
         rank_sigs: defaultdict[tuple[GroupKey, int], list[Signature]] = defaultdict(list)
-        _status(t, d, r, k)
+        _status(t, d, r, k, {e.pg_name for e in d.entries if e.is_p2p})
         for e in d.entries:
             t.n_entries += 1
             g = k[e.pg_name]
             done = is_done(e, tracks)
             if e.is_p2p:
-                _p2p(t, r, g, e, groups[g], done)
+                _p2p(t, r, g, e, groups[g], done, starts)
             else:
                 _collective(t, r, g, e, done, rank_sigs)
         for gs, sig in rank_sigs.items():
             t.sigs[gs][tuple(sig)].append(r)
+        _samples(t, d, k, tracks)
     return t
