@@ -395,17 +395,30 @@ def quiet(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> C
     return _inconclusive(f, reasons, evidence, 0.3, hint=True)
 
 
+_HINT_MAX_NODES = 4
+"""A wavefront ending on more nodes than this is the ordinary skew of a running job, not a place to look."""
+
+
 def _inconclusive(
     f: CollectiveFacts, reasons: list[str], evidence: list[Evidence], conf: float, *, hint: bool = False
 ) -> CollectiveAnalysis:
     if_stuck: tuple[int, ...] = ()
     if hint:
-        if_stuck, _ = f.graph.sinks_from(f.graph.all_waits())
-        if if_stuck:
-            where = ", ".join(n for n in f.nodes(if_stuck[:8]) if n) or "?"
+        sinks, _ = f.graph.sinks_from(f.graph.all_waits())
+        victims = unrecorded_p2p_victims(
+            f.graph, sinks, set(f.graph.waits), f.no_dump, f.clock.last_active, f.pp_neighbors
+        )
+        if_stuck = tuple(r for r in sinks if r not in victims)
+        where = ", ".join(n for n in f.nodes(if_stuck[:8]) if n) or "?"
+        if if_stuck and len(f.nodes(if_stuck)) <= _HINT_MAX_NODES:
             reasons.append(
                 f"If the job is known to be stuck, look at rank(s) {rank_ranges(if_stuck)[:200]} ({where}): the "
                 "waits end there. Nothing is named without time evidence."
+            )
+        elif if_stuck:
+            reasons.append(
+                f"The waits end at {len(if_stuck)} ranks on {len(f.nodes(if_stuck))} nodes, ranks one op behind their "
+                "peers, as in a running job: no single place to look."
             )
     if f.slow:
         reasons.append(f"Completed collectives show rank(s) {rank_ranges(f.slow)} arriving late.")

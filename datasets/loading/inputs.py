@@ -10,17 +10,20 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankscope.config import InputsConfig
 from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
-from rankscope.datasets.readers.dumpdir import DumpDir, from_dump_dir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events, read_exit_records
-from rankscope.datasets.store.stacks_table import from_table
-from rankscope.datasets.store.store import Store
+from rankscope.datasets.store.marker import is_store
 from rankscope.spine import InputError, LayoutError
+
+if TYPE_CHECKING:
+    from rankscope.datasets.readers.dumpdir import DumpDir
+
+# the store (pyarrow, polars) is imported where a store is read: a directory of dumps never loads it
 
 
 def infer_topology(
@@ -59,7 +62,9 @@ def _ranks_and_nodes(procs: Sequence[ProcStacks]) -> tuple[list[int], dict[int, 
 
 
 def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> Inputs:
-    dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node)
+    from rankscope.datasets.readers.dumpdir import from_dump_dir, scan_dump_dir
+
+    dd = scan_dump_dir(root, gpus_per_node=gpus_per_node)
     procs = from_dump_dir(dd)
     ranks, nodes = _ranks_and_nodes(procs)
     fr_notes: list[str] = []
@@ -172,6 +177,9 @@ def _read_tables(dd: DumpDir, nodes: Mapping[int, str]) -> tuple[Any, Any]:
 def _from_store(
     root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None, series_gap_seconds: float
 ) -> Inputs:
+    from rankscope.datasets.store.stacks_table import from_table
+    from rankscope.datasets.store.store import Store
+
     store = Store(root)
     jobs = sorted(
         set(store.jobs("stacks"))
@@ -298,7 +306,7 @@ def load_inputs(
             lay = Layout(**{d: lay.size(d) for d in DIMS}, order=parse_order(order))
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
-    if Store.is_store(root):
+    if is_store(root):
         return _from_store(
             root,
             layout=lay,

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from rankscope.datasets.domain.roles import ROLES
 from rankscope.spine import InputError, StoreError
+
+__all__ = ["ROLES", "TABLES", "TableSpec", "table"]  # ROLES: re-exported from domain.roles
 
 TIME = pa.timestamp("us", tz="UTC")
 
@@ -26,9 +29,6 @@ FRAME = pa.struct(
         pa.field("line", pa.int32()),
     ]
 )
-
-ROLES = ("trainer", "dataloader", "checkpoint", "other")
-"""Process roles: a torchrun worker, a DataLoader worker, a checkpoint writer, anything else."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rankscope.datasets.store.marker import MARKER, is_store
 from rankscope.datasets.store.parts import (
     _PART_VALUE,
     Rows,
@@ -34,7 +35,6 @@ from rankscope.datasets.store.parts import (
 from rankscope.datasets.store.schemas import TABLES, TableSpec, table
 from rankscope.spine import InputError, StoreError, atomic_write, remove_stale_temps
 
-MARKER = "rankscope-store.json"
 FORMAT_VERSION = 1
 
 # polars is imported lazily: the node agent writes through this module and must stay small.
@@ -66,7 +66,7 @@ class Store:
     @staticmethod
     def is_store(path: str | os.PathLike[str]) -> bool:
         """True when ``path`` is the root of a rankscope store."""
-        return (Path(path) / MARKER).is_file()
+        return is_store(path)
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, name: str, rows: Rows) -> list[Path]:
