@@ -69,7 +69,7 @@ def _facts(
         )
     groups = resolve_groups(unique, keys, cfg_members, world, topology, memberships)
     tables = build_tables(by_rank, keys, groups)
-    clock = Clock(by_rank, tables, cfg)
+    clock = Clock(by_rank, tables, groups, keys, cfg)
     progress = None
     if previous and prev_no is not None:
         progress = compare(dedupe(previous)[0], by_rank, prev_no)

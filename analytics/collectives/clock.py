@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rankscope.analytics.collectives.captures import Progress
-from rankscope.analytics.collectives.groups import GroupKey
+from rankscope.analytics.collectives.groups import GroupInfo, GroupKey
 from rankscope.analytics.collectives.tables import ProgressTables
 from rankscope.config import CollectivesConfig
 from rankscope.datasets.domain.flight_recorder import FRDump, FREntry
@@ -39,6 +39,17 @@ _SKEW_NS = 1_000_000_000
 """An explicit dump time this far before the dump's own newest stamp is not believed (wrong clock)."""
 
 
+SAMPLE_RANKS, SAMPLE_OPS = 16, 256
+"""The job's normal latency and cadence come from the last ops of this many members (plenty for a p99)."""
+_ALIKE = ("tp", "cp", "ep", "pp", "dp", "mp")
+"""Group kinds whose groups all run the same schedule (recognised from the topology or the description)."""
+
+
+def _reference(samples: tuple[list[float], list[float]]) -> float | None:
+    refs = [x for x in (p99(samples[0]), p99(samples[1])) if x]
+    return max(refs) if refs else None
+
+
 def p99(xs: list[float]) -> float | None:
     if not xs:
         return None
@@ -46,10 +57,11 @@ def p99(xs: list[float]) -> float | None:
     return s[min(len(s) - 1, int(0.99 * len(s)))]
 
 
-def newest_stamp(d: FRDump) -> int:
-    """The newest timestamp inside one dump (0 when it has none)."""
+def newest_stamp(d: FRDump, last: int = 16) -> int:
+    """The newest timestamp among a dump's ``last`` entries (0 when none has one): a lower bound on when it
+    was taken (entries are in record order: the newest stamps are at the end)."""
     best = 0
-    for e in d.entries:
+    for e in d.entries[-last:]:
         for t in (e.time_created_ns, e.time_discovered_started_ns, e.time_discovered_completed_ns):
             if t and t > best:
                 best = t
@@ -76,8 +88,16 @@ class Timing:
 class Clock:
     """Per-rank capture times and per-group references; :meth:`timing` judges one op."""
 
-    def __init__(self, by_rank: Mapping[int, FRDump], t: ProgressTables, cfg: CollectivesConfig) -> None:
+    def __init__(
+        self,
+        by_rank: Mapping[int, FRDump],
+        t: ProgressTables,
+        groups: Mapping[GroupKey, GroupInfo],
+        keys: Mapping[int, Mapping[str, GroupKey]],
+        cfg: CollectivesConfig,
+    ) -> None:
         self.cfg = cfg
+        self._by_rank, self._groups, self._keys = by_rank, groups, keys
         self.now: dict[int, tuple[int, bool]] = {}  # rank -> (now ns, explicit)
         self.last_active: dict[int, int] = {}  # rank -> the newest stamp in its dump (its last recorded activity)
         self.notes: list[str] = []
@@ -99,7 +119,7 @@ class Clock:
                 f"the recorded dump time of rank(s) {', '.join(map(str, bad[:8]))} is older than entries inside "
                 "the dump: not used as a clock"
             )
-        self._ref: dict[GroupKey, float | None] = {}
+        self._ref: dict[str, float | None] = {}
         self._job_ref: tuple[float] | None = None
         self._t = t
         self.explicit = bool(self.now) and all(ex for _, ex in self.now.values())
@@ -113,22 +133,58 @@ class Clock:
             return None
         return p.interval_s[r]
 
-    def _own_ref(self, g: GroupKey) -> float | None:
-        if g not in self._ref:
-            refs = [x for x in (p99(self._t.latency_s.get(g, [])), p99(self._t.cadence_s.get(g, []))) if x]
-            self._ref[g] = max(refs) if refs else None
-        return self._ref[g]
-
     def ref(self, g: GroupKey) -> float | None:
-        """The larger of the p99 latency and the p99 enqueue cadence of group ``g`` (seconds); for a group
-        with no completed op yet (its first collective), the slowest group's."""
-        own = self._own_ref(g)
+        """The larger of the p99 latency and the p99 enqueue cadence of group ``g`` (seconds), from a sample of
+        its members' recent ops (groups of one parallel kind run the same schedule: they share one sample);
+        for a group with no completed op yet (its first collective), the slowest kind's."""
+        info = self._groups[g]
+        key = info.kind if info.kind in _ALIKE else g
+        if key not in self._ref:
+            self._ref[key] = _reference(self._samples(key, g))
+        own = self._ref[key]
         if own is not None:
             return own
         if self._job_ref is None:
-            refs = [x for x in (self._own_ref(k) for k in set(self._t.latency_s) | set(self._t.cadence_s)) if x]
+            for k in {x.kind if x.kind in _ALIKE else x.key for x in self._groups.values()}:
+                if k not in self._ref:
+                    self._ref[k] = _reference(self._samples(k, k))
+            refs = [x for x in self._ref.values() if x]
             self._job_ref = (max(refs) if refs else 0.0,)
         return self._job_ref[0] or None
+
+    def _samples(self, key: str, g: GroupKey) -> tuple[list[float], list[float]]:
+        """(latencies, enqueue gaps) in seconds of the recent ops of up to :data:`SAMPLE_RANKS` dumped members of
+        the groups ``key`` stands for."""
+        members: list[int] = []
+        for info in self._groups.values():
+            if (info.kind == key) if key in _ALIKE else (info.key == g):
+                members += [m for m in info.ranks if m in self._by_rank][: SAMPLE_RANKS - len(members)]
+            if len(members) >= SAMPLE_RANKS:
+                break
+        lat: list[float] = []
+        cad: list[float] = []
+        for m in members:
+            names = {
+                n for n, gk in self._keys[m].items() if (self._groups[gk].kind == key if key in _ALIKE else gk == g)
+            }
+            last: dict[str, int] = {}
+            tracks = self._t.tracks.get(m, True)
+            for e in self._by_rank[m].entries[-SAMPLE_OPS:]:
+                if e.pg_name not in names:
+                    continue
+                t0 = e.time_created_ns
+                if t0:
+                    prev = last.get(e.pg_name)
+                    if prev is not None and t0 >= prev:
+                        cad.append((t0 - prev) / 1e9)
+                    last[e.pg_name] = t0
+                if e.state == "completed" or (e.retired and not tracks):
+                    t1 = e.time_discovered_completed_ns
+                    if t0 and t1 and t1 >= t0:
+                        lat.append((t1 - t0) / 1e9)
+                    elif e.duration_ms is not None:
+                        lat.append(e.duration_ms / 1e3)
+        return lat, cad
 
     def timing(self, r: int, g: GroupKey, e: FREntry) -> Timing:
         now = self.now.get(r)

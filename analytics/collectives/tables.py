@@ -2,9 +2,8 @@
 
 Entries are aligned by ``collective_seq_id`` (absolute, so wrapped ring buffers and missing ranks need
 no record-id alignment): each member's last enqueued, started and completed collective, the signature
-of each collective (op, sizes, dtypes), the unfinished entries of each rank, the p2p ops still open per
-(src, dst), the kernel durations recorded, and the job's own latency and enqueue cadence per group
-(what "normal" looks like, for the clock in :mod:`.clock`).
+of each collective (op, sizes, dtypes; kept only where members disagree), the unfinished entries of each
+rank, the p2p ops still open per (src, dst) and the kernel durations recorded.
 
 What "started" means depends on what the backend records (:func:`start_semantics`): NCCL with timing
 moves an entry to ``started`` when its kernel begins; NCCL without timing and gloo do not, and then the
@@ -36,8 +35,6 @@ VARIABLE_SIZE_OPS = frozenset(
 """Ops whose members legitimately pass different sizes: only op and dtypes are compared."""
 MARKER_OPS = frozenset({"coalesced", "ALLGATHER_coalesced", "REDUCE_SCATTER_coalesced"})
 _STATEFUL_BACKENDS = ("nccl", "ncclx", "rccl", "rcclx", "xccl", "hccl", "mccl")
-SAMPLES_PER_RANK = 64
-"""Latency/cadence samples kept per rank and group (its most recent ops): enough for a p99, bounded."""
 
 Shapes = tuple[tuple[int, ...], ...]
 Sizes = tuple[Shapes, Shapes]
@@ -51,14 +48,6 @@ def tracks_state(d: FRDump) -> bool:
     """NCCL moves entries to started/completed (retired but not completed = timed out); gloo leaves
     them 'scheduled' and only retires them when done."""
     return d.backend in _STATEFUL_BACKENDS or any(e.state in ("started", "completed") for e in d.entries)
-
-
-def knows_starts(d: FRDump) -> bool:
-    """Whether the dump says which ops *started* (NCCL with timing: ``started`` states, discovered start
-    times, or a ``last_started`` counter), rather than only which were enqueued."""
-    if any(st.last_started is not None and st.last_started >= 0 for st in d.pg_status.values()):
-        return True
-    return any(e.state == "started" or e.time_discovered_started_ns for e in d.entries)
 
 
 def is_done(e: FREntry, tracks: bool) -> bool:
@@ -127,14 +116,13 @@ class ProgressTables:
     sigs: defaultdict[tuple[GroupKey, int], defaultdict[tuple[Signature, ...], list[int]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
+    """Only the collectives whose members disagree: signature -> the ranks that issued it."""
     ops_at: dict[tuple[GroupKey, int], str] = field(default_factory=dict)  # profiling name per collective
     durations: defaultdict[DurationKey, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
     created_at: defaultdict[DurationKey, list[int]] = field(default_factory=lambda: defaultdict(list))
     pending: defaultdict[int, list[tuple[GroupKey, FREntry]]] = field(default_factory=lambda: defaultdict(list))
     p2p_open: defaultdict[P2PKey, list[tuple[int, bool]]] = field(default_factory=lambda: defaultdict(list))
-    """Open (not completed) p2p ops per (group, src, dst, op): (rank, started) of each."""
-    latency_s: defaultdict[GroupKey, list[float]] = field(default_factory=lambda: defaultdict(list))
-    cadence_s: defaultdict[GroupKey, list[float]] = field(default_factory=lambda: defaultdict(list))
+    """Open (not completed) p2p ops per (group, src, dst, op): (rank, in state ``started``) of each."""
     n_entries: int = 0
 
     def reached(self, g: GroupKey, m: int, seq: int) -> bool:
@@ -144,83 +132,91 @@ class ProgressTables:
         return table[g].get(m, 0) >= seq or self.comp[g].get(m, 0) >= seq
 
 
-def _status(t: ProgressTables, d: FRDump, r: int, k: Mapping[str, GroupKey], p2p_groups: set[str]) -> None:
-    """A rank's pg_status (last enqueued/started/completed per group), and zeros for groups it knows.
-
-    Groups that carry send/recv on this rank are skipped: their counters may be p2p sequence ids."""
+def _status(t: ProgressTables, d: FRDump, r: int, k: Mapping[str, GroupKey], p2p_groups: set[str], seen: _Seen) -> None:
+    """A rank's counters per group: the largest of what its entries show and its pg_status says (groups that
+    carry send/recv on this rank excepted: their pg_status counters may be p2p sequence ids)."""
+    enq, comp, started = seen
     for n, st in d.pg_status.items():
         if n not in k or n in p2p_groups:
             continue
+        if st.last_enqueued is not None and st.last_enqueued > enq.get(n, 0):
+            enq[n] = st.last_enqueued
+        if st.last_completed is not None and st.last_completed > comp.get(n, 0):
+            comp[n] = st.last_completed
+        if st.last_started is not None and st.last_started > started.get(n, 0):
+            started[n] = st.last_started
+    for n, g in k.items():
+        t.enq[g][r] = enq.get(n, 0)
+        t.comp[g][r] = comp.get(n, 0)
+        t.started[g][r] = started.get(n, 0)
+
+
+_Seen = tuple[dict[str, int], dict[str, int], dict[str, int]]  # per pg name: last enqueued, completed, started
+
+
+def _rank_pass(
+    t: ProgressTables, r: int, d: FRDump, k: Mapping[str, GroupKey], groups: Mapping[GroupKey, GroupInfo]
+) -> tuple[_Seen, set[str], dict[tuple[GroupKey, int], list[Signature]]]:
+    """One pass over a rank's entries (hot: every entry of every rank)."""
+    tracks = t.tracks[r]
+    saw_start = any(st.last_started is not None and st.last_started >= 0 for st in d.pg_status.values())
+    enq: dict[str, int] = {}
+    comp: dict[str, int] = {}
+    started: dict[str, int] = {}
+    p2p_groups: set[str] = set()
+    sigs: dict[tuple[GroupKey, int], list[Signature]] = {}
+    pending = t.pending[r]
+    durations, created_at, ops_at = t.durations, t.created_at, t.ops_at
+    for e in d.entries:
+        n = e.pg_name
+        state = e.state
+        done = state == "completed" or (e.retired and not tracks)
+        if not saw_start and (state == "started" or e.time_discovered_started_ns):
+            saw_start = True
+        if e.is_p2p:
+            p2p_groups.add(n)
+            if not done:
+                g = k[n]
+                pending.append((g, e))
+                info = groups[g]
+                src, dst = global_rank(info, e.src), global_rank(info, e.dst)
+                if src is not None and dst is not None:
+                    t.p2p_open[(g, src, dst, e.op)].append((r, state == "started"))
+            continue
+        seq = e.collective_seq_id
+        if seq > enq.get(n, 0):
+            enq[n] = seq
+        if done:
+            if seq > comp.get(n, 0):
+                comp[n] = seq
+            if seq > started.get(n, 0):
+                started[n] = seq
+        elif state == "started" and seq > started.get(n, 0):
+            started[n] = seq
         g = k[n]
-        if st.last_enqueued is not None:
-            t.enq[g][r] = max(t.enq[g].get(r, 0), st.last_enqueued)
-        if st.last_completed is not None:
-            t.comp[g][r] = max(t.comp[g].get(r, 0), st.last_completed)
-        if st.last_started is not None:
-            t.started[g][r] = max(t.started[g].get(r, 0), st.last_started)
-    for n in k:
-        t.enq[k[n]].setdefault(r, 0)
-        t.comp[k[n]].setdefault(r, 0)
-        t.started[k[n]].setdefault(r, 0)
-
-
-def _p2p(t: ProgressTables, r: int, g: GroupKey, e: FREntry, info: GroupInfo, done: bool, starts: bool) -> None:
-    s, d = global_rank(info, e.src), global_rank(info, e.dst)
-    if not done:
-        t.pending[r].append((g, e))
-        if s is not None and d is not None:
-            t.p2p_open[(g, s, d, e.op)].append((r, e.state == "started" or not starts))
-
-
-def _collective(
-    t: ProgressTables,
-    r: int,
-    g: GroupKey,
-    e: FREntry,
-    done: bool,
-    rank_sigs: defaultdict[tuple[GroupKey, int], list[Signature]],
-) -> None:
-    seq = e.collective_seq_id
-    if seq > t.enq[g][r]:
-        t.enq[g][r] = seq
-    if done and seq > t.comp[g][r]:
-        t.comp[g][r] = seq
-    if (done or e.state == "started") and seq > t.started[g][r]:
-        t.started[g][r] = seq
-    if e.op not in MARKER_OPS:
-        rank_sigs[(g, seq)].append(signature(e))
-        t.ops_at.setdefault((g, seq), e.profiling_name)
-    if not done:
-        t.pending[r].append((g, e))
-    elif e.duration_ms is not None:
-        t.durations[(g, seq)].append((r, e.duration_ms))
-        if e.time_created_ns:
-            t.created_at[(g, seq)].append(e.time_created_ns)
-
-
-def _samples(t: ProgressTables, d: FRDump, k: Mapping[str, GroupKey], tracks: bool) -> None:
-    """The rank's latest latency (created -> completed, else the kernel's duration) and enqueue-gap samples
-    per group: the job's own idea of how long an op stays in flight and how often one comes."""
-    last: dict[str, int] = {}
-    lat: dict[str, list[float]] = defaultdict(list)
-    cad: dict[str, list[float]] = defaultdict(list)
-    for e in d.entries[-SAMPLES_PER_RANK * max(1, len(k)) :]:
-        n, t0 = e.pg_name, e.time_created_ns
-        if t0:
-            prev = last.get(n)
-            if prev is not None and t0 >= prev:
-                cad[n].append((t0 - prev) / 1e9)
-            last[n] = t0
-        if is_done(e, tracks):
-            t1 = e.time_discovered_completed_ns
-            if t0 and t1 and t1 >= t0:
-                lat[n].append((t1 - t0) / 1e9)
-            elif e.duration_ms is not None:
-                lat[n].append(e.duration_ms / 1e3)
-    for n, xs in lat.items():
-        t.latency_s[k[n]].extend(xs[-SAMPLES_PER_RANK:])
-    for n, xs in cad.items():
-        t.cadence_s[k[n]].extend(xs[-SAMPLES_PER_RANK:])
+        key = (g, seq)
+        op = e.op
+        if op not in MARKER_OPS:
+            sig = (
+                op,
+                None if op in VARIABLE_SIZE_OPS else (e.input_sizes, e.output_sizes),
+                e.input_dtypes,
+                e.output_dtypes,
+            )
+            if key in sigs:
+                sigs[key].append(sig)
+            else:
+                sigs[key] = [sig]
+                if key not in ops_at:
+                    ops_at[key] = e.profiling_name
+        if not done:
+            pending.append((g, e))
+        elif e.duration_ms is not None:
+            durations[key].append((r, e.duration_ms))
+            if e.time_created_ns:
+                created_at[key].append(e.time_created_ns)
+    t.starts[r] = tracks and saw_start
+    return (enq, comp, started), p2p_groups, sigs
 
 
 def build_tables(
@@ -228,22 +224,24 @@ def build_tables(
 ) -> ProgressTables:
     """One pass over every rank's entries."""
     t = ProgressTables()
+    first: dict[tuple[GroupKey, int], tuple[tuple[Signature, ...], list[int]]] = {}
     for r, d in by_rank.items():
         k = keys[r]
         tracks = tracks_state(d)
-        starts = tracks and knows_starts(d)
-        t.starts[r], t.tracks[r] = starts, tracks
-        rank_sigs: defaultdict[tuple[GroupKey, int], list[Signature]] = defaultdict(list)
-        _status(t, d, r, k, {e.pg_name for e in d.entries if e.is_p2p})
-        for e in d.entries:
-            t.n_entries += 1
-            g = k[e.pg_name]
-            done = is_done(e, tracks)
-            if e.is_p2p:
-                _p2p(t, r, g, e, groups[g], done, starts)
+        t.tracks[r] = tracks
+        t.n_entries += len(d.entries)
+        seen, p2p_groups, sigs = _rank_pass(t, r, d, k, groups)
+        _status(t, d, r, k, p2p_groups, seen)
+        for key, sig_list in sigs.items():  # most collectives agree: keep one signature and its ranks
+            sig = tuple(sig_list)
+            cur = first.get(key)
+            if cur is None:
+                first[key] = (sig, [r])
+            elif cur[0] == sig:
+                cur[1].append(r)
             else:
-                _collective(t, r, g, e, done, rank_sigs)
-        for gs, sig in rank_sigs.items():
-            t.sigs[gs][tuple(sig)].append(r)
-        _samples(t, d, k, tracks)
+                t.sigs[key][sig].append(r)
+    for key in list(t.sigs):
+        sig, ranks = first[key]
+        t.sigs[key][sig].extend(ranks)
     return t

@@ -110,7 +110,8 @@ def _p2p_wait(
     if peer not in dumped:
         return (), (peer,)
     other = "recv" if e.op == "send" else "send"
-    if any(started for rank, started in t.p2p_open.get((g, s, d, other), ()) if rank == peer):
+    peer_starts = t.starts.get(peer, False)  # without recorded starts, a posted op is the best known
+    if any(started or not peer_starts for rank, started in t.p2p_open.get((g, s, d, other), ()) if rank == peer):
         return (), ()  # both sides in the transfer: stuck inside it, nobody to wait for
     return (peer,), ()
 

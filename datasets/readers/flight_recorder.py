@@ -14,6 +14,7 @@ entries left the ring buffer), with a note when its counters said something.
 from __future__ import annotations
 
 import ast
+import gc
 import json
 import operator
 import os
@@ -25,7 +26,14 @@ from typing import Any
 
 from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry, PGInfo, PGStatus
 from rankscope.datasets.domain.stacks import Frame
-from rankscope.datasets.readers.fr_files import is_fr_file, load_raw, rank_from_name, select_fr_files
+from rankscope.datasets.readers.fr_files import (
+    SNIFF_BYTES,
+    is_fr_bytes,
+    load_raw,
+    rank_from_name,
+    read_bytes,
+    select_fr_files,
+)
 from rankscope.spine import InputError, ParseError, paused_gc
 
 _P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
@@ -52,15 +60,18 @@ def parse_dump(
         entries_raw = []
     if not isinstance(entries_raw, (list, tuple)):
         raise ParseError(path, f"'entries' is a {type(entries_raw).__name__}, not a list")
-    entries = []
     frame_cache: dict[int, tuple[Frame, ...]] = {}
-    for i, e in enumerate(entries_raw):
-        if type(e) is not dict and not isinstance(e, Mapping):
-            raise ParseError(path, f"entry {i} is a {type(e).__name__}, not a dict")
-        try:
-            entries.append(_entry(e, frame_cache))
-        except (TypeError, ValueError, KeyError) as exc:
-            raise ParseError(path, f"entry {i}: {exc}") from None
+    try:  # the hot path: one comprehension; a bad entry is found again below to name it
+        entries = [_entry(e, frame_cache) for e in entries_raw]
+    except (TypeError, ValueError, KeyError, AttributeError):
+        entries = []
+        for i, e in enumerate(entries_raw):
+            if type(e) is not dict and not isinstance(e, Mapping):
+                raise ParseError(path, f"entry {i} is a {type(e).__name__}, not a dict") from None
+            try:
+                entries.append(_entry(e, frame_cache))
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                raise ParseError(path, f"entry {i}: {exc}") from None
     notes: list[str] = []
     try:
         pg_config = _pg_config(raw.get("pg_config"))
@@ -101,19 +112,40 @@ def read_fr_dir(path: str | os.PathLike[str], *, prefix: str | None = None) -> l
             for n in sorted(filenames)
             if not n.startswith(".") and rank_from_name(n) is not None
         ]
-    paths = [p for p in paths if is_fr_file(p)]
-    if not paths:
-        raise InputError(f"{root}: no Flight Recorder dumps (files named <prefix><rank>)")
-    return read_fr_files(paths, prefix=prefix)
+    while paths:  # the chosen family's files are sniffed as they are read (one open each)
+        dumps, not_fr = _read(select_fr_files(paths, prefix=prefix), freeze=True, skip_non_fr=True)
+        if dumps:
+            return dumps
+        paths = [p for p in paths if p not in set(not_fr)]
+    raise InputError(f"{root}: no Flight Recorder dumps (files named <prefix><rank>)")
 
 
-def read_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None = None) -> list[FRDump]:
-    """The dumps of :func:`select_fr_files`, sorted by rank; a rank seen twice is an :class:`InputError`."""
+def read_fr_files(
+    paths: Sequence[str | os.PathLike[str]], *, prefix: str | None = None, freeze: bool = True
+) -> list[FRDump]:
+    """The dumps of :func:`select_fr_files`, sorted by rank; a rank seen twice is an :class:`InputError`.
+
+    ``freeze``: the parsed dumps (millions of small tuples at scale, all acyclic, alive for the whole
+    analysis) are moved out of the cyclic collector's sight with ``gc.freeze()``, which would otherwise scan
+    them all again on its next run; refcounting still frees them. A long-lived process that reads dumps
+    again and again can pass ``freeze=False``.
+    """
+    return _read(select_fr_files(paths, prefix=prefix), freeze=freeze, skip_non_fr=False)[0]
+
+
+def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[list[FRDump], list[str]]:
+    """(the dumps of ``paths`` sorted by rank, the paths skipped as not FR dumps when ``skip_non_fr``)."""
     seen: dict[int, str] = {}
     dumps = []
+    skipped = []
     with paused_gc():
-        for p in select_fr_files(paths, prefix=prefix):
-            d = read_fr_file(p)
+        for p in paths:
+            data = read_bytes(p)
+            if skip_non_fr and not is_fr_bytes(data[:SNIFF_BYTES]):
+                skipped.append(p)
+                continue
+            raw, fmt = load_raw(p, data)
+            d = parse_dump(raw, path=str(p), source_format=fmt)
             if d.rank in seen:
                 raise InputError(
                     f"rank {d.rank} has two Flight Recorder dumps, {seen[d.rank]} and {p}; "
@@ -121,7 +153,9 @@ def read_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None
                 )
             seen[d.rank] = str(p)
             dumps.append(d)
-    return sorted(dumps, key=lambda d: d.rank)
+        if freeze and dumps:
+            gc.freeze()
+    return sorted(dumps, key=lambda d: d.rank), skipped
 
 
 # -- field parsing ----------------------------------------------------------------------------
@@ -207,8 +241,15 @@ _MODERN = operator.itemgetter(
 """The keys every entry has since FR format 2.x, fetched in one C call (the loader's hot path)."""
 
 
+_SPLIT: dict[str, tuple[str, str, int | None, int | None]] = {}
+_PG_ID: dict[object, str] = {}
+_INT = int
+_NONE = type(None)
+
+
 def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
-    """One raw FR record -> :class:`FREntry` (hot: called once per record of every rank)."""
+    """One raw FR record -> :class:`FREntry` (hot: called once per record of every rank). The fast path takes
+    the values as PyTorch writes them (ints, strings, lists); anything else goes the tolerant way."""
     try:
         (
             record_id,
@@ -230,37 +271,53 @@ def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> F
             tmo,
             is_p2p,
         ) = _MODERN(e)
-    except KeyError:
+    except (KeyError, TypeError):
         return _entry_tolerant(e, frame_cache)
-    if pname.__class__ is not str or pg.__class__ not in (tuple, list) or len(pg) != 2:
+    if (
+        record_id.__class__ is not _INT
+        or seq.__class__ is not _INT
+        or p2p_seq.__class__ is not _INT
+        or op_id.__class__ is not _INT
+        or pname.__class__ is not str
+        or state.__class__ is not str
+        or pg.__class__ not in (tuple, list)
+        or len(pg) != 2
+        or t0.__class__ not in (_INT, _NONE)
+        or t1.__class__ not in (_INT, _NONE)
+        or t2.__class__ not in (_INT, _NONE)
+        or tmo.__class__ not in (_INT, _NONE)
+    ):
         return _entry_tolerant(e, frame_cache)
-    backend, op, src, dst = split_profiling_name(pname)
+    split = _SPLIT.get(pname)
+    if split is None:
+        split = _SPLIT[pname] = split_profiling_name(pname)
+    pid = _PG_ID.get(pg_id)
+    if pid is None:
+        pid = _PG_ID[pg_id] = str(pg_id) if pg_id is not None else ""
+    pg_name, pg_desc = pg
     get = e.get
     duration, frames = get("duration_ms"), get("frames")
-    pg_name, pg_desc = pg
     return _new_entry(
         FREntry,
         (
-            record_id if record_id.__class__ is int else int(record_id),
-            str(pg_id) if pg_id is not None else pg_name,
+            record_id,
+            pid or str(pg_name),
             pg_name if pg_name.__class__ is str else str(pg_name),
             pg_desc if pg_desc.__class__ is str else str(pg_desc),
-            _int(seq) if seq is not None else -1,
-            _int(p2p_seq) if p2p_seq is not None else -1,
-            _int(op_id) if op_id is not None else -1,
+            seq,
+            p2p_seq,
+            op_id,
             pname,
-            backend,
-            op,
+            *split[:2],
             bool(is_p2p),
-            src,
-            dst,
-            state if state.__class__ is str else str(state or ""),
+            *split[2:],
+            state,
             bool(retired),
-            None if t0 is None else _int(t0),
-            None if t1 is None else _int(t1),
-            None if t2 is None else _int(t2),
-            float(duration) if duration is not None else None,
-            None if tmo is None else _int(tmo),
+            t0,
+            t1,
+            t2,
+            None if duration is None else float(duration),
+            tmo,
             shapes(ins) if ins else (),
             tuple(in_dt) if in_dt else (),
             shapes(outs) if outs else (),
@@ -346,9 +403,18 @@ def _pg_config(v: Any) -> dict[str, PGInfo]:
         name = str(cfg.get("name", key) or key)
         if not name:
             continue  # gloo's placeholder {'': {'name': '', 'desc': '', 'ranks': '[]'}}: names no group
-        ranks = _ranks(cfg.get("ranks"))
-        out[name] = PGInfo(name=name, desc=str(cfg.get("desc", "") or ""), ranks=ranks)
+        desc, text = str(cfg.get("desc", "") or ""), cfg.get("ranks")
+        if isinstance(text, str):  # every member lists its groups the same way: one PGInfo per group, shared
+            info = _PG_INFOS.get((name, desc, text))
+            if info is None:
+                info = _PG_INFOS[(name, desc, text)] = PGInfo(name=name, desc=desc, ranks=_ranks(text))
+        else:
+            info = PGInfo(name=name, desc=desc, ranks=_ranks(text))
+        out[name] = info
     return out
+
+
+_PG_INFOS: dict[tuple[str, str, str], PGInfo] = {}
 
 
 def _pg_status(v: Any, id_to_name: Mapping[str, str], notes: list[str]) -> dict[str, PGStatus]:
