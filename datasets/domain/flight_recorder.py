@@ -53,8 +53,7 @@ class PGInfo:
     ranks: tuple[int, ...] | None
 
 
-@dataclass(frozen=True)
-class PGStatus:
+class PGStatus(NamedTuple):
     """A rank's ``pg_status`` for one group: the last enqueued/started/completed op's sequence id.
 
     PyTorch keys ``pg_status`` by **pg_id** (``FlightRecorder::getPgStatusJson``); the reader files it

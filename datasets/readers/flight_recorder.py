@@ -398,7 +398,7 @@ def _pg_config(v: Any) -> dict[str, PGInfo]:
         raise TypeError(f"pg_config is a {type(v).__name__}, not a dict")
     out = {}
     for key, cfg in v.items():
-        if not isinstance(cfg, Mapping):
+        if cfg.__class__ is not dict and not isinstance(cfg, Mapping):
             continue
         name = str(cfg.get("name", key) or key)
         if not name:
@@ -417,6 +417,10 @@ def _pg_config(v: Any) -> dict[str, PGInfo]:
 _PG_INFOS: dict[tuple[str, str, str], PGInfo] = {}
 
 
+def _count(v: Any) -> int | None:
+    return v if v.__class__ is int else _opt_int(v)
+
+
 def _pg_status(v: Any, id_to_name: Mapping[str, str], notes: list[str]) -> dict[str, PGStatus]:
     """``pg_status`` (keyed by pg_id) filed under pg names; ids no entry names are dropped."""
     if not v:
@@ -426,19 +430,20 @@ def _pg_status(v: Any, id_to_name: Mapping[str, str], notes: list[str]) -> dict[
     out = {}
     dropped = []
     for key, st in v.items():
-        if not isinstance(st, Mapping):
+        if st.__class__ is not dict and not isinstance(st, Mapping):
             continue
+        get = st.get
         status = PGStatus(
-            _opt_int(st.get("last_enqueued_collective")),
-            _opt_int(st.get("last_started_collective")),
-            _opt_int(st.get("last_completed_collective")),
-            str(key),
+            _count(get("last_enqueued_collective")),
+            _count(get("last_started_collective")),
+            _count(get("last_completed_collective")),
+            key if key.__class__ is str else str(key),
         )
-        name = id_to_name.get(str(key))
+        name = id_to_name.get(status.pg_id)
         if name is not None:
             out[name] = status
-        elif any((c or 0) > 0 for c in (status.last_enqueued, status.last_started, status.last_completed)):
-            dropped.append(str(key))
+        elif any((c or 0) > 0 for c in status[:3]):
+            dropped.append(status.pg_id)
     if dropped:
         notes.append(
             f"pg_status of pg_id {', '.join(dropped[:8])} ignored: pg_status is keyed by pg_id and no entry "
