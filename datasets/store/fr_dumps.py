@@ -14,7 +14,7 @@ the agent's memory does not grow with the size of a dump.
 
 from __future__ import annotations
 
-import hashlib
+import importlib
 import os
 import re
 from datetime import datetime, timezone
@@ -22,6 +22,20 @@ from pathlib import Path
 from typing import IO, Any
 
 from rankscope.spine import InputError, atomic_write_with
+
+
+def _sha256() -> Any:
+    """A SHA-256 hasher from CPython's own implementation (what hashlib falls back to): importing hashlib maps
+    OpenSSL's libcrypto, 3 MB more resident in a daemon that must stay small."""
+    for module in ("_sha2", "_sha256"):  # 3.12+, 3.10-3.11
+        try:
+            return importlib.import_module(module).sha256()
+        except (ImportError, AttributeError):
+            continue
+    import hashlib
+
+    return hashlib.sha256()
+
 
 ARTIFACTS = "artifacts/fr"
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # the store's partition-value rule
@@ -52,7 +66,7 @@ def keep_dump(
     rel = f"{capture_dir(job, capture_time)}/rank_{rank}{'.pkl' if fmt == 'fr-pickle' else '.json'}"
     dest = Path(store_root) / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
+    digest = _sha256()
     size = 0
 
     def copy(out: IO[bytes]) -> None:
