@@ -22,7 +22,7 @@ def wait_words(f: CollectiveFacts, w: Wait) -> str:
     e = w.entry
     what = f"{e.op} to/from rank(s) {rank_ranges(w.waited_for)}" if e.is_p2p else f"#{e.collective_seq_id} ({e.op})"
     ref = f.clock.ref(w.group)
-    usual = f"; the group's ops usually take under {ref:.3g} s" if ref is not None else ""
+    usual = f"; normal in this group: {ref:.3g} s (p99 op latency or gap between ops)" if ref is not None else ""
     return f"rank {w.rank} has waited in {pg_words(info.name, info.desc, info.kind)} {what} {w.timing.words()}{usual}"
 
 
