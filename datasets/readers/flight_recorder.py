@@ -13,9 +13,7 @@ entries left the ring buffer), with a note when its counters said something.
 
 from __future__ import annotations
 
-import ast
 import gc
-import json
 import operator
 import os
 import re
@@ -24,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry, PGInfo, PGStatus
+from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry
 from rankscope.datasets.domain.stacks import Frame
 from rankscope.datasets.readers.fr_files import (
     SNIFF_BYTES,
@@ -34,6 +32,9 @@ from rankscope.datasets.readers.fr_files import (
     read_bytes,
     select_fr_files,
 )
+from rankscope.datasets.readers.fr_groups import opt_int as _opt_int
+from rankscope.datasets.readers.fr_groups import pg_config as _pg_config
+from rankscope.datasets.readers.fr_groups import pg_status as _pg_status
 from rankscope.spine import InputError, ParseError, paused_gc
 
 _P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
@@ -173,12 +174,6 @@ def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
     return backend, rest.split(" ", 1)[0] if rest else "", None, None
 
 
-def _opt_int(v: Any) -> int | None:
-    if v is None or v == "":
-        return None
-    return int(v)
-
-
 def shapes(v: Any) -> tuple[tuple[int, ...], ...]:
     if not v:
         return ()
@@ -212,10 +207,6 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
 
 
 _new_entry = tuple.__new__
-
-
-def _int(v: Any) -> int | None:
-    return v if v.__class__ is int else _opt_int(v)
 
 
 _MODERN = operator.itemgetter(
@@ -371,82 +362,3 @@ def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ..
         tuple(map(str, out_dt)) if out_dt else (),
         _frames(get("frames"), frame_cache),
     )
-
-
-def _ranks(v: Any) -> tuple[int, ...] | None:
-    if v is None:
-        return None
-    ranks = _ranks_text(v) if isinstance(v, str) else tuple(int(r) for r in v)
-    return ranks or None  # gloo writes '[]' (unknown), never a real empty group
-
-
-@lru_cache(maxsize=4096)
-def _ranks_text(text: str) -> tuple[int, ...]:
-    """``"[0, 1, 2]"`` -> ``(0, 1, 2)``; cached: every member of the default group repeats the same string."""
-    text = text.strip() or "[]"
-    try:
-        v = json.loads(text)
-    except ValueError:
-        v = ast.literal_eval(text)
-    return tuple(int(r) for r in v)
-
-
-def _pg_config(v: Any) -> dict[str, PGInfo]:
-    if not v:
-        return {}
-    if not isinstance(v, Mapping):
-        raise TypeError(f"pg_config is a {type(v).__name__}, not a dict")
-    out = {}
-    for key, cfg in v.items():
-        if cfg.__class__ is not dict and not isinstance(cfg, Mapping):
-            continue
-        name = str(cfg.get("name", key) or key)
-        if not name:
-            continue  # gloo's placeholder {'': {'name': '', 'desc': '', 'ranks': '[]'}}: names no group
-        desc, text = str(cfg.get("desc", "") or ""), cfg.get("ranks")
-        if isinstance(text, str):  # every member lists its groups the same way: one PGInfo per group, shared
-            info = _PG_INFOS.get((name, desc, text))
-            if info is None:
-                info = _PG_INFOS[(name, desc, text)] = PGInfo(name=name, desc=desc, ranks=_ranks(text))
-        else:
-            info = PGInfo(name=name, desc=desc, ranks=_ranks(text))
-        out[name] = info
-    return out
-
-
-_PG_INFOS: dict[tuple[str, str, str], PGInfo] = {}
-
-
-def _count(v: Any) -> int | None:
-    return v if v.__class__ is int else _opt_int(v)
-
-
-def _pg_status(v: Any, id_to_name: Mapping[str, str], notes: list[str]) -> dict[str, PGStatus]:
-    """``pg_status`` (keyed by pg_id) filed under pg names; ids no entry names are dropped."""
-    if not v:
-        return {}
-    if not isinstance(v, Mapping):
-        raise TypeError(f"pg_status is a {type(v).__name__}, not a dict")
-    out = {}
-    dropped = []
-    for key, st in v.items():
-        if st.__class__ is not dict and not isinstance(st, Mapping):
-            continue
-        get = st.get
-        status = PGStatus(
-            _count(get("last_enqueued_collective")),
-            _count(get("last_started_collective")),
-            _count(get("last_completed_collective")),
-            key if key.__class__ is str else str(key),
-        )
-        name = id_to_name.get(status.pg_id)
-        if name is not None:
-            out[name] = status
-        elif any((c or 0) > 0 for c in status[:3]):
-            dropped.append(status.pg_id)
-    if dropped:
-        notes.append(
-            f"pg_status of pg_id {', '.join(dropped[:8])} ignored: pg_status is keyed by pg_id and no entry "
-            "in the ring buffer names that group"
-        )
-    return out

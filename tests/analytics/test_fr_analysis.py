@@ -386,3 +386,28 @@ def test_a_peer_behind_its_own_started_collective_is_followed_to_the_rank_withou
     assert a.waits[2] == (0,) and a.waits[0] == (1,)
     assert any("rank 1 left no Flight Recorder dump" in e.detail for e in a.evidence)
     assert not any("never enqueued" in r for r in a.reasons)  # it has no dump: nobody knows what it enqueued
+
+
+def test_fail_slow_needs_a_persistent_and_costly_late_arrival() -> None:
+    """Kernel durations of one TP group of 4 over 24 collectives (created 20 ms apart): in a healthy job the
+    last member is a different rank each time; rank 0 arrives last every time but costs its peers 2 ms a
+    collective (logging: 10% of the group's time); rank 3, a throttled GPU, makes them wait 12 ms (60%)."""
+    from rankscope.analytics.collectives.groups import GroupInfo
+    from rankscope.analytics.collectives.slow import lateness, slow_ranks
+
+    groups = {"tp": GroupInfo("tp", "tp", "TENSOR", (0, 1, 2, 3), "pg_config", "tp", 0)}
+
+    def run(late_rank: int | None, wait_ms: float) -> tuple[tuple[int, ...], dict[int, float]]:
+        durations, created = {}, {}
+        for seq in range(24):
+            last = late_rank if late_rank is not None else seq % 4
+            durations[("tp", seq)] = [(r, 1.0 if r == last else 1.0 + wait_ms) for r in range(4)]
+            created[("tp", seq)] = [int(1e18 + seq * 20e6)] * 4
+        lates = lateness(durations, created, groups, 0.5)
+        return slow_ranks(lates, groups, 0.3)
+
+    assert run(None, 12.0)[0] == ()  # everyone is last now and then: arrival order is noise
+    slow, scores = run(0, 2.0)
+    assert slow == () and 0.05 < scores[0] < 0.3  # last every time, but cheap: not a fault
+    slow, scores = run(3, 12.0)
+    assert slow == (3,) and scores[3] > 0.5
