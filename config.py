@@ -56,9 +56,16 @@ class StackConfig:
     max_cover_fraction: float = 0.5  # a fault domain larger than this share of nodes is no domain
     min_flag_fraction: float = 0.6  # fail-slow: degrader flagged in at least this share of rounds
     max_missing_fraction: float = 0.5  # more missing dumps than this -> inconclusive
+    max_running_fraction: float = 0.2  # one snapshot with more (and >1) ranks running own code was not stuck
 
     def __post_init__(self) -> None:
-        for name in ("dominance_fraction", "max_cover_fraction", "min_flag_fraction", "max_missing_fraction"):
+        for name in (
+            "dominance_fraction",
+            "max_cover_fraction",
+            "min_flag_fraction",
+            "max_missing_fraction",
+            "max_running_fraction",
+        ):
             check_fraction(f"stacks.{name}", getattr(self, name), error=ConfigError)
 
 
@@ -103,6 +110,7 @@ class PerfConfig:
     window_seconds: float = 10.0
     continuity_seconds: float = 240.0
     threshold: float = 12.0  # peer-distance score that alerts
+    detector: str = "peer-distance"  # a rankscope.models.DETECTORS name (checked where the metrics are scored)
     rate_window_seconds: float = 120.0
     counter_allowance: float = 2.0  # counter increments forgiven per rate window (normal wear)
     min_machines: int = 3

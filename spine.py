@@ -11,6 +11,8 @@
 - The one error edge (:func:`error_edge`), shared by the CLI and the agent daemon: a rankscope error is
   one ``rankscope: error: ...`` line on stderr and exit 2, Ctrl-C exit 130, anything else one line
   and exit 1 (``RANKSCOPE_DEBUG=1`` shows the traceback).
+- Progress of long reads (:func:`progress`): the library wraps its loops over many files; nothing happens
+  unless a caller installed a reporter (:func:`reporting_progress`; the CLI's bar on a terminal).
 
 Standard library only: the in-process hook and the lean agent daemon import it.
 """
@@ -24,10 +26,11 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, Protocol, TypeVar
 
 # -- errors ---------------------------------------------------------------------------------------
 
@@ -206,7 +209,8 @@ def os_error_words(exc: OSError) -> str:
 
 
 def _die(message: str, code: int) -> NoReturn:
-    print(f"rankscope: error: {message}", file=sys.stderr, flush=True)
+    one_line = " ".join(message.split()) if "\n" in message else message  # the promise: one line
+    print(f"rankscope: error: {one_line}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 
@@ -236,3 +240,54 @@ def error_edge(*, passthrough: tuple[type[BaseException], ...] = ()) -> Iterator
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             traceback.print_exc()
         _die(f"internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for the traceback; please report it)", 1)
+
+
+# -- progress of long reads -------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class ProgressTask(Protocol):
+    """One reported loop: ``advance`` after each item, ``close`` at the end."""
+
+    def advance(self, n: int = 1) -> None: ...
+
+    def close(self) -> None: ...
+
+
+ProgressReporter = Callable[[str, "int | None"], ProgressTask]
+"""``reporter(label, total)`` starts a task (``total`` None when unknown, e.g. a directory walk)."""
+
+_REPORTER: ContextVar[ProgressReporter | None] = ContextVar("rankscope_progress", default=None)
+
+
+def progress(items: Iterable[T], label: str, *, total: int | None = None) -> Iterable[T]:
+    """``items`` as they are; under :func:`reporting_progress` each item also advances the reporter's task.
+
+    Without a reporter (the library's default, the daemon, a pipe) this returns ``items`` itself: no cost.
+    """
+    reporter = _REPORTER.get()
+    if reporter is None:
+        return items
+    if total is None and isinstance(items, Sized):
+        total = len(items)
+    return _tracked(items, reporter(label, total))
+
+
+def _tracked(items: Iterable[T], task: ProgressTask) -> Iterator[T]:
+    try:
+        for item in items:
+            yield item
+            task.advance(1)
+    finally:
+        task.close()
+
+
+@contextmanager
+def reporting_progress(reporter: ProgressReporter | None) -> Iterator[None]:
+    """Report :func:`progress` loops to ``reporter`` inside this block (None: report nothing)."""
+    token = _REPORTER.set(reporter)
+    try:
+        yield
+    finally:
+        _REPORTER.reset(token)

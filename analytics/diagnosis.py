@@ -2,9 +2,11 @@
 
 Each evidence source is a subpackage with the same surface, facts in and a verdict out:
 :mod:`.stacks` (hang or fail-slow), :mod:`.collectives` (Flight Recorder, fused with the stacks by
-:mod:`.fusion`), :mod:`.performance` (metrics and timings) and :mod:`.crashes` (process exits, which
-lead when present). :func:`~rankscope.analytics.fusion.combine` orders the verdicts by the one
-severity order (:class:`~rankscope.analytics.verdict.Severity`). Pure: an in-memory
+:mod:`.fusion`), :mod:`.logs` (watchdog timeouts and laggards in training logs), :mod:`.performance`
+(metrics and timings) and :mod:`.crashes` (process exits, which lead when present; exits that only
+report a lost peer become context when stacks, Flight Recorder dumps or the logs' timeouts say more).
+:func:`~rankscope.analytics.fusion.combine` orders the verdicts by the one severity order
+(:class:`~rankscope.analytics.verdict.Severity`). Pure: an in-memory
 :class:`~rankscope.datasets.domain.inputs.Inputs` in, a frozen
 :class:`~rankscope.analytics.verdict.Verdict` out. The CLI's ``diagnose``, ``detect`` and ``fr``
 commands all call it (``detect`` and ``fr`` with fewer ``sources``).
@@ -13,6 +15,7 @@ commands all call it (``detect`` and ``fr`` with fewer ``sources``).
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
 
 from rankscope.analytics import collectives, crashes, stacks
 from rankscope.analytics.fusion import combine, fuse
@@ -20,7 +23,10 @@ from rankscope.analytics.verdict import Severity, Verdict
 from rankscope.config import Config
 from rankscope.datasets.domain.inputs import Inputs
 
-SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "exits")
+if TYPE_CHECKING:
+    from rankscope.analytics.logs import LogFacts
+
+SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "exits", "logs")
 """The evidence ``diagnose`` can use; ``sources=`` picks some of them."""
 
 
@@ -28,8 +34,9 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     """Diagnose one job from whatever evidence is present (all of ``SOURCES`` unless ``sources`` is given).
 
     Abnormal process exits give a ``crash`` verdict that leads: the first failure is the culprit and
-    the hang the stacks show after it is its consequence. Snapshot times let step timings overrule a
-    stack "hang": steps that kept completing between the snapshots mean the job is slow, not stuck.
+    the hang the stacks show after it is its consequence. Step records are time evidence for the stacks:
+    steps that kept completing up to the last snapshot mean the job was moving (slow, not stuck), a
+    snapshot taken long after the last step means it was stuck.
     """
     cfg = config or Config()
     use = set(SOURCES if sources is None else sources)
@@ -38,37 +45,39 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     context: list[str] = []
     procs = inputs.procs if "stacks" in use else ()
     fr_dumps = inputs.fr_dumps if "flight_recorder" in use else ()
+    log_facts = _log_facts(inputs) if "logs" in use else None
+    logs_read = "logs" in use and inputs.logs is not None
     if inputs.exits and "exits" in use:
         crash_v = _crash(inputs, cfg)
-        if crash_v is not None and crash_v.details["crash"]["n_primary"] == 0 and (procs or fr_dumps):
+        if crash_v is not None and crash_v.details["crash"]["n_primary"] == 0 and (procs or fr_dumps or logs_read):
             # every exit reports a lost peer or a deliberate stop (a hung job torn down with SIGTERM,
-            # watchdog timeouts): the stacks say more than the exits, which become context
+            # watchdog timeouts): the stacks, Flight Recorder or logs say more than the exits (context)
             context.append("[events] " + " ".join(crash_v.reasons))
         elif crash_v is not None:
             verdicts.append(crash_v)
-    stack_v = fr_v = None
+    stack_v = fr_v = steps = None
+    timings = inputs.timings if "timings" in use else None
     if procs and topology is not None:
-        stack_v = stacks.verdict(stacks.facts(procs, topology, config=cfg.stacks, limits=cfg.limits), topology, job=job)
+        stack_facts = stacks.facts(
+            procs, topology, config=cfg.stacks, limits=cfg.limits, expected=sorted(inputs.expected_ranks)
+        )
+        steps = _steps(inputs, timings, stack_facts)
+        stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps, config=cfg.stacks)
     if fr_dumps and topology is not None:
         analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=cfg.collectives)
         fr_v = collectives.verdict(analysis, topology, job=job)
+        if fr_v.verdict is Severity.HANG and steps is not None and steps.progressing:
+            fr_v = _kept_stepping(fr_v, steps)
     if stack_v is not None and fr_v is not None:
         verdicts.append(fuse(stack_v, fr_v))
     elif stack_v is not None:
         verdicts.append(stack_v)
     elif fr_v is not None:
         verdicts.append(fr_v)
-    timings = inputs.timings if "timings" in use else None
-    if (
-        stack_v is not None
-        and verdicts
-        and verdicts[-1].verdict is Severity.HANG
-        and timings is not None
-        and inputs.snapshot_times
-    ):
-        from rankscope.analytics.performance.failslow import steps_overrule
+    if log_facts is not None:
+        from rankscope.analytics import logs
 
-        verdicts[-1] = steps_overrule(verdicts[-1], timings, inputs.snapshot_times)
+        verdicts.append(logs.verdict(log_facts, topology, job=job))
     notes = list(inputs.notes)
     perf_v = _performance(inputs, cfg, use, notes)
     if perf_v is not None:
@@ -77,7 +86,13 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         return Verdict(
             Severity.INCONCLUSIVE,
             job=job,
-            reasons=("no evidence: no stacks, Flight Recorder dumps, exits, metrics or timings were found", *notes),
+            reasons=(
+                "no evidence: no stacks, Flight Recorder dumps, exits, metrics or timings were found"
+                if not context
+                else "no failure of its own: every process exit reports a lost peer or a deliberate stop",
+                *context,
+                *notes,
+            ),
             world_size=topology.world_size if topology is not None else 0,
         )
     v = combine(verdicts)
@@ -85,7 +100,51 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         v = v.with_updates(reasons=tuple(v.reasons) + tuple(context))
     if notes:
         v = v.with_updates(details={**v.details, "notes": notes})
+    if inputs.inferred_nodes:  # nobody named these machines: say so where a machine reads the verdict
+        v = v.with_updates(details={**v.details, "inferred_node_names": list(inputs.inferred_nodes)})
     return v
+
+
+def _log_facts(inputs: Inputs) -> LogFacts | None:
+    if inputs.logs is None:
+        return None
+    from rankscope.analytics import logs
+
+    return logs.facts(inputs.logs, inputs.topology)
+
+
+def _steps(inputs: Inputs, timings: Any, f: stacks.StackFacts) -> Any:
+    """What the step records say about the stack snapshots (None without step times): time evidence that
+    overrules the stacks' own reading of whether the job moved."""
+    if timings is None or not f.analyses:
+        return None
+    from rankscope.analytics.performance.failslow import step_evidence
+
+    return step_evidence(
+        timings,
+        inputs.snapshot_times,
+        inputs.snapshot_latest,
+        last_snapshot=f.analyses[-1].snapshot,
+    )
+
+
+def _kept_stepping(fr_v: Verdict, steps: Any) -> Verdict:
+    """A Flight Recorder "hang" while the step records prove the job kept stepping through the snapshots: the
+    collectives in flight were the running job's; the dump names no machine (it stays as context)."""
+    return fr_v.with_updates(
+        verdict=Severity.INCONCLUSIVE,
+        confidence=round(fr_v.confidence * 0.5, 3),
+        suspect_nodes=(),
+        culprit_nodes=(),
+        suspect_ranks=(),
+        culprit_ranks=(),
+        suspect_group=None,
+        reasons=(
+            f"The step records show the job kept stepping ({'; '.join(steps.words)}): the collectives in "
+            "flight in the Flight Recorder dumps are not a hang.",
+            *fr_v.reasons,
+        ),
+    )
 
 
 def _crash(inputs: Inputs, cfg: Config) -> Verdict | None:

@@ -15,7 +15,7 @@
   back and diagnosed (a healthy job: nobody named).
 
 Targets (issue 3, 10): < 0.5 % of a core and < 100 MB RSS; 8 stacks < 1 s; hang to verdict < 30 s.
-Run: ``.venv/bin/python benchmarks/bench_agent.py [--quick] [--faults compute_hang,crash] [--production]``.
+Run: ``.venv/bin/python benchmarks/bench_agent.py [--quick] [--faults compute-hang,crash] [--production]``.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from rankscope.harness.faultjob import command
 PY = sys.executable
 LAYOUT = ["--layout", "tp=2,pp=2,dp=2", "--gpus-per-node", "2"]
 FAULTS = {  # kind -> (rank, node expected in the verdict, agent flags)
-    "compute_hang": (5, "node-2", []),
-    "dataloader_stall": (3, "node-1", []),
-    "p2p_stuck": (1, "node-0", []),
+    "compute-hang": (5, "node-2", []),
+    "dataloader-stall": (3, "node-1", []),
+    "p2p-stuck": (1, "node-0", []),
     "crash": (6, "node-3", []),
-    "slow_rank": (2, "node-1", ["--slow-factor", "4", "--capture-rounds", "3", "--round-interval-seconds", "5"]),
+    "slow-rank": (2, "node-1", ["--slow-factor", "4", "--capture-rounds", "3", "--round-interval-seconds", "5"]),
     "nan": (7, "node-3", []),
 }
 FAULT_STEP = 6

@@ -6,26 +6,37 @@ from pathlib import Path
 
 import typer
 
-from rankscope.cli.console import handle_errors, out
+from rankscope.cli.console import echo, fail, handle_errors
 
+EXAMPLES = """\b
+Examples:
+  rankscope agent /shared/rankscope-store --job llama70b-run3 --run-dir /dev/shm/rankscope --capture-rounds 5
+  rankscope agent --run-dir /dev/shm/rankscope --trigger      # ask the running agent for a capture now
+"""
 PRECEDENCE = (
     "Settings: flags > RANKSCOPE_AGENT_<FIELD> environment variables > --config file (TOML/JSON, an "
-    "\\[agent] table or top-level keys) > defaults."
+    "[agent] table or top-level keys) > defaults."
 )
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(help=f"Run the node agent: metrics, health events, stacks on demand and on a stall. {PRECEDENCE}")
+    @app.command(
+        help=f"Run the node agent: metrics, health events, stacks on demand and on a stall.\n\n{PRECEDENCE}",
+        epilog=EXAMPLES,
+    )
     @handle_errors
     def agent(
-        store: str = typer.Argument(None, help="Store directory to write to (or RANKSCOPE_AGENT_STORE)."),
-        job: str = typer.Option(None, "--job", help="Job name (store partition)."),
+        store: str = typer.Argument(
+            None, metavar="STORE", help="Store directory to write to (or RANKSCOPE_AGENT_STORE)."
+        ),
+        job: str = typer.Option(None, "--job", metavar="NAME", help="Job name (store partition)."),
         node: str = typer.Option(
-            None, "--node", help="This node's name (default: hostname; the hook's per-rank node wins)."
+            None, "--node", metavar="NAME", help="This node's name (default: hostname; the hook's per-rank node wins)."
         ),
         run_dir: str = typer.Option(
             None,
             "--run-dir",
+            metavar="DIR",
             help="Directory shared with the in-process hook (default: RANKSCOPE_RUN_DIR, as the hook "
             "reads it, else /tmp/rankscope-run).",
         ),
@@ -50,7 +61,9 @@ def register(app: typer.Typer) -> None:
         max_runtime_seconds: float = typer.Option(
             None, "--max-runtime-seconds", help="Stop after this long (0 = never)."
         ),
-        config: Path = typer.Option(None, "--config", help="TOML or JSON config file (or RANKSCOPE_AGENT_CONFIG)."),
+        config: Path = typer.Option(
+            None, "--config", metavar="FILE", help="TOML or JSON config file (or RANKSCOPE_AGENT_CONFIG)."
+        ),
         trigger: bool = typer.Option(False, "--trigger", help="Ask the agent of --run-dir for a capture and exit."),
     ) -> None:
         """Run until SIGTERM/SIGINT; SIGUSR1 or touching RUN_DIR/trigger captures stacks now."""
@@ -67,11 +80,34 @@ def register(app: typer.Typer) -> None:
             flags["store"] = "(not needed to trigger)"
         cfg = resolve_agent(flags, config_file=config)
         if trigger:
-            out.print(
-                "trigger written: "
-                f"{request_capture(cfg.run_dir, rounds=cfg.capture_rounds, trigger_file=cfg.trigger_file)}"
-            )
+            pid = running_agent(Path(cfg.run_dir))
+            if pid is None:
+                fail(
+                    f"no agent running for {cfg.run_dir} (start one: rankscope agent STORE --run-dir {cfg.run_dir})",
+                    1,
+                )
+            path = request_capture(cfg.run_dir, rounds=cfg.capture_rounds, trigger_file=cfg.trigger_file)
+            echo(f"capture requested from the agent (pid {pid}) of {cfg.run_dir}: {path}")
             return
         # the daemon runs for weeks: replace this CLI process (same pid) with one that does not
         # carry typer, rich and pydantic (rankscope.collectors.daemon)
         exec_daemon(cfg)
+
+
+def running_agent(run_dir: Path) -> int | None:
+    """The pid in RUN_DIR/agent.pid when that process is alive, else None (no agent, or one that died)."""
+    import os
+
+    from rankscope.datasets.readers.runfiles import AGENT_PID
+
+    try:
+        pid = int((run_dir / AGENT_PID).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid  # alive, owned by another user
+    return pid

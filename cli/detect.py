@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 
 import typer
 
-from rankscope.cli.console import fail, handle_errors, out
+from rankscope.cli.console import echo, fail, handle_errors
 from rankscope.cli.options import (
     DEFAULT_ORDER,
     ConfigOpt,
@@ -16,35 +17,80 @@ from rankscope.cli.options import (
     JobOpt,
     LayoutOpt,
     OrderOpt,
-    load_settings,
+    store_topology_notes,
 )
+
+EXAMPLES = """\b
+Examples:
+  rankscope detect /shared/telemetry/run3            # metrics*.csv|parquet, timings*.csv|parquet
+  rankscope detect /data/rankscope --job llama70b-run3 --detector iforest --format json
+\b
+Detectors (rankscope.models): peer-distance (Minder-style distance to the peers, the default) and
+peer-mad compare machines directly; mad, iforest and lstm-vae (torch) learn the windows of every
+machine's deviation from its peers and score each machine's windows against them.
+"""
+
+
+class Detector(str, Enum):
+    """``rankscope.models.DETECTORS`` (a test keeps them equal; the CLI must not import the models to list them)."""
+
+    peer_distance = "peer-distance"
+    peer_mad = "peer-mad"
+    mad = "mad"
+    iforest = "iforest"
+    lstm_vae = "lstm-vae"
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("detect")
+    @app.command("detect", epilog=EXAMPLES)
     @handle_errors
     def detect(
+        ctx: typer.Context,
         path: Path = typer.Argument(
-            ..., help="A store, or a directory with metrics*.csv|parquet / timings*.csv|parquet."
+            ...,
+            metavar="PATH",
+            help="A store, or a directory with metrics*.csv|parquet / timings*.csv|parquet.",
         ),
         layout: LayoutOpt = None,
         order: OrderOpt = DEFAULT_ORDER,
-        gpus_per_node: GpusPerNodeOpt = 8,
+        gpus_per_node: GpusPerNodeOpt = None,
         job: JobOpt = None,
         continuity_seconds: float = typer.Option(
-            None, "--continuity-seconds", show_default="240", help="How long a machine must stay unlike its peers."
+            None,
+            "--continuity-seconds",
+            metavar="S",
+            show_default="240",
+            help="How long a machine must stay unlike its peers.",
+        ),
+        detector: Detector = typer.Option(
+            None, "--detector", show_default="peer-distance", help="Metric detector (timings are unaffected)."
         ),
         fmt: FormatOpt = Format.text,
         config: ConfigOpt = None,
     ) -> None:
-        """Find the machine that behaves unlike its peers (metrics) or is slower than them (timings)."""
-        from rankscope.analytics import diagnose
-        from rankscope.datasets.loading.inputs import load_inputs
-        from rankscope.reports.text import render_text
+        """Find the machine unlike its peers from metrics or step timings only.
 
-        cfg = load_settings(config, {"performance": {"continuity_seconds": continuity_seconds}})
-        inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=cfg.inputs)
+        Metrics: every machine does the same work, so one that stays unlike its peers for the continuity
+        window is suspect. Timings: a rank slower than its symmetric peers, step after step.
+        """
+        from rankscope.cli.diagnose import render, run_diagnosis
+
+        store_topology_notes(ctx, path, job)
+        verdict, inputs = run_diagnosis(
+            path,
+            layout=layout,
+            order=order,
+            gpus_per_node=gpus_per_node,
+            job=job,
+            config=config,
+            sources=("metrics", "timings"),
+            flags={
+                "performance": {
+                    "continuity_seconds": continuity_seconds,
+                    "detector": detector.value if detector is not None else None,
+                }
+            },
+        )
         if inputs.metrics is None and inputs.timings is None:
             fail(f"{path}: no metrics or timings found (files named metrics*/timings*, or a store with those tables)")
-        verdict = diagnose(inputs, cfg, sources=("metrics", "timings"))
-        out.print(verdict.to_json(indent=2) if fmt is Format.json else render_text(verdict), markup=False)
+        echo(render(verdict, fmt))

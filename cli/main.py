@@ -1,18 +1,52 @@
-"""The ``rankscope`` command. Each command is a few lines over one library call."""
+"""The ``rankscope`` command. Each command is a few lines over one library call.
+
+Commands live in their own modules (``cli/<name>.py`` with ``register(app)``) and load on first use:
+:data:`COMMANDS` names each one's module and the line ``rankscope --help`` shows for it, so the help
+and a diagnosis import only what they need (:mod:`rankscope.cli.group`). To add a command, add its
+line here (a module registered eagerly with ``register(app)`` below the table works too).
+"""
 
 from __future__ import annotations
 
 import typer
 
 from rankscope import __version__
-from rankscope.cli import agent, demo, detect, diagnose, fr, store
+from rankscope.cli.group import RankscopeGroup
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "diagnose": ("rankscope.cli.diagnose", "Name the machines to isolate from a job's dumps or its store."),
+    "report": ("rankscope.cli.report", "Write a self-contained HTML report (and PNG figures) of a verdict."),
+    "fr": ("rankscope.cli.fr", "Analyze Flight Recorder dumps alone, like torchfrtrace (gloo-safe)."),
+    "detect": ("rankscope.cli.detect", "Find the machine unlike its peers from metrics or step timings only."),
+    "demo": ("rankscope.cli.demo", "Generate a synthetic job with an injected fault, diagnose it, check the answer."),
+    "ingest": ("rankscope.cli.store", "Append a dump directory to a store (atomic, append-only)."),
+    "sql": ("rankscope.cli.store", "Run SQL over a store with DuckDB; every table is a view."),
+    "jobs": ("rankscope.cli.catalog", "List the jobs of a store, newest first."),
+    "verdicts": ("rankscope.cli.catalog", "List the verdicts saved in a store, newest incident first."),
+    "agent": ("rankscope.cli.agent", "Run the node agent: metrics, health events, stacks on demand and on a stall."),
+}
+"""command -> (module with ``register(app)``, one line for ``rankscope --help``)."""
+
+
+class _Group(RankscopeGroup):
+    lazy_commands = COMMANDS
+
 
 app = typer.Typer(
     name="rankscope",
-    help="Find the faulty machine in a large distributed training job, and get training going again.",
+    cls=_Group,
+    epilog="""\b
+Examples:
+  rankscope diagnose /shared/dumps/incident-42 --layout tp=8,pp=4,dp=32
+  rankscope report /shared/dumps/incident-42 -o incident-42.html
+\b
+Run 'rankscope COMMAND --help' for a command's options and examples.
+""",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 
 
@@ -26,9 +60,4 @@ def _version(value: bool) -> None:
 def main(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
-    """Find the faulty machine in a large distributed training job."""
-
-
-# Each command lives in its own module (cli/<name>.py) with register(app).
-for _mod in (diagnose, demo, store, agent, fr, detect):
-    _mod.register(app)
+    """Find the faulty machine in a large distributed training job, and get training going again."""

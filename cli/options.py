@@ -1,7 +1,9 @@
-"""Options shared by the commands, declared once so their names and help stay the same everywhere."""
+"""Options shared by the commands, declared once so their names and help stay the same everywhere, and the
+checks that say when an option does not apply to the input it was given."""
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -20,24 +22,41 @@ class Format(str, Enum):
 LayoutOpt = Annotated[
     str | None,
     typer.Option(
-        "--layout", help="Parallel layout, e.g. tp=8,pp=4,dp=32 (optional cp=, ep=). Default: pure data parallel."
+        "--layout",
+        metavar="LAYOUT",
+        help="Parallel layout, e.g. tp=8,pp=4,dp=32 (optional cp=, ep=). Default: pure data parallel.",
     ),
 ]
 OrderOpt = Annotated[
     str,
     typer.Option(
-        "--order", help="Rank order of the dimensions, fastest-varying first (Megatron default tp-cp-ep-dp-pp)."
+        "--order",
+        metavar="ORDER",
+        help="Rank order of the dimensions, fastest-varying first (Megatron default tp-cp-ep-dp-pp).",
     ),
 ]
-GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="Ranks per node when no manifest names nodes.")]
-JobOpt = Annotated[str | None, typer.Option("--job", help="Job name (selects one job of a store).")]
+GpusPerNodeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-node",
+        metavar="N",
+        help="Ranks (GPUs) per node: maps local ranks to global ones and names unnamed machines node-<rank // N>. "
+        "Default: what the evidence shows (each host's process count), else 8.",
+    ),
+]
+JobOpt = Annotated[str | None, typer.Option("--job", metavar="NAME", help="Job name (selects one job of a store).")]
 FormatOpt = Annotated[Format, typer.Option("--format", help="text for people, json for machines.")]
+MaxFramesOpt = Annotated[
+    int,
+    typer.Option("--max-frames", metavar="N", help="Frames shown per cluster in text output (0 = all)."),
+]
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="TOML or JSON settings file, one table per section (\\[stacks], \\[performance], ...); "
+        metavar="FILE",
+        help="TOML or JSON settings file, one table per section ([stacks], [performance], ...); "
         "precedence: flags > RANKSCOPE_<SECTION>_<FIELD> environment > this file > defaults.",
     ),
 ]
@@ -48,3 +67,36 @@ def load_settings(config: Path | None, flags: dict[str, Any] | None = None) -> C
     from rankscope.config import load_config
 
     return load_config(flags, config_file=config)
+
+
+def given(ctx: typer.Context, name: str) -> bool:
+    """True when option ``name`` (the parameter name) was set on the command line or from the environment."""
+    from typer._click.core import ParameterSource
+
+    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def note(message: str) -> None:
+    """One ``rankscope: note: ...`` line on stderr (stdout stays the verdict, for pipes)."""
+    print(f"rankscope: note: {message}", file=sys.stderr)
+
+
+def not_applicable(ctx: typer.Context, names: dict[str, str], why: str) -> None:
+    """A note for each option of ``names`` (parameter name -> flag) that was given but does not apply."""
+    flags = [flag for name, flag in names.items() if given(ctx, name)]
+    if flags:
+        note(f"{', '.join(flags)} {'does' if len(flags) == 1 else 'do'} not apply to {why}; ignored")
+
+
+def store_topology_notes(ctx: typer.Context, path: Path, job: str | None) -> None:
+    """``--gpus-per-node`` on a store whose topology table names every rank's node: say it is not used."""
+    if not given(ctx, "gpus_per_node"):
+        return
+    from rankscope.datasets.store import is_store
+
+    if not is_store(path):
+        return
+    from rankscope.datasets.store.store import Store
+
+    if Store(path).files("topology", job=job):
+        not_applicable(ctx, {"gpus_per_node": "--gpus-per-node"}, "a store: its topology table names each rank's node")

@@ -3,7 +3,7 @@
 Run it with torchrun (8 ranks = TP=2 x DP=2 x PP=2, Megatron order tp-cp-ep-dp-pp, so
 ``--layout tp=2,pp=2,dp=2 --gpus-per-node 2`` describes it; ranks 2k and 2k+1 form node-k)::
 
-    RANKSCOPE_FAULT=compute_hang RANKSCOPE_FAULT_RANK=5 \\
+    RANKSCOPE_FAULT=compute-hang RANKSCOPE_FAULT_RANK=5 \\
     torchrun --standalone --nproc-per-node 8 -m rankscope.harness.faultjob --run-dir /tmp/run
 
 The model is a two-stage transformer: stage 0 = embedding + block, stage 1 = block + head. Each
@@ -14,7 +14,8 @@ worker processes and writes a checkpoint every ``--ckpt-every`` steps. The in-pr
 (:mod:`rankscope.collectors.hook`) is installed, so the agent sees steps, stacks and FR dumps.
 
 Faults (environment): ``RANKSCOPE_FAULT`` = one of :data:`FAULTS`, ``RANKSCOPE_FAULT_RANK`` (r),
-``RANKSCOPE_FAULT_STEP`` (first faulty step, default 4), ``RANKSCOPE_FAULT_DELAY_S`` (slow_rank).
+``RANKSCOPE_FAULT_STEP`` (first faulty step, default 4), ``RANKSCOPE_FAULT_DELAY_S`` (slow-rank).
+Fault names are spelled as everywhere in rankscope (``compute-hang``; the old ``compute_hang`` is accepted).
 """
 
 from __future__ import annotations
@@ -32,9 +33,15 @@ from typing import Any
 
 from rankscope.spine import atomic_write, atomic_write_with
 
-FAULTS = ("none", "compute_hang", "dataloader_stall", "p2p_stuck", "slow_rank", "crash", "nan")
+FAULTS = ("none", "compute-hang", "dataloader-stall", "p2p-stuck", "slow-rank", "crash", "nan")
 """Injectable faults: hang in compute, stuck DataLoader worker, lost activation send, extra delay per
-step, an uncaught exception, NaN gradients."""
+step, an uncaught exception, NaN gradients (hyphenated, like ``rankscope demo --fault``)."""
+
+
+def fault_name(text: str) -> str:
+    """``text`` in the one spelling (``slow_rank`` -> ``slow-rank``)."""
+    return text.strip().replace("_", "-")
+
 
 TP, PP = 2, 2
 VOCAB, D_MODEL, HEADS, FFN = 64, 32, 2, 64
@@ -57,6 +64,7 @@ def command(
     extra_env: dict[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The torchrun argv and environment that start this job with one fault injected."""
+    fault = fault_name(fault)
     if fault not in FAULTS:
         raise ValueError(f"fault={fault!r} is not one of {FAULTS}")
     rdzv = (
@@ -118,7 +126,7 @@ class Fault:
     """The fault this rank must inject, read from the environment."""
 
     def __init__(self, rank: int) -> None:
-        self.kind = os.environ.get("RANKSCOPE_FAULT", "none") or "none"
+        self.kind = fault_name(os.environ.get("RANKSCOPE_FAULT", "none") or "none")
         if self.kind not in FAULTS:
             raise SystemExit(f"faultjob: RANKSCOPE_FAULT={self.kind!r} is not one of {FAULTS}")
         self.rank = int(os.environ.get("RANKSCOPE_FAULT_RANK", "0"))
@@ -156,7 +164,11 @@ def injected_crash(rank: int, step: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="faultjob", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m rankscope.harness.faultjob",
+        description=__doc__.split("\n")[0],
+        epilog="Faults: RANKSCOPE_FAULT=" + "|".join(FAULTS) + " with RANKSCOPE_FAULT_RANK and RANKSCOPE_FAULT_STEP.",
+    )
     p.add_argument("--run-dir", default=os.environ.get("RANKSCOPE_RUN_DIR", "/tmp/rankscope-faultjob"))
     p.add_argument("--steps", type=int, default=1_000_000)
     p.add_argument("--batch-size", type=int, default=4)
@@ -213,13 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for step in range(args.steps):
         t0 = time.time()
         tokens, targets = next(it)
-        if fault.active("compute_hang", step):
+        if fault.active("compute-hang", step):
             injected_compute_hang()
-        if fault.active("slow_rank", step):
+        if fault.active("slow-rank", step):
             injected_slow_step(fault.delay_s)
         if fault.active("crash", step):
             injected_crash(rank, step)
-        skip_send = fault.active("p2p_stuck", step)
+        skip_send = fault.active("p2p-stuck", step)
         loss_val = None
         if pp_r == 0:
             out = model(tokens)
@@ -353,7 +365,7 @@ def _loader(torch: Any, args: Any, dp_r: int, fault: Fault) -> Any:
             return 10**9
 
         def __getitem__(self, i: int) -> Any:
-            if fault.active("dataloader_stall", i // args.batch_size):
+            if fault.active("dataloader-stall", i // args.batch_size):
                 injected_dataloader_stall()
             g = torch.Generator().manual_seed(dp_r * 1_000_003 + i)
             x = torch.randint(0, VOCAB, (args.seq_len,), generator=g)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rankscope.models._peer import PeerDetector
 from rankscope.models.base import BaseDetector
 from rankscope.models.iforest import IsolationForestDetector
 from rankscope.models.lstm_vae import LstmVae
@@ -32,3 +33,27 @@ def make_detector(name: str, **params: Any) -> BaseDetector:
         return factory(**params)
     except TypeError as exc:
         raise InputError(f"detector {name!r}: {exc}") from None
+
+
+PEER_DETECTORS = tuple(DETECTORS)
+"""Every detector can compare machines: the peer ones directly, the temporal ones through
+:class:`~rankscope.models.pooled.PooledWindows`."""
+
+
+def make_peer_detector(name: str, *, threshold: float | None = None, **peer_params: Any) -> PeerDetector:
+    """A detector of machines among peers (``fit(X).detect(X)`` on ``(machines, times, metrics)``) by ``name``.
+
+    ``peer-distance`` and ``peer-mad`` are peer detectors; ``mad``, ``iforest`` and ``lstm-vae`` are
+    wrapped in :class:`~rankscope.models.pooled.PooledWindows`. ``threshold`` None keeps each one's own
+    default (its scores are on different scales).
+    """
+    from rankscope.models.pooled import TEMPORAL, PooledWindows
+
+    if name not in DETECTORS:
+        raise InputError(f"unknown detector {name!r}; valid detectors: {', '.join(DETECTORS)}")
+    extra: dict[str, Any] = {} if threshold is None else {"threshold": threshold}
+    if name in TEMPORAL:
+        return PooledWindows(detector=name, **peer_params, **extra)
+    det = make_detector(name, **peer_params, **extra)
+    assert isinstance(det, PeerDetector)
+    return det

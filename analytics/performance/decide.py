@@ -72,6 +72,13 @@ class _Words:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def _threshold(f: PerfFacts) -> str:
+    """The alert threshold in words, with the detector when it is not the default one."""
+    if f.findings is None or f.findings.detector == "peer-distance":
+        return f"{f.findings.threshold if f.findings else f.config.threshold:g}"
+    return f"{f.findings.threshold:g} of detector {f.findings.detector}"
+
+
 def _metric_words(f: PerfFacts, w: _Words) -> None:
     alerts = list(f.findings.alerts) if f.findings else []
     for a in alerts:
@@ -92,7 +99,7 @@ def _metric_words(f: PerfFacts, w: _Words) -> None:
     for a in list(w.metric_nodes.values())[:5]:
         w.metric_reasons.append(
             f"{a.unit} has behaved unlike its peers since {iso(a.onset_s)} (score "
-            f"{a.score:.1f}, threshold {f.config.threshold:g}), driven by {', '.join(a.drivers)}"
+            f"{a.score:.1f}, threshold {_threshold(f)}), driven by {', '.join(a.drivers)}"
         )
     w.details["metric_alerts"] = [a.to_dict() for a in alerts]
 

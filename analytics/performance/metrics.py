@@ -16,7 +16,7 @@ import polars as pl
 
 from rankscope.config import PerfConfig
 from rankscope.datasets.domain.topology import Topology
-from rankscope.models.peer_distance import PeerDistance
+from rankscope.models.registry import make_peer_detector
 from rankscope.spine import InputError
 
 SELF_PREFIX = "rankscope_"
@@ -188,6 +188,8 @@ class MetricFindings:
     alerts: tuple[MetricAlert, ...]
     n_units: int
     notes: tuple[str, ...]
+    detector: str = "peer-distance"  # the rankscope.models detector that scored the units
+    threshold: float = 12.0  # the score it alerts above
 
 
 def detect_metric_outliers(metrics: pl.DataFrame, *, config: PerfConfig | None = None) -> MetricFindings:
@@ -196,6 +198,7 @@ def detect_metric_outliers(metrics: pl.DataFrame, *, config: PerfConfig | None =
     alerts: list[MetricAlert] = []
     notes: list[str] = []
     n_units = 0
+    threshold = cfg.threshold
     for cube in metric_cubes(
         metrics, rate_window_seconds=cfg.rate_window_seconds, counter_allowance=cfg.counter_allowance
     ):
@@ -210,12 +213,14 @@ def detect_metric_outliers(metrics: pl.DataFrame, *, config: PerfConfig | None =
             )
             continue
         n_units += n
-        det = PeerDistance(
+        det = make_peer_detector(
+            cfg.detector,
             window_s=max(cfg.window_seconds, cube.interval_s),
             continuity_s=cfg.continuity_seconds,
             sample_interval_s=cube.interval_s,
-            threshold=cfg.threshold,
+            threshold=cfg.threshold if cfg.detector == "peer-distance" else None,
         )
+        threshold = float(det.threshold)
         found = det.fit(cube.values).detect(cube.values)
         for i in found.alerted:
             alerts.append(
@@ -229,7 +234,7 @@ def detect_metric_outliers(metrics: pl.DataFrame, *, config: PerfConfig | None =
                     cube.level,
                 )
             )
-    return MetricFindings(tuple(sorted(alerts, key=lambda a: -a.score)), n_units, tuple(notes))
+    return MetricFindings(tuple(sorted(alerts, key=lambda a: -a.score)), n_units, tuple(notes), cfg.detector, threshold)
 
 
 def is_health_only(drivers: tuple[str, ...]) -> bool:

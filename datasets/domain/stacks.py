@@ -11,6 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+ROLES = ("trainer", "dataloader", "checkpoint", "other")
+"""Process roles: a torchrun worker, a DataLoader worker, a checkpoint writer, anything else."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProcStacks:
@@ -25,6 +28,8 @@ class ProcStacks:
     others: tuple[ThreadDump, ...]
     source: str
     source_format: str = ""
+    failure_kind: str | None = None  # why a failed capture failed (see ProcessDump.failure_kind)
+    capture_time: float | None = None  # wall time the stack was taken, when the content says (epoch seconds)
 
     @property
     def main(self) -> tuple[Frame, ...]:
@@ -33,7 +38,14 @@ class ProcStacks:
 
 
 def from_dump(
-    dump: ProcessDump, *, snapshot: int, rank: int | None, node: str | None, role: str, pid: int | None = None
+    dump: ProcessDump,
+    *,
+    snapshot: int,
+    rank: int | None,
+    node: str | None,
+    role: str,
+    pid: int | None = None,
+    capture_time: float | None = None,
 ) -> ProcStacks:
     threads = dump.threads
     main = dump.main_thread
@@ -50,6 +62,8 @@ def from_dump(
         others,
         dump.source_file,
         dump.source_format,
+        dump.failure_kind,
+        capture_time,
     )
 
 
@@ -110,9 +124,15 @@ class ThreadDump(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class ProcessDump:
     """One process's dump. ``status`` is ``ok``, ``partial`` (truncated file), ``failed`` (no stack:
-    the capture failed, itself evidence) or ``cut`` (no usable stack and no evidence either way: the
+    the capture failed) or ``cut`` (no usable stack and no evidence either way: the
     process was killed while it wrote its dump, before the first frame or the main thread was out,
-    or left an empty or stale stack file)."""
+    or left an empty or stale stack file).
+
+    ``failure_kind`` says why a ``failed`` capture failed, as the capturing tool reported it:
+    ``permission`` (ptrace refused), ``process-gone`` (no such process), ``not-python``,
+    ``concurrent-attach`` (another tracer held the process), ``timeout``, ``empty`` (an empty file),
+    ``unreadable`` (the file could not be read or parsed) or ``other``. A failed capture is a collection
+    problem: the readers classify and report it; what it means is the analysis's call."""
 
     threads: tuple[ThreadDump, ...]
     pid: int | None = None
@@ -121,6 +141,7 @@ class ProcessDump:
     error: str | None = None
     source_format: str = ""
     source_file: str = ""
+    failure_kind: str | None = None
 
     @property
     def main_thread(self) -> ThreadDump | None:

@@ -9,50 +9,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rankscope.config import InputsConfig
 from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
-from rankscope.datasets.readers.exits import exits_from_events, read_exit_records
-from rankscope.datasets.store.marker import is_store
-from rankscope.spine import InputError, LayoutError
+from rankscope.datasets.loading.names import infer_topology, inferred_nodes, inferred_note
+from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
+from rankscope.datasets.readers.exits import exits_from_events
+from rankscope.datasets.readers.rundir_rounds import stack_rounds
+from rankscope.datasets.store import is_store
+from rankscope.spine import InputError, LayoutError, paused_gc
 
-if TYPE_CHECKING:
-    from rankscope.datasets.readers.dumpdir import DumpDir
-
-# the store (pyarrow, polars) is imported where a store is read: a directory of dumps never loads it
-
-
-def infer_topology(
-    ranks: Sequence[int], nodes: Mapping[int, str], *, layout: Layout | None, gpus_per_node: int, where: str
-) -> tuple[Topology, list[str]]:
-    """The topology from a layout and/or the nodes named per rank; notes say what was inferred."""
-    notes: list[str] = []
-    if gpus_per_node < 1:
-        raise LayoutError(f"--gpus-per-node {gpus_per_node}: must be at least 1")
-    max_rank = max(ranks) if ranks else -1
-    if layout is not None:
-        world = layout.world_size
-        if max_rank >= world:
-            raise LayoutError(f"{where}: rank {max_rank} is outside the layout {layout} (world size {world})")
-    else:
-        world = max_rank + 1
-        if world <= 0:
-            raise InputError(f"{where}: no ranks found")
-        layout = Layout(dp=world)
-        notes.append(
-            f"no --layout given: treating ranks 0..{world - 1} as pure data parallel (pass --layout "
-            "tp=..,pp=..,dp=.. to isolate parallel groups and to notice missing trailing ranks)"
-        )
-    if nodes and all(r in nodes for r in range(world)):
-        return Topology.from_table(list(range(world)), [nodes[r] for r in range(world)], layout=layout), notes
-    names = [nodes.get(r, f"node-{r // gpus_per_node}") for r in range(world)]
-    if not nodes and world % gpus_per_node == 0:
-        return Topology.from_layout(layout, gpus_per_node=gpus_per_node), notes
-    return Topology.from_table(list(range(world)), names, layout=layout), notes
+__all__ = ["infer_topology", "latest_series", "load_fr_inputs", "load_inputs"]
 
 
 def _ranks_and_nodes(procs: Sequence[ProcStacks]) -> tuple[list[int], dict[int, str]]:
@@ -61,123 +33,136 @@ def _ranks_and_nodes(procs: Sequence[ProcStacks]) -> tuple[list[int], dict[int, 
     return sorted({p.rank for p in procs if p.rank is not None}), nodes
 
 
-def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None) -> Inputs:
-    from rankscope.datasets.readers.dumpdir import from_dump_dir, scan_dump_dir
+def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, job: str | None) -> Inputs:
+    from rankscope.datasets.loading.sources import read_sources
 
-    dd = scan_dump_dir(root, gpus_per_node=gpus_per_node)
-    procs = from_dump_dir(dd)
-    ranks, nodes = _ranks_and_nodes(procs)
-    fr_notes: list[str] = []
-    fr = _read_fr(dd.fr_files, fr_notes) + _read_hook_fr(dd.hook_fr_files, fr_notes)
-    ranks_fr = [d.rank for d in fr if getattr(d, "rank", None) is not None]
-    metrics, timings = _read_tables(dd, nodes)
-    exit_notes: list[str] = []
-    exits = read_exit_records(dd.exit_files, nodes=nodes, notes=exit_notes)
-    ranks_exit = [e.rank for e in exits]
-    world = max([*ranks, *ranks_fr, *ranks_exit], default=-1) + 1
-    topo = _topology_from_coords(dd, nodes, world, gpus_per_node, fr_notes) if layout is None else None
-    notes: list[str] = []
-    if topo is not None:
-        pass  # the hook's recorded layout
-    elif ranks or ranks_fr or ranks_exit:
-        topo, notes = infer_topology(
-            ranks + ranks_fr + ranks_exit,
-            nodes if dd.has_manifest else {},
-            layout=layout,
-            gpus_per_node=gpus_per_node,
-            where=str(root),
-        )
+    dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node)
+    g = gpus_per_node or 8
+    src = read_sources(dd, gpus_per_node=gpus_per_node)
+    round_notes: list[str] = []
+    rounds = stack_rounds(src.procs, root, round_notes)  # the hook's run directory: every dump is a round
+    procs = rounds.procs
+    names = src.names
+    world_ranks = sorted(
+        {p.rank for p in procs if p.rank is not None}
+        | {d.rank for d in src.fr}
+        | {e.rank for e in src.exits}
+        | (set(src.logs.ranks) if src.logs is not None else set())
+    )
+    notes: list[str] = list(src.notes) + round_notes
+    topo: Topology | None
+    coords = _hook_coords(dd, world_ranks, notes) if layout is None else None
+    world = layout.world_size if layout is not None else max(world_ranks, default=-1) + 1
+    filled = names.fill_from_neighbours(world, g)
+    if filled:
+        notes.append(filled)
+    nodes = names.nodes()
+    if world_ranks or coords:
+        topo, more = infer_topology(world_ranks, nodes, layout=layout, gpus_per_node=g, where=str(root), coords=coords)
+        notes += more
     elif layout is not None:
-        topo, notes = Topology.from_layout(layout, gpus_per_node=gpus_per_node), []
+        timing_ranks = range(layout.world_size)
+        topo = Topology.from_table(
+            list(timing_ranks), [nodes.get(r) or f"node-{r // g}" for r in timing_ranks], layout=layout
+        )
     else:  # metrics/timings only: the timing analysis builds its topology from the timing columns
-        topo, notes = None, []
+        topo = None
+    inferred = inferred_nodes(topo, nodes) if (world_ranks or coords or layout is not None) else ()
+    if inferred:
+        notes.append(inferred_note(inferred, g))
+    notes += names.notes()
+    expected = dict(dd.expected_ranks)
+    if layout is not None:
+        for r in range(layout.world_size):
+            expected.setdefault(r, "the --layout world size")
+    for d in src.fr:
+        for pg in d.pg_config.values():
+            for r in pg.ranks or ():
+                expected.setdefault(r, "a Flight Recorder pg_config")
+    if src.logs is not None:
+        for r in src.logs.ranks:
+            expected.setdefault(r, "the logs")
+    if topo is not None:
+        procs = _named_procs(procs, topo)
     return Inputs(
         job or root.name,
         topo,
         tuple(procs),
-        tuple(fr),
-        metrics,
-        timings,
-        tuple(dd.notes) + tuple(fr_notes) + tuple(exit_notes) + tuple(notes),
+        tuple(src.fr),
+        src.metrics,
+        src.timings,
+        tuple(notes),
         str(root),
-        exits=tuple(exits),
+        exits=tuple(src.exits),
+        logs=src.logs,
+        snapshot_times=rounds.times,
+        snapshot_latest=rounds.latest,
+        expected_ranks=expected,
+        inferred_nodes=inferred,
+        source_files=_source_files(dd, procs, src.fr),
+        assumed_ranks=tuple(
+            sorted(
+                {
+                    f.rank
+                    for f in dd.files
+                    if f.rank is not None and f.identity.sources.get("rank") in ("host-order", "pid-order")
+                }
+                | set(src.assumed_ranks)
+            )
+        ),
     )
 
 
-def _topology_from_coords(
-    dd: DumpDir, nodes: Mapping[int, str], world: int, gpus_per_node: int, notes: list[str]
-) -> Topology | None:
-    """The topology the hook recorded (every rank's parallel coordinates), or None (with a note when
-    the coordinates do not describe a valid layout)."""
-    if not dd.coords or sorted(dd.coords) != list(range(world)):
-        return None
-    try:
-        return Topology.from_table(
-            list(range(world)),
-            [nodes.get(r, f"node-{r // gpus_per_node}") for r in range(world)],
-            coords={d: [dd.coords[r].get(d, 0) for r in range(world)] for d in DIMS},
-        )
-    except LayoutError as exc:
-        notes.append(f"the hook's recorded parallel coordinates were not used ({exc}); pass --layout")
-        return None
+def _source_files(dd: DumpDir, procs: Sequence[ProcStacks], fr: Sequence[Any]) -> tuple[tuple[str, str], ...]:
+    """Every evidence file read, as the rows will name it, with its kind (the ingest ledger digests them)."""
+    out: dict[str, str] = {}
+    for p in procs:
+        if p.source:
+            out.setdefault(p.source, "stacks")
+    for d in fr:
+        out.setdefault(d.source_file, "flight_recorder")
+    for _, rel in (*dd.log_files, *dd.elastic_files):
+        out.setdefault(rel, "logs")
+    for path in dd.exit_files:
+        out.setdefault(str(path), "exits")
+    for path in dd.metric_files:
+        out.setdefault(str(path), "metrics")
+    for path in (*dd.timing_files, *(Path(a) for a, _ in dd.step_files)):
+        out.setdefault(str(path), "timings")
+    return tuple(out.items())
 
 
-def _read_fr(paths: Sequence[Path], notes: list[str]) -> list[Any]:
-    """One Flight Recorder dump per rank: when a rank was dumped in several formats (pickle and JSON),
-    the name family covering most ranks wins, pickles (which carry call stacks) on a tie."""
-    if not paths:
-        return []
-    from rankscope.datasets.readers.flight_recorder import read_fr_files
-    from rankscope.datasets.readers.fr_files import select_fr_files
-
-    chosen = select_fr_files(paths)
-    if len(chosen) < len(paths):
-        notes.append(
-            f"Flight Recorder: read {len(chosen)} of {len(paths)} dump files (one per rank; the other "
-            "files are the same ranks in another format)"
-        )
-    return read_fr_files(chosen)
-
-
-def _read_hook_fr(files: Sequence[tuple[Path, int]], notes: list[str]) -> list[Any]:
-    """The hook's Flight Recorder dumps (the rank is known from the identity); a bad one is a note."""
-    if not files:
-        return []
-    from rankscope.datasets.readers.flight_recorder import read_fr_file
-
-    out, bad = [], []
-    for path, rank in files:
-        try:
-            out.append(read_fr_file(path, rank=rank))
-        except Exception as exc:
-            bad.append(f"{path.name}: {exc}")
-    if bad:
-        notes.append(f"{len(bad)} Flight Recorder dump(s) of the run directory skipped: {bad[0]}"[:300])
+def _named_procs(procs: Sequence[ProcStacks], topo: Topology) -> list[ProcStacks]:
+    """Each process's node as the topology names its rank (one name per rank, whatever the source)."""
+    out = []
+    world = topo.world_size
+    for p in procs:
+        if p.rank is not None and 0 <= p.rank < world:
+            node = topo.node_of(p.rank)
+            if node != p.node:
+                p = replace(p, node=node)
+        out.append(p)
     return out
 
 
-def _read_tables(dd: DumpDir, nodes: Mapping[int, str]) -> tuple[Any, Any]:
-    if not dd.metric_files and not dd.timing_files and not dd.step_files:
-        return None, None
-    from rankscope.datasets.readers import tables
-
-    metrics = tables.read_metrics(list(dd.metric_files)) if dd.metric_files else None
-    timings = tables.read_timings(list(dd.timing_files)) if dd.timing_files else None
-    if dd.step_files:  # the hook's log_step records: per-rank step times
-        import polars as pl
-
-        from rankscope.datasets.readers.rundir import read_steps
-
-        steps = read_steps(list(dd.step_files), nodes)
-        if steps is not None:
-            timings = steps if timings is None else pl.concat([timings, steps], how="diagonal_relaxed")
-    return metrics, timings
+def _hook_coords(dd: DumpDir, ranks: Sequence[int], notes: list[str]) -> dict[str, list[int]] | None:
+    """The parallel coordinates the hook recorded for every rank, when they describe a valid layout."""
+    if not dd.coords or sorted(dd.coords) != list(range(max(ranks, default=-1) + 1)):
+        return None
+    world = len(dd.coords)
+    coords = {d: [dd.coords[r].get(d, 0) for r in range(world)] for d in DIMS}
+    try:
+        Topology.from_table(list(range(world)), ["n"] * world, coords=coords)
+    except LayoutError as exc:
+        notes.append(f"the hook's recorded parallel coordinates were not used ({exc}); pass --layout")
+        return None
+    return coords
 
 
 def _from_store(
     root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None, series_gap_seconds: float
 ) -> Inputs:
-    from rankscope.datasets.store.stacks_table import from_table
+    from rankscope.datasets.store.stacks_table import from_table  # pyarrow: only a store needs it
     from rankscope.datasets.store.store import Store
 
     store = Store(root)
@@ -196,19 +181,18 @@ def _from_store(
         job = jobs[0]
     elif job not in jobs:
         raise InputError(f"{root}: no job {job!r} in the store (jobs: {', '.join(jobs) or 'none'})")
+    from rankscope.datasets.loading.incidents import choose, keep_fr_rows
+
     stacks_tbl = store.read_arrow("stacks", job=job)
-    procs = from_table(stacks_tbl)
-    snapshot_times = _snapshot_times(stacks_tbl)
-    notes: list[str] = []
-    latest = latest_series(snapshot_times, series_gap_seconds)
-    if len(latest) < len(snapshot_times):  # the agent's store keeps every capture: diagnose the latest
-        older = len(snapshot_times) - len(latest)
-        procs = [p for p in procs if p.snapshot in latest or p.snapshot not in snapshot_times]
-        snapshot_times = {s: t for s, t in snapshot_times.items() if s in latest}
-        notes.append(
-            f"{older} snapshot(s) of earlier captures ignored: the latest capture (from "
-            f"{_utc(min(snapshot_times.values()))}) is diagnosed"
-        )
+    chosen = choose(
+        store,
+        job,
+        stacks_tbl,
+        from_table(stacks_tbl),
+        _snapshot_times(stacks_tbl),
+        lambda times: latest_series(times, series_gap_seconds),
+    )
+    procs, snapshot_times, notes = chosen.procs, chosen.snapshot_times, list(chosen.notes)
     topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
     from rankscope.datasets.readers.fr_store import read_fr_captures
 
@@ -218,7 +202,10 @@ def _from_store(
     if not fr and store.files("collectives", job=job):  # ingested dump directories
         from rankscope.datasets.readers.fr_table import fr_from_table
 
-        fr = list(fr_from_table(store.read_arrow("collectives", job=job)))
+        rows = store.read_arrow("collectives", job=job)
+        if store.files("ingests", job=job):
+            rows = keep_fr_rows(rows, store.read("ingests", job=job), chosen.fr_sources)
+        fr = list(fr_from_table(rows))
     topo: Topology | None
     if topo_df.height and layout is None:
         coords = {d: topo_df[d].to_list() for d in DIMS if topo_df[d].null_count() == 0}
@@ -265,12 +252,6 @@ def latest_series(snapshot_times: Mapping[int, float], gap_s: float = InputsConf
     return set(keep)
 
 
-def _utc(t: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
 def _snapshot_times(tbl: Any) -> dict[int, float]:
     """The wall time of each snapshot (its earliest capture) where the ``time`` column is filled."""
     if tbl.num_rows == 0 or "time" not in tbl.column_names or tbl.column("time").null_count == tbl.num_rows:
@@ -289,11 +270,14 @@ def load_inputs(
     *,
     layout: str | Layout | None = None,
     order: str | None = None,
-    gpus_per_node: int = 8,
+    gpus_per_node: int | None = None,
     job: str | None = None,
     config: InputsConfig | None = None,
 ) -> Inputs:
-    """Load a dump directory or a store into :class:`Inputs` (InputError on bad input)."""
+    """Load a dump directory or a store into :class:`Inputs` (InputError on bad input).
+
+    ``gpus_per_node`` None means "not given": sibling trainers and local ranks are numbered with the
+    count each host holds, and unnamed machines are ``node-<rank // 8>``."""
     root = Path(path)
     lay: Layout | None
     if order:
@@ -310,11 +294,12 @@ def load_inputs(
         return _from_store(
             root,
             layout=lay,
-            gpus_per_node=gpus_per_node,
+            gpus_per_node=gpus_per_node or 8,
             job=job,
             series_gap_seconds=(config or InputsConfig()).series_gap_seconds,
         )
-    return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
+    with paused_gc():  # millions of small acyclic objects: full collections would make loading superlinear
+        return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
 
 
 def load_fr_inputs(
@@ -323,7 +308,7 @@ def load_fr_inputs(
     prefix: str | None = None,
     layout: str | None = None,
     order: str | None = None,
-    gpus_per_node: int = 8,
+    gpus_per_node: int | None = None,
     job: str | None = None,
 ) -> Inputs:
     """A directory of Flight Recorder dumps alone (or one file), with the topology their ranks imply."""
@@ -331,5 +316,7 @@ def load_fr_inputs(
 
     dumps = read_fr_dir(path, prefix=prefix)
     lay = Layout.parse(layout, order or "tp-cp-ep-dp-pp") if layout else None
-    topo, notes = infer_topology([d.rank for d in dumps], {}, layout=lay, gpus_per_node=gpus_per_node, where=str(path))
+    topo, notes = infer_topology(
+        [d.rank for d in dumps], {}, layout=lay, gpus_per_node=gpus_per_node or 8, where=str(path)
+    )
     return Inputs(job or "", topo, (), tuple(dumps), notes=tuple(notes), source=str(path))

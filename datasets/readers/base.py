@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -35,9 +36,55 @@ def cut_dump(source: str, pid: int | None, why: str) -> ProcessDump:
     return ProcessDump((), pid=pid, status="cut", error=why, source_format="faulthandler", source_file=source)
 
 
-def failed_dump(source_file: str, source_format: str, error: str, pid: int | None = None) -> ProcessDump:
-    """A dump that produced no stack (py-spy error, empty file, unreadable file)."""
-    return ProcessDump((), pid=pid, status="failed", error=error, source_format=source_format, source_file=source_file)
+# py-spy's own failure wordings (py-spy 0.3-0.4, with and without RUST_BACKTRACE=1), the agent's and the
+# readers' words for a capture that gave no stack; first match wins
+_FAILURES = (
+    (
+        "permission",
+        re.compile(r"permission denied|elevated permissions|operation not permitted \(os error 1\)|ptrace", re.I),
+    ),
+    ("concurrent-attach", re.compile(r"failed to suspend process|EPERM", re.I)),
+    (
+        "process-gone",
+        re.compile(
+            r"failed to get process executable name|check that the process is running|no such process"
+            r"|process \d+ (?:not found|exited|is gone)|process exited",
+            re.I,
+        ),
+    ),
+    (
+        "not-python",
+        re.compile(r"failed to find python version|not a python process|failed to find python interpreter", re.I),
+    ),
+    ("timeout", re.compile(r"timed out|timeout", re.I)),
+    ("empty", re.compile(r"^empty (?:dump )?file|printed no stacks|no threads in dump", re.I)),
+    ("unreadable", re.compile(r"unreadable|invalid JSON|not UTF-8|unexpected py-spy JSON|expected a JSON list", re.I)),
+)
+
+
+def failure_kind(error: str | None) -> str:
+    """Why a capture failed, from the words of its error (see :class:`ProcessDump`)."""
+    text = error or ""
+    for kind, pat in _FAILURES:
+        if pat.search(text):
+            return kind
+    return "other"
+
+
+def failed_dump(
+    source_file: str, source_format: str, error: str, pid: int | None = None, *, kind: str | None = None
+) -> ProcessDump:
+    """A dump that produced no stack (py-spy error, empty file, unreadable file); ``kind`` is classified
+    from ``error`` when not given."""
+    return ProcessDump(
+        (),
+        pid=pid,
+        status="failed",
+        error=error,
+        source_format=source_format,
+        source_file=source_file,
+        failure_kind=kind or failure_kind(error),
+    )
 
 
 def mark_main(threads: Sequence[ThreadDump], pid: int | None) -> tuple[ThreadDump, ...]:
@@ -86,8 +133,18 @@ def to_rows(
         "status": dump.status,
         "error": dump.error,
     }
-    if not dump.threads:
-        return [{**base, "frames": [], "thread_id": None, "thread_name": None, "is_main_thread": None, "active": None}]
+    if not dump.threads:  # a failed capture: one row, saying why it failed (the optional failure_kind column)
+        return [
+            {
+                **base,
+                "failure_kind": dump.failure_kind,
+                "frames": [],
+                "thread_id": None,
+                "thread_name": None,
+                "is_main_thread": None,
+                "active": None,
+            }
+        ]
     return [
         {
             **base,

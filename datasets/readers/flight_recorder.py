@@ -35,7 +35,7 @@ from rankscope.datasets.readers.fr_files import (
 from rankscope.datasets.readers.fr_groups import opt_int as _opt_int
 from rankscope.datasets.readers.fr_groups import pg_config as _pg_config
 from rankscope.datasets.readers.fr_groups import pg_status as _pg_status
-from rankscope.spine import InputError, ParseError, paused_gc
+from rankscope.spine import InputError, ParseError, paused_gc, progress
 
 _P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
 
@@ -140,7 +140,7 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
     dumps = []
     skipped = []
     with paused_gc():
-        for p in paths:
+        for p in progress(paths, "reading Flight Recorder dumps"):
             data = read_bytes(p)
             if skip_non_fr and not is_fr_bytes(data[:SNIFF_BYTES]):
                 skipped.append(p)

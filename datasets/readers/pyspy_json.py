@@ -2,8 +2,9 @@
 
 Each thread: ``pid, thread_id, thread_name, os_thread_id, active, owns_gil, frames`` with frames
 ``{name, filename, short_filename, line, module, locals, is_entry, is_shim_entry}`` innermost first.
-A file cut short keeps every complete thread object (status ``partial``); non-JSON text (py-spy's
-own error message) is a failed dump.
+Several arrays one after the other (``for p in ...; do py-spy dump --json --pid $p; done > node.json``)
+are read as one list, one process per pid. A file cut short keeps every complete thread object
+(status ``partial``); non-JSON text (py-spy's own error message) is a failed dump.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 from rankscope.datasets.readers.base import Interner, failed_dump, mark_main
+from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 
 _INTERN = Interner()
 
@@ -41,6 +43,27 @@ def _salvage(text: str) -> list[Any]:
     return out
 
 
+def _concatenated(text: str) -> list[Any] | None:
+    """The threads of several complete JSON arrays written one after another, or None when ``text``
+    is not that (one array cut short, or not JSON at all)."""
+    dec = json.JSONDecoder()
+    i, n, out, arrays = 0, len(text), [], 0
+    while True:
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        if i >= n:
+            break
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(obj, list):
+            return None
+        out.extend(obj)
+        arrays += 1
+    return out if arrays > 1 else None
+
+
 def _frame(f: Any) -> Frame:
     if not isinstance(f, dict):
         raise TypeError("frame is not an object")
@@ -58,12 +81,17 @@ def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        data = _salvage(text)
-        if not data:
-            first = text.strip().splitlines()[0][:200]
-            what = first if not text.lstrip().startswith("[") else f"invalid JSON ({exc.msg} at line {exc.lineno})"
-            return [failed_dump(source_file, FORMAT, what)]
-        status, error = "partial", f"truncated JSON: kept {len(data)} complete thread(s)"
+        data = _concatenated(text) if exc.msg == "Extra data" else None
+        if data is None:
+            data = _salvage(text)
+            if not data:
+                first = text.strip().splitlines()[0][:200]
+                if text.lstrip().startswith("["):
+                    return [failed_dump(source_file, FORMAT, f"invalid JSON ({exc.msg} at line {exc.lineno})")]
+                if first.startswith(("Error", "Permission Denied", "Process ")):  # py-spy's error text
+                    return parse_pyspy_text(text, source_file)
+                return [failed_dump(source_file, FORMAT, first)]
+            status, error = "partial", f"truncated JSON: kept {len(data)} complete thread(s)"
     if isinstance(data, dict) and "threads" in data:  # tolerate {"threads": [...]} wrappers
         data = data["threads"]
     if not isinstance(data, list):

@@ -9,9 +9,20 @@ Sample (py-spy 0.4.3)::
         all_reduce (torch/distributed/distributed_c10d.py:3252)
         <module> (fr_gloo.py:29)
 
-Handles ``--subprocesses`` (several ``Process`` sections), ``--locals`` (indented argument blocks,
-skipped), ``--native`` frames without line numbers, idle/active/gil markers, py-spy's own error
-output (a failed dump) and files cut short (status ``partial``).
+Handles ``--subprocesses`` and concatenated dumps (several ``Process`` sections: one process each),
+``--locals`` (indented argument blocks, skipped), ``--native`` frames without line numbers,
+idle/active/gil markers, log prefixes on every line (``prefixed``: stripped first), files cut short
+(status ``partial``) and py-spy's own error output, a failed dump whose ``failure_kind`` says why::
+
+    Permission Denied: Try running again with elevated permissions by going 'sudo env "PATH=$PATH" !!'
+    Error: Failed to get process executable name. Check that the process is running.
+    Error: Failed to find python version from target process
+    Process 457211: ... / Python v3.11.7 ... / Error: Failed to get stack traces
+    Caused by:
+        0: Failed to suspend process
+        1: EPERM: Operation not permitted
+    Stack backtrace:                      (RUST_BACKTRACE=1: skipped)
+       0: <E as anyhow::context::ext::StdError>::ext_context
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ _PROCESS = re.compile(r"^Process (\d+): ?(.*)$")
 _THREAD = re.compile(r'^Thread (0[xX][0-9a-fA-F]+|\d+)(?: \(([^)]*)\))?(?:: "(.*)")?\s*$')
 _FRAME = re.compile(r"^ {4}(\S.*?) \(([^()]*?)(?::(\d+))?\)\s*$")
 _ERROR = re.compile(r"^(Error|error|Permission Denied|Failed)\b[: ]?(.*)$")
+_CAUSE = re.compile(r"^\s+\d+: (.*\S)\s*$")
 
 
 def _thread_id(token: str) -> int:
@@ -50,10 +62,22 @@ def _frames(lines: list[str]) -> tuple[Frame, ...]:
     return frames
 
 
-def parse_pyspy_text(text: str, source_file: str = "") -> list[ProcessDump]:
-    """Every process in a ``py-spy dump`` text; a file with no stack yields one failed dump."""
+def _error_text(errors: list[str], causes: list[str]) -> str:
+    text = "; ".join(errors)
+    return f"{text} (caused by: {'; '.join(dict.fromkeys(causes))})" if causes else text
+
+
+def parse_pyspy_text(text: str, source_file: str = "", *, prefixed: bool = False) -> list[ProcessDump]:
+    """Every process in a ``py-spy dump`` text; a file with no stack yields one failed dump.
+
+    ``prefixed``: every line may carry a log prefix (glog, timestamp, torchrun worker tag) to strip first.
+    """
     if not text.strip():
-        return [failed_dump(source_file, FORMAT, "empty dump file")]
+        return [failed_dump(source_file, FORMAT, "empty dump file", kind="empty")]
+    if prefixed:
+        from rankscope.datasets.readers.sniff import strip_prefix
+
+        text = "\n".join(strip_prefix(line)[0] for line in text.split("\n"))
     truncated = not text.endswith("\n")
     procs: list[ProcessDump] = []
     pid: int | None = None
@@ -61,6 +85,8 @@ def parse_pyspy_text(text: str, source_file: str = "") -> list[ProcessDump]:
     threads: list[ThreadDump] = []
     cur: dict[str, Any] | None = None
     errors: list[str] = []
+    causes: list[str] = []
+    section = ""  # "caused" after py-spy's "Caused by:", "backtrace" in a Rust backtrace
 
     def close_thread() -> None:
         nonlocal cur
@@ -71,21 +97,37 @@ def parse_pyspy_text(text: str, source_file: str = "") -> list[ProcessDump]:
             cur = None
 
     def close_process(final: bool = False) -> None:
-        nonlocal threads, pid, cmdline
+        nonlocal threads, pid, cmdline, section
         close_thread()
         if pid is None and not threads:
+            if errors:  # py-spy's error for a process it never attached to (no header)
+                procs.append(failed_dump(source_file, FORMAT, _error_text(errors, causes)))
+            errors.clear()
+            causes.clear()
+            section = ""
             return
         status = "ok"
         err = None
         if final and truncated:
             status, err = "partial", "file ends mid-line (truncated dump)"
         if not threads:
-            procs.append(failed_dump(source_file, FORMAT, "; ".join(errors) or "no threads in dump", pid))
+            if errors:
+                procs.append(failed_dump(source_file, FORMAT, _error_text(errors, causes), pid))
+            else:  # py-spy printed the header, then failed on stderr (not kept here)
+                why = "py-spy printed the process header but no thread (its error went elsewhere)"
+                procs.append(failed_dump(source_file, FORMAT, why, pid, kind="other"))
         else:
             procs.append(ProcessDump(mark_main(threads, pid), pid, cmdline, status, err, FORMAT, source_file))
-        threads, pid, cmdline = [], None, None
+        threads, pid, cmdline, section = [], None, None, ""
+        errors.clear()
+        causes.clear()
 
     for line in text.splitlines():
+        if section and cur is None and line[:1] in (" ", "\t"):
+            m = _CAUSE.match(line)
+            if m and section == "caused":
+                causes.append(m.group(1))
+            continue  # a cause, or a frame of the Rust backtrace
         if line.startswith("    "):
             if cur is not None and line[4] != " ":  # a frame; deeper indents are --locals blocks
                 cur["frames"].append(line)
@@ -106,13 +148,24 @@ def parse_pyspy_text(text: str, source_file: str = "") -> list[ProcessDump]:
             continue
         if line.startswith("Python v"):
             continue
-        m = _ERROR.match(line.strip())
+        stripped = line.strip()
+        if stripped == "Caused by:" and errors:
+            section = "caused"
+            continue
+        if stripped == "Stack backtrace:":
+            section = "backtrace"
+            continue
+        m = _ERROR.match(stripped)
         if m and not line.startswith(" "):
-            errors.append(line.strip())
+            if pid is None and errors and section != "error":
+                close_process()  # the previous process's error is complete: this one is another's
+            errors.append(stripped)
+            section = "error"
             continue
         # anything else (locals blocks, "..." elisions, unknown lines) is not a frame; ignore it
     close_process(final=True)
     if not procs:
-        what = "; ".join(errors) if errors else "no 'Process'/'Thread' sections (not py-spy text?)"
-        return [failed_dump(source_file, FORMAT, what)]
+        return [
+            failed_dump(source_file, FORMAT, "no 'Process'/'Thread' sections (not py-spy text?)", kind="unreadable")
+        ]
     return procs

@@ -30,7 +30,7 @@ EXIT = "exit.json"
 CTL = "ctl"
 FR = "fr.json"
 FR_PICKLE = "fr.pkl"
-KINDS = (IDENTITY, STACK, EXIT, STEPS, FR, CTL)
+KINDS = (IDENTITY, STACK, EXIT, STEPS, FR, FR_PICKLE, CTL)
 """The per-process files the readers recognise."""
 
 FR_DUMP_TIME_KEY = "rankscope_dump_time_ns"

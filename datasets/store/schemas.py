@@ -15,10 +15,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from rankscope.datasets.domain.roles import ROLES
+from rankscope.datasets.domain.stacks import ROLES
 from rankscope.spine import InputError, StoreError
-
-__all__ = ["ROLES", "TABLES", "TableSpec", "table"]  # ROLES: re-exported from domain.roles
 
 TIME = pa.timestamp("us", tz="UTC")
 
@@ -29,6 +27,8 @@ FRAME = pa.struct(
         pa.field("line", pa.int32()),
     ]
 )
+
+__all__ = ["ROLES", "TABLES", "TableSpec", "table"]  # ROLES lives with the stacks (no pyarrow to read a role)
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,33 @@ STACKS = TableSpec(
             pa.field("source_file", pa.string()),
             pa.field("status", pa.string()),  # ok | partial | failed | cut (see readers.base.ProcessDump)
             pa.field("error", pa.string()),
+            # optional (the agent leaves them null): why a failed capture failed, and for ingested dump
+            # directories the ingest that wrote the row and the digest of the file it came from
+            pa.field("failure_kind", pa.string()),
+            pa.field("ingest_id", pa.string()),
+            pa.field("source_digest", pa.string()),
         ]
     ),
-    doc="One row per thread of one process in one snapshot; a failed dump is one row with status=failed.",
+    doc="One row per thread of one process in one snapshot; a failed dump is one row with status=failed. "
+    "``time`` is when the stack was taken (the agent's capture time, or a time the dump's content gives).",
+)
+
+INGESTS = TableSpec(
+    "ingests",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("ingest_id", pa.string(), nullable=False),
+            pa.field("ingest_time", TIME, nullable=False),
+            pa.field("source", pa.string()),  # the directory ingested
+            pa.field("source_file", pa.string()),  # one evidence file of it, as the rows name it
+            pa.field("source_digest", pa.string()),  # BLAKE2b-128 of the file's bytes
+            pa.field("kind", pa.string()),  # stacks | flight_recorder | metrics | timings | exits | logs
+            pa.field("capture_time", TIME),  # when the incident was captured, when the content says
+        ]
+    ),
+    doc="The ingest ledger: one row per evidence file per ingest. Ingesting a file whose digest is already "
+    "here for the job adds nothing; the latest incident (capture time, else ingest time) is diagnosed.",
 )
 
 TOPOLOGY = TableSpec(
@@ -94,7 +118,7 @@ VERDICTS = TableSpec(
     pa.schema(
         [
             pa.field("job", pa.string(), nullable=False),
-            pa.field("time", TIME),
+            pa.field("time", TIME),  # when the diagnosis ran
             pa.field("verdict", pa.string(), nullable=False),
             pa.field("confidence", pa.float64()),
             pa.field("suspect_nodes", pa.list_(pa.string())),
@@ -102,9 +126,11 @@ VERDICTS = TableSpec(
             pa.field("suspect_ranks", pa.list_(pa.int32())),
             pa.field("summary", pa.string()),
             pa.field("verdict_json", pa.string()),
+            pa.field("incident_time", TIME),  # when the incident happened (see datasets.store.catalog)
+            pa.field("incident_source", pa.string()),  # capture | first-failure | flight-recorder | ...
         ]
     ),
-    doc="One row per diagnosis: the decision and its full JSON.",
+    doc="One row per diagnosis: the decision, its full JSON, and when the incident it explains happened.",
 )
 
 COLLECTIVES = TableSpec(
@@ -252,7 +278,8 @@ TIMINGS = TableSpec(
 )
 
 TABLES: dict[str, TableSpec] = {
-    spec.name: spec for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, FR_DUMPS, PROCESSES, METRICS, EVENTS, TIMINGS)
+    spec.name: spec
+    for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, FR_DUMPS, PROCESSES, METRICS, EVENTS, TIMINGS, INGESTS)
 }
 
 

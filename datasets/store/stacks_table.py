@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import pyarrow as pa
@@ -38,8 +38,10 @@ def _from_table(tbl: pa.Table) -> list[ProcStacks]:
         "active",
         "source_file",
         "source_format",
+        "failure_kind",
+        "time",
     )
-    cols = {name: tbl.column(name).to_pylist() for name in names}
+    cols = {name: tbl.column(name).to_pylist() if name in tbl.column_names else [None] * tbl.num_rows for name in names}
     frames_col = tbl.column("frames")
     hashes = cast("pl.Series", pl.from_arrow(frames_col)).hash().to_list() if tbl.num_rows else []
     lengths = pa.compute.list_value_length(frames_col).to_pylist() if tbl.num_rows else []
@@ -81,17 +83,31 @@ def _from_table(tbl: pa.Table) -> list[ProcStacks]:
                 tuple(p["others"]),
                 cols["source_file"][i] or "",
                 cols["source_format"][i] or "",
+                cols["failure_kind"][i],
+                cols["time"][i].timestamp() if cols["time"][i] is not None else None,
             )
         )
     return out
 
 
-def to_table(procs: Sequence[ProcStacks], job: str) -> pa.Table:
+def to_table(
+    procs: Sequence[ProcStacks],
+    job: str,
+    *,
+    ingest_id: str | None = None,
+    digests: Mapping[str, str] | None = None,
+    snapshot_offset: int = 0,
+) -> pa.Table:
     """The ``stacks`` table for ``procs`` (one row per thread), built column by column.
 
-    Each distinct frames tuple is converted to Arrow once and gathered with ``take``: a
-    100,000-rank job has a few hundred distinct stacks but millions of frames.
+    ``ingest_id``, ``digests`` (source file -> digest) and ``snapshot_offset`` (snapshot ids are namespaced
+    per ingest) are for ingested dump directories. Each distinct frames tuple is converted to Arrow once and
+    gathered with ``take``: a 100,000-rank job has a few hundred distinct stacks but millions of frames.
     """
+    import datetime as dt
+
+    utc = dt.timezone.utc
+    digest_of = digests or {}
     from rankscope.datasets.store.schemas import FRAME, STACKS
 
     cols: dict[str, list[Any]] = {n: [] for n in STACKS.schema.names if n != "frames"}
@@ -103,8 +119,8 @@ def to_table(procs: Sequence[ProcStacks], job: str) -> pa.Table:
         rows: list[ThreadDump | None] = list(threads) or [None]
         for t in rows:
             cols["job"].append(job)
-            cols["snapshot"].append(p.snapshot)
-            cols["time"].append(None)
+            cols["snapshot"].append(p.snapshot + snapshot_offset)
+            cols["time"].append(dt.datetime.fromtimestamp(p.capture_time, utc) if p.capture_time is not None else None)
             cols["node"].append(p.node)
             cols["rank"].append(p.rank)
             cols["pid"].append(p.pid)
@@ -117,6 +133,9 @@ def to_table(procs: Sequence[ProcStacks], job: str) -> pa.Table:
             cols["thread_name"].append(t.thread_name if t is not None else None)
             cols["is_main_thread"].append((t is p.main_thread) if t is not None else None)
             cols["active"].append(t.active if t is not None else None)
+            cols["failure_kind"].append(p.failure_kind)
+            cols["ingest_id"].append(ingest_id)
+            cols["source_digest"].append(digest_of.get(p.source))
             frames = t.frames if t is not None else ()
             k = uniq.get(id(frames))
             if k is None:

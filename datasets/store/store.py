@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rankscope.datasets.store.marker import MARKER, is_store
+from rankscope.datasets.store import MARKER, is_store
 from rankscope.datasets.store.parts import (
     _PART_VALUE,
     Rows,
@@ -33,7 +33,7 @@ from rankscope.datasets.store.parts import (
     conform,
 )
 from rankscope.datasets.store.schemas import TABLES, TableSpec, table
-from rankscope.spine import InputError, StoreError, atomic_write, remove_stale_temps
+from rankscope.spine import InputError, StoreError, atomic_write, progress, remove_stale_temps
 
 FORMAT_VERSION = 1
 
@@ -116,7 +116,7 @@ class Store:
         if not base.is_dir():
             return []
         paths = sorted(base.rglob("part-*.parquet"))
-        for path in paths:
+        for path in progress(paths, f"checking {spec.name} files"):
             self._check(path)
         return paths
 
@@ -160,7 +160,7 @@ class Store:
         """Table ``name`` as one Arrow table with the declared schema."""
         spec = table(name)
         parts = []
-        for path in self.files(name, job=job):
+        for path in progress(self.files(name, job=job), f"reading {spec.name}"):
             try:
                 parts.append(conform(pq.read_table(path), spec))
             except (OSError, pa.ArrowException) as exc:
@@ -178,22 +178,25 @@ class Store:
         return sorted(p.name.split("=", 1)[1] for p in base.glob("job=*") if any(p.rglob("part-*.parquet")))
 
     def sql(self, query: str) -> Any:
-        """Run DuckDB SQL over the store (a polars DataFrame); every table with data is a view."""
+        """Run DuckDB SQL over the store (a polars DataFrame). Every table is a view, with its declared
+        columns even when nothing was written to it yet."""
         import duckdb
         import polars as pl
 
         con = duckdb.connect()
         try:
-            for name in TABLES:
+            for name, spec in TABLES.items():
                 paths = self.files(name)
                 if paths:
                     files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
                     con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}], union_by_name=true)")
+                else:
+                    con.register(name, spec.schema.empty_table())
             rel = con.sql(query)
             if rel is None:  # a statement without a result
                 return pl.DataFrame()
             return pl.from_arrow(rel.to_arrow_table())
         except duckdb.Error as exc:
-            raise InputError(f"SQL over {self.root}: {exc}") from None
+            raise InputError(f"SQL over {self.root}: {' '.join(str(exc).split())}") from None
         finally:
             con.close()

@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 CODE = """
 import sys
 from rankscope.analytics import diagnose
@@ -32,9 +30,5 @@ def test_fr_directory_diagnosis_loads_no_pyarrow_or_polars(fr_gloo: Path) -> Non
     assert _run("load_fr_inputs", fr_gloo / "hang") == ["hang", "-"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="readers/dumpdir.py imports ROLES from store.schemas (pyarrow); it moved to domain.roles (inputs owner)",
-)
 def test_dump_directory_fr_diagnosis_loads_no_pyarrow_or_polars(fr_gloo: Path) -> None:
     assert _run("load_inputs", fr_gloo / "hang") == ["hang", "-"]

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from rankscope.datasets.loading.inputs import load_inputs
 from rankscope.datasets.readers.dumpdir import read_stack_file, scan_dump_dir
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
@@ -139,18 +140,27 @@ def test_dump_dir_manifest_snapshots_and_missing(tmp_path):
             )
         )
     dd = scan_dump_dir(tmp_path, gpus_per_node=1)
-    assert sorted((f.snapshot, f.rank, f.node) for f in dd.files) == [
+    assert sorted((f.snapshot, f.rank, f.node) for f in dd.files if f.role == "trainer") == [  # nobody named them
+        (0, 0, None),
+        (0, 1, None),
+        (1, 0, None),
+        (1, 1, None),
+    ]
+    inputs = load_inputs(tmp_path, gpus_per_node=1)  # the loader invents names, and says so
+    assert sorted((p.snapshot, p.rank, p.node) for p in inputs.procs if p.role == "trainer") == [
         (0, 0, "node-0"),
         (0, 1, "node-1"),
         (1, 0, "node-0"),
         (1, 1, "node-1"),
     ]
+    assert inputs.inferred_nodes == ("node-0", "node-1")
+    assert any("inferred as node-<rank // 1>" in n for n in inputs.notes)
     (tmp_path / "manifest.csv").write_text(
         "file,rank,node,role,snapshot\nsnapshot-0/rank0.txt,0,hostA,trainer,0\nsnapshot-0/rank1.json,1,hostB,,0\n"
         "snapshot-0/rank2.txt,2,hostB,trainer,0\n"
     )
     dd = scan_dump_dir(tmp_path)
-    by_rank = {f.rank: f for f in dd.files}
+    by_rank = {f.rank: f for f in dd.files if f.role == "trainer"}
     assert by_rank[0].node == "hostA" and by_rank[1].node == "hostB"
     assert by_rank[2].processes[0].status == "failed"  # listed, absent
     assert any("not in manifest" in n for n in dd.notes)
@@ -159,7 +169,7 @@ def test_dump_dir_manifest_snapshots_and_missing(tmp_path):
 @pytest.mark.parametrize(
     "manifest, msg",
     [
-        ("file,rank\nrank0.txt,0\n", "missing node"),
+        ("file,node\nrank0.txt,n\n", "missing rank"),
         ("file,rank,node\nrank0.txt,x,n\n", "not a non-negative integer"),
         ("file,rank,node,role\nrank0.txt,0,n,gpu\n", "role 'gpu'"),
     ],

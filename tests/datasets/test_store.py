@@ -112,3 +112,34 @@ def test_latest_capture_series() -> None:
 
     times = {1: 0.0, 2: 10.0, 3: 5000.0, 4: 5010.0, 5: 5020.0}
     assert latest_series(times) == {3, 4, 5} and latest_series({}) == set()
+
+
+def test_two_incidents_in_one_job_the_latest_wins_and_ingest_is_idempotent(tmp_path, probe_dir):
+    import shutil
+
+    from rankscope.analytics import diagnose
+    from rankscope.datasets.loading.ingest import ingest_path
+    from rankscope.datasets.loading.inputs import load_inputs
+
+    older, newer = tmp_path / "older", tmp_path / "newer"
+    shutil.copytree(probe_dir / "pyspy" / "text", older)
+    newer.mkdir()
+    swap = {1: 3, 3: 1}
+    for r in range(4):  # the same job hung again later, this time rank 1 stuck (ranks 1 and 3 swapped)
+        shutil.copy(older / f"rank{r}.txt", newer / f"rank{swap.get(r, r)}.txt")
+    st = tmp_path / "store"
+    a = ingest_path(older, st, job="j", gpus_per_node=1)
+    b = ingest_path(newer, st, job="j", gpus_per_node=1)
+    assert a.ingest_id != b.ingest_id and a.rows["stacks"] == b.rows["stacks"]
+    rows = Store(st).read("stacks", job="j").height
+    again = ingest_path(newer, st, job="j", gpus_per_node=1)
+    assert again.rows == {} and any("already ingested" in n for n in again.notes)
+    assert Store(st).read("stacks", job="j").height == rows
+    import polars as pl
+
+    snaps = Store(st).read("stacks", job="j").group_by("ingest_id").agg(s=pl.col("snapshot").max())
+    assert sorted(snaps["s"].to_list()) == [0, 1]  # snapshot ids namespaced per ingest
+    inputs = load_inputs(st, job="j")
+    v = diagnose(inputs)
+    assert v.verdict.value == "hang" and v.culprit_ranks == (1,), v.explain()
+    assert any("1 older incident(s) in the store ignored" in n for n in inputs.notes)

@@ -1,0 +1,151 @@
+"""The logs' verdict: ``hang`` when watchdog timeouts prove it and a laggard is named, ``inconclusive`` when
+they prove a hang but name no one, ``healthy`` when the logs show work progressing and nothing timed out.
+
+Suspects are only the laggards' machines (the logs give no parallel groups to over-evict); a member that
+merely stayed silent is named at a lower confidence, and only when the chain of waits corroborates it.
+Exceptions in the logs are process exits: the crash analysis orders them, not this one.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rankscope.analytics.logs.facts import LogFacts
+from rankscope.analytics.verdict import Evidence, Severity, Verdict, merge_nodes, rank_ranges
+from rankscope.datasets.domain.topology import Topology
+
+
+def _node(rank: int, topology: Topology | None) -> str:
+    if topology is not None and 0 <= rank < topology.world_size:
+        return topology.node_of(rank)
+    return f"rank-{rank}"
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t is not None else "an unknown time"
+
+
+def _stall_words(f: LogFacts) -> list[str]:
+    out = []
+    for s in f.stalls[:3]:
+        name = f"pg {s.group}" + (f" ({s.desc})" if s.desc and s.desc != s.group else "")
+        secs = f" after {s.timeout_ms / 1000:.0f} s" if s.timeout_ms else ""
+        out.append(
+            f"NCCL watchdog: {len(s.waiters)} of {len(s.members)} member(s) of {name} timed out{secs} in work "
+            f"{s.seq} ({s.op or 'collective'}) from {_when(s.first_time)}: ranks {rank_ranges(s.waiters)}."
+        )
+    if len(f.stalls) > 3:
+        out.append(f"... and {len(f.stalls) - 3} more process group(s) timed out after them (waiting on the first).")
+    if f.gloo_timeouts:
+        out.append(
+            f"gloo: rank(s) {rank_ranges(f.gloo_timeouts)} timed out waiting for a peer's send/recv "
+            f"(from {_when(f.first_timeout)}): the job was hung, not slow."
+        )
+    if f.cascade:
+        out.append(
+            f"rank(s) {rank_ranges(f.cascade)} then saw a peer close the connection: the cascade of the teardown, "
+            "which names no one."
+        )
+    return out
+
+
+def _details(f: LogFacts) -> dict[str, object]:
+    return {
+        "logs": {
+            "hang_time_evidence": f.hang_evidence,
+            "first_timeout": f.first_timeout,
+            "stalls": [
+                {
+                    "group": s.group,
+                    "desc": s.desc,
+                    "seq": s.seq,
+                    "op": s.op,
+                    "waiters": rank_ranges(s.waiters),
+                    "lagging": list(s.lagging),
+                    "silent": list(s.silent),
+                }
+                for s in f.stalls
+            ],
+            "laggards": [{"rank": lg.rank, "strong": lg.strong, "why": lg.why} for lg in f.laggards],
+            "unresolved_silent_ranks": list(f.unresolved),
+            "last_step_time": f.last_step_time,
+        }
+    }
+
+
+def verdict(f: LogFacts, topology: Topology | None, *, job: str = "") -> Verdict:
+    """The decision the logs support (see the module docstring)."""
+    if not f.hang_evidence:
+        return _quiet(f, job)
+    reasons = _stall_words(f)
+    if not f.laggards:
+        if f.unresolved:
+            reasons.append(
+                f"rank(s) {rank_ranges(f.unresolved)} printed no timeout while their peers did: check them, but "
+                "silence "
+                "alone is no proof (their log may be cut, or they may wait elsewhere)."
+            )
+        else:
+            reasons.append("the timeouts name no member that stopped first: the logs prove a hang but not its culprit.")
+        return Verdict(
+            Severity.INCONCLUSIVE,
+            job=job,
+            confidence=0.4,
+            reasons=tuple(reasons),
+            sources=("logs",),
+            world_size=f.world,
+            details=_details(f),
+        )
+    nodes = merge_nodes([_node(lg.rank, topology) for lg in f.laggards])
+    ranks = tuple(sorted(lg.rank for lg in f.laggards))
+    strong = all(lg.strong for lg in f.laggards)
+    for lg in f.laggards:
+        reasons.insert(0, f"Rank {lg.rank} on {_node(lg.rank, topology)} {lg.why}.")
+    evidence = tuple(
+        Evidence(
+            "logs",
+            "never-enqueued" if lg.strong else "silent-member",
+            lg.why,
+            (lg.rank,),
+            (_node(lg.rank, topology),),
+            1.0 if lg.strong else 0.6,
+        )
+        for lg in f.laggards
+    )
+    return Verdict(
+        Severity.HANG,
+        job=job,
+        confidence=(0.85 if strong else 0.65) if len(nodes) == 1 else 0.6,
+        suspect_nodes=nodes,
+        culprit_nodes=nodes,
+        suspect_ranks=ranks,
+        culprit_ranks=ranks,
+        reasons=tuple(reasons),
+        evidence=evidence,
+        sources=("logs",),
+        world_size=f.world,
+        details=_details(f),
+    )
+
+
+def _quiet(f: LogFacts, job: str) -> Verdict:
+    """No hang in the logs: healthy when they show progress, else inconclusive."""
+    if f.progressing_after:
+        why = "timeouts were logged, but steps kept completing after them: not a hang."
+    elif f.last_step_time is not None or f.periodic:
+        what = (
+            f"steps logged up to {_when(f.last_step_time)}"
+            if f.last_step_time is not None
+            else "NCCL work kept completing"
+        )
+        why = f"no watchdog or transport timeout in the logs; {what}."
+    else:
+        why = "no watchdog or transport timeout in the logs."
+    sev = (
+        Severity.HEALTHY
+        if (f.last_step_time is not None or f.periodic) and not f.nccl_timeouts
+        else Severity.INCONCLUSIVE
+    )
+    return Verdict(
+        sev, job=job, confidence=0.6, reasons=(why,), sources=("logs",), world_size=f.world, details=_details(f)
+    )

@@ -1,0 +1,137 @@
+"""Which incident of a store job to diagnose: the latest one, by capture time, else by ingest time.
+
+A store job accumulates incidents: every ``rankscope ingest`` is one (its rows carry an ``ingest_id``, its
+snapshot ids are its own), and the agent's captures are grouped into series (snapshots at most
+``series_gap_seconds`` apart). The latest incident wins; the older ones are ignored with a note, so an old
+hang never explains today's. Flight Recorder rows follow their ingest through the ledger's file names.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.datasets.store.store import Store
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One incident of a store job."""
+
+    key: str  # an ingest id, or "agent"
+    time: float  # capture time, else ingest time (epoch seconds)
+    snapshots: frozenset[int]
+    timed_by: str  # capture | ingest
+
+
+@dataclass(frozen=True)
+class Choice:
+    procs: list[ProcStacks]
+    snapshot_times: dict[int, float]
+    fr_sources: frozenset[str] | None  # FR source files of the chosen ingest; None: the agent's (not ingested)
+    notes: list[str]
+
+
+def _utc(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def choose(
+    store: Store,
+    job: str,
+    stacks: Any,
+    procs: list[ProcStacks],
+    snapshot_times: dict[int, float],
+    latest_series: Callable[[Mapping[int, float]], set[int]],
+) -> Choice:
+    """The procs and snapshot times of the latest incident, and notes on the ones ignored."""
+    ids = stacks.column("ingest_id").to_pylist() if "ingest_id" in stacks.column_names else [None] * stacks.num_rows
+    snaps = stacks.column("snapshot").to_pylist()
+    by_ingest: dict[str, set[int]] = {}
+    agent: set[int] = set()
+    for s, i in zip(snaps, ids):
+        if i is None:
+            agent.add(s)
+        else:
+            by_ingest.setdefault(i, set()).add(s)
+    ledger = store.read("ingests", job=job) if store.files("ingests", job=job) else None
+    incidents = _ingests(by_ingest, snapshot_times, ledger)
+    series: set[int] = set()
+    if agent:
+        agent_times = {s: t for s, t in snapshot_times.items() if s in agent}
+        series = latest_series(agent_times) if agent_times else set(agent)
+        t = max((agent_times[s] for s in series if s in agent_times), default=float("-inf"))
+        incidents.append(Incident("agent", t, frozenset(series), "capture"))
+    notes: list[str] = []
+    if not incidents:
+        return Choice(procs, snapshot_times, None, notes)
+    best = max(incidents, key=lambda i: i.time)
+    older = [i for i in incidents if i is not best]
+    if older:
+        what = f"ingest {best.key}" if best.key != "agent" else "the agent's latest capture"
+        notes.append(
+            f"{len(older)} older incident(s) in the store ignored: the latest ({what}, {best.timed_by} time "
+            f"{_utc(best.time) if best.time > float('-inf') else 'unknown'}) is diagnosed"
+        )
+    if best.key == "agent" and len(series) < len(agent):
+        agent_times = {s: t for s, t in snapshot_times.items() if s in agent}
+        if len(series) < len(agent_times):
+            notes.append(
+                f"{len(agent_times) - len(series)} snapshot(s) of earlier captures ignored: the latest capture (from "
+                f"{_utc(min(agent_times[s] for s in series))}) is diagnosed"
+            )
+    keep = best.snapshots
+    chosen = [p for p in procs if p.snapshot in keep]
+    times = {s: t for s, t in snapshot_times.items() if s in keep}
+    fr = _fr_sources(ledger, best.key)
+    return Choice(chosen, times, fr, notes)
+
+
+def _ingests(by_ingest: Mapping[str, set[int]], snapshot_times: Mapping[int, float], ledger: Any) -> list[Incident]:
+    ingest_time: dict[str, float] = {}
+    capture: dict[str, float] = {}
+    if ledger is not None:
+        for i, w, c in zip(ledger["ingest_id"], ledger["ingest_time"], ledger["capture_time"]):
+            if w is not None:
+                ingest_time[i] = min(ingest_time.get(i, w.timestamp()), w.timestamp())
+            if c is not None:
+                capture[i] = max(capture.get(i, c.timestamp()), c.timestamp())
+    out = []
+    for i, snaps in by_ingest.items():
+        content = [snapshot_times[s] for s in snaps if s in snapshot_times]
+        if content or i in capture:
+            out.append(Incident(i, max([*content, capture.get(i, float("-inf"))]), frozenset(snaps), "capture"))
+        else:
+            out.append(Incident(i, ingest_time.get(i, float("-inf")), frozenset(snaps), "ingest"))
+    return out
+
+
+def _fr_sources(ledger: Any, key: str) -> frozenset[str] | None:
+    if ledger is None or key == "agent":
+        return None
+    return frozenset(
+        f
+        for f, i, k in zip(ledger["source_file"], ledger["ingest_id"], ledger["kind"])
+        if i == key and k == "flight_recorder"
+    )
+
+
+def keep_fr_rows(table: Any, ledger: Any, sources: frozenset[str] | None) -> Any:
+    """Collectives rows of the chosen incident: its own FR files, or (for the agent) the rows no ingest wrote."""
+    if table.num_rows == 0:
+        return table
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    files = table.column("source_file")
+    if sources is not None:
+        return table.filter(pc.is_in(files, value_set=pa.array(sorted(sources), type=pa.string())))
+    ingested: Sequence[str] = sorted(
+        {f for f, k in zip(ledger["source_file"], ledger["kind"]) if k == "flight_recorder" and f}
+    )
+    if not ingested:
+        return table
+    return table.filter(pc.invert(pc.is_in(files, value_set=pa.array(ingested, type=pa.string()))))

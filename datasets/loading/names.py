@@ -1,0 +1,131 @@
+"""Machine names and the topology: the user's names always win; a layout gives coordinates, never names.
+
+Every source that names the machine of a rank is merged here, most trusted first: a manifest, the
+hook's identities, the logs (torchrun's prefixes and failure summary), host folders, the ``node`` column of
+timings and metrics. Only a rank no source names gets ``node-<rank // gpus_per_node>``, and the verdict
+says so (:attr:`~rankscope.datasets.domain.inputs.Inputs.inferred_nodes`). Conflicting names for one rank
+are a note (the more trusted source wins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from rankscope.datasets.domain.topology import Layout, Topology
+from rankscope.spine import InputError, LayoutError
+
+PRIORITY = {"manifest": 0, "hook": 1, "log": 2, "host-folder": 3, "timings": 4, "metrics": 5}
+
+
+class Names:
+    """rank -> machine name, merged over sources by :data:`PRIORITY`."""
+
+    def __init__(self) -> None:
+        self.best: dict[int, tuple[str, str]] = {}  # rank -> (node, source)
+        self.conflicts: list[str] = []
+
+    def add(self, rank: int, node: str | None, source: str) -> None:
+        if node is None or node == "" or rank < 0:
+            return
+        cur = self.best.get(rank)
+        if cur is None:
+            self.best[rank] = (node, source)
+            return
+        if cur[0] != node:
+            win, lose = (
+                (cur, (node, source)) if PRIORITY.get(cur[1], 9) <= PRIORITY.get(source, 9) else ((node, source), cur)
+            )
+            self.best[rank] = win
+            if len(self.conflicts) < 5:
+                self.conflicts.append(f"rank {rank}: {win[0]} ({win[1]}) over {lose[0]} ({lose[1]})")
+
+    def add_all(self, items: Iterable[tuple[int, str | None, str]]) -> None:
+        for rank, node, source in items:
+            self.add(rank, node, source)
+
+    def nodes(self) -> dict[int, str]:
+        return {r: n for r, (n, _) in self.best.items()}
+
+    def fill_from_neighbours(self, world: int, gpus_per_node: int) -> str | None:
+        """Name a rank no source named after the machine of its neighbours, when the named ranks show
+        consecutive placement (every machine's ranks in one block of ``gpus_per_node``) and the rank's block
+        is on one machine with room for it (torchrun places local ranks 0..G-1 of a node consecutively).
+        Returns the note saying so, or None."""
+        g = gpus_per_node
+        hosts: dict[str, set[int]] = {}
+        for r, (n, _) in self.best.items():
+            hosts.setdefault(n, set()).add(r)
+        if not hosts or any(len({r // g for r in rs}) != 1 or len(rs) > g for rs in hosts.values()):
+            return None
+        block_host = {next(iter(rs)) // g: n for n, rs in hosts.items()}
+        filled = []
+        for r in range(world):
+            if r not in self.best and (r // g) in block_host:
+                self.best[r] = (block_host[r // g], "neighbours")
+                filled.append(r)
+        if not filled:
+            return None
+        shown = ", ".join(f"{r} ({self.best[r][0]})" for r in filled[:5]) + (", ..." if len(filled) > 5 else "")
+        return (
+            f"machine of {len(filled)} rank(s) nobody named taken from their neighbours (every named machine holds "
+            f"one block of {g} consecutive ranks): {shown}"
+        )
+
+    def notes(self) -> list[str]:
+        if not self.conflicts:
+            return []
+        return [f"machine names disagree between sources; the more trusted one is used: {'; '.join(self.conflicts)}"]
+
+
+def infer_topology(
+    ranks: Sequence[int],
+    nodes: Mapping[int, str],
+    *,
+    layout: Layout | None,
+    gpus_per_node: int,
+    where: str,
+    coords: Mapping[str, Sequence[int]] | None = None,
+) -> tuple[Topology, list[str]]:
+    """The topology of ranks 0..world-1: coordinates from ``coords`` (the hook's), else ``layout``, else pure
+    data parallel; names from ``nodes``, else ``node-<rank // gpus_per_node>`` (the notes say which)."""
+    notes: list[str] = []
+    if gpus_per_node < 1:
+        raise LayoutError(f"--gpus-per-node {gpus_per_node}: must be at least 1")
+    max_rank = max(ranks) if ranks else -1
+    if layout is not None:
+        world = layout.world_size
+        if max_rank >= world:
+            raise LayoutError(f"{where}: rank {max_rank} is outside the layout {layout} (world size {world})")
+    elif coords:
+        world = len(next(iter(coords.values())))
+    else:
+        world = max_rank + 1
+        if world <= 0:
+            raise InputError(f"{where}: no ranks found")
+        layout = Layout(dp=world)
+        notes.append(
+            f"no --layout given: treating ranks 0..{world - 1} as pure data parallel (pass --layout "
+            "tp=..,pp=..,dp=.. to isolate parallel groups and to notice missing trailing ranks)"
+        )
+    names = [nodes.get(r) or f"node-{r // gpus_per_node}" for r in range(world)]
+    if coords:
+        return Topology.from_table(list(range(world)), names, coords=coords), notes
+    return Topology.from_table(list(range(world)), names, layout=layout), notes
+
+
+def inferred_nodes(topology: Topology | None, nodes: Mapping[int, str]) -> tuple[str, ...]:
+    """The machine names of ``topology`` that no source gave (``node-<k>`` inventions)."""
+    if topology is None:
+        return ()
+    out = {topology.node_of(int(r)) for r in topology.ranks if int(r) not in nodes}
+    named = set(nodes.values())
+    return tuple(sorted(out - named))
+
+
+def inferred_note(inferred: Sequence[str], gpus_per_node: int) -> str:
+    shown = ", ".join(inferred[:4]) + (", ..." if len(inferred) > 4 else "")
+    return (
+        f"machine names inferred as node-<rank // {gpus_per_node}> for {len(inferred)} machine(s) ({shown}): no "
+        "manifest, hook identity, log, host folder or timings named them; add a manifest.csv (file,rank,node) "
+        "before acting on this verdict"
+    )

@@ -1,0 +1,170 @@
+"""Every evidence source of a scanned dump directory read into memory, each failure a note.
+
+One unreadable file is a note, never an abort: a bad Flight Recorder dump, metrics or timings file, exit
+record or log is skipped with its reason, and the input is refused only when nothing usable is left. A
+pickle that names code is the exception: it is refused outright (the input may have been tampered with).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rankscope.datasets.domain.exits import ProcessExit
+from rankscope.datasets.domain.flight_recorder import FRDump
+from rankscope.datasets.domain.logs import LogEvidence
+from rankscope.datasets.domain.stacks import ProcStacks, from_dump
+from rankscope.datasets.loading.names import Names
+from rankscope.datasets.readers.dumpdir import DumpDir, from_dump_dir
+from rankscope.datasets.readers.exits import read_exit_records
+from rankscope.spine import InputError, ParseError
+
+
+@dataclass
+class Sources:
+    """What :func:`read_sources` read."""
+
+    procs: list[ProcStacks]
+    fr: list[FRDump] = field(default_factory=list)
+    exits: list[ProcessExit] = field(default_factory=list)
+    metrics: Any = None
+    timings: Any = None
+    logs: LogEvidence | None = None
+    names: Names = field(default_factory=Names)
+    notes: list[str] = field(default_factory=list)
+    assumed_ranks: list[int] = field(default_factory=list)
+
+
+def read_sources(dd: DumpDir, *, gpus_per_node: int | None) -> Sources:
+    """Stacks, Flight Recorder dumps, logs, exits, metrics and timings of ``dd``, with machine names."""
+    src = Sources(from_dump_dir(dd), notes=list(dd.notes))
+    for rank, (node, how) in dd.named_nodes.items():
+        src.names.add(rank, node, how)
+    src.fr = _read_fr(dd, src) + _read_hook_fr(dd.hook_fr_files, src.notes)
+    if dd.log_files or dd.elastic_files:
+        _read_logs(dd, src, gpus_per_node)
+    nodes = src.names.nodes()
+    exit_notes: list[str] = []
+    src.exits = read_exit_records(dd.exit_files, nodes=nodes, notes=exit_notes) + src.exits
+    src.notes += exit_notes
+    src.metrics, src.timings = _read_tables(dd, nodes, src.notes)
+    for df, how in ((src.timings, "timings"), (src.metrics, "metrics")):  # their node columns name machines too
+        if df is not None and "node" in df.columns and "rank" in df.columns:
+            pairs = df.select("rank", "node").drop_nulls().unique().iter_rows()
+            src.names.add_all((int(r), str(n), how) for r, n in pairs)
+    bad_only = not (src.procs or src.fr or src.exits or src.metrics is not None or src.timings is not None)
+    if bad_only and (src.logs is None or src.logs.empty) and not dd.log_files and _table_errors(src):
+        raise InputError(_table_errors(src)[0])
+    return src
+
+
+def _table_errors(src: Sources) -> list[str]:
+    return [n.removeprefix("unreadable: ") for n in src.notes if n.startswith("unreadable: ")]
+
+
+def _read_fr(dd: DumpDir, src: Sources) -> list[FRDump]:
+    """One Flight Recorder dump per rank (one name family when a rank was dumped in several formats); a
+    bad dump is a note. Machine names come from each file's manifest row or host folder."""
+    if not dd.fr_files:
+        return []
+    from rankscope.datasets.readers.flight_recorder import read_fr_file
+    from rankscope.datasets.readers.fr_files import select_fr_files
+
+    chosen = select_fr_files(dd.fr_files)
+    if len(chosen) < len(dd.fr_files):
+        src.notes.append(
+            f"Flight Recorder: read {len(chosen)} of {len(dd.fr_files)} dump files (one per rank; the other "
+            "files are the same ranks in another format)"
+        )
+    out: dict[int, FRDump] = {}
+    bad: list[str] = []
+    for p in chosen:
+        ident = dd.fr_identities.get(str(p))
+        try:
+            d = read_fr_file(p, rank=ident.rank if ident is not None and ident.source("rank") == "manifest" else None)
+        except ParseError as exc:
+            if "refused pickle" in str(exc):
+                raise  # code in a pickle: refuse the whole input, never skip past it
+            bad.append(str(exc))
+            continue
+        if d.rank in out:
+            bad.append(f"{p}: a second dump of rank {d.rank} (kept {out[d.rank].source_file})")
+            continue
+        out[d.rank] = d
+        if ident is not None and ident.node is not None:
+            src.names.add(d.rank, ident.node, ident.sources.get("node", "host-folder"))
+    if bad:
+        src.notes.append(f"{len(bad)} Flight Recorder file(s) skipped: {bad[0]}" + (" ..." if len(bad) > 1 else ""))
+    return sorted(out.values(), key=lambda d: d.rank)
+
+
+def _read_hook_fr(files: Sequence[tuple[Path, int]], notes: list[str]) -> list[FRDump]:
+    """The hook's Flight Recorder dumps (the rank is known from the identity); a bad one is a note."""
+    if not files:
+        return []
+    from rankscope.datasets.readers.flight_recorder import read_fr_file
+
+    out, bad = [], []
+    for path, rank in files:
+        try:
+            out.append(read_fr_file(path, rank=rank))
+        except Exception as exc:
+            bad.append(f"{path.name}: {exc}")
+    if bad:
+        notes.append(f"{len(bad)} Flight Recorder dump(s) of the run directory skipped: {bad[0]}"[:300])
+    return out
+
+
+def _read_logs(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> None:
+    """Logs and TorchElastic error files: log evidence, exits, machine names, and a stack snapshot."""
+    from rankscope.datasets.readers.logmerge import read_logs
+
+    lr = read_logs(dd.log_files, dd.elastic_files, gpus_per_node=gpus_per_node)
+    src.notes += lr.notes
+    src.logs = lr.evidence
+    src.exits += lr.exits
+    src.assumed_ranks += lr.assumed_ranks
+    for rank, (node, how) in lr.names.items():
+        src.names.add(rank, node, how)
+    if lr.stacks:
+        snap = max((p.snapshot for p in src.procs), default=-1) + 1  # after the dump files' snapshots
+        have = {p.rank for p in src.procs if p.role == "trainer"}
+        if not have:
+            src.procs += [
+                from_dump(d, snapshot=snap, rank=r, node=node or None, role="trainer") for r, node, d in lr.stacks
+            ]
+            src.notes.append(
+                f"logs: the faulthandler stacks of {len(lr.stacks)} ranks in the logs are a stack snapshot"
+            )
+        else:
+            src.notes.append("logs: faulthandler stacks in the logs not used (the stack dump files are)")
+
+
+def _read_tables(dd: DumpDir, nodes: dict[int, str], notes: list[str]) -> tuple[Any, Any]:
+    """Metrics and timings files (each bad file a note) and the hook's step records."""
+    if not dd.metric_files and not dd.timing_files and not dd.step_files:
+        return None, None
+    import polars as pl
+
+    from rankscope.datasets.readers import tables
+
+    def each(paths: Sequence[Path], read: Any) -> Any:
+        frames = []
+        for p in paths:
+            try:
+                frames.append(read([p]))
+            except (ParseError, InputError) as exc:
+                notes.append(f"unreadable: {exc}")
+        return pl.concat(frames, how="diagonal_relaxed") if frames else None
+
+    metrics = each(dd.metric_files, tables.read_metrics)
+    timings = each(dd.timing_files, tables.read_timings)
+    if dd.step_files:  # the hook's log_step records: per-rank step times
+        from rankscope.datasets.readers.rundir import read_steps
+
+        steps = read_steps(list(dd.step_files), nodes)
+        if steps is not None:
+            timings = steps if timings is None else pl.concat([timings, steps], how="diagonal_relaxed")
+    return metrics, timings

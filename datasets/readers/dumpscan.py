@@ -1,0 +1,220 @@
+"""The last step of reading a dump directory: identities resolved, the hook's run directory added, notes
+written, and the refusal when nothing usable is left (see :mod:`.dumpdir`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rankscope.datasets.domain.identity import Identity
+from rankscope.datasets.readers import runfiles as rf
+from rankscope.datasets.readers.identity import Manifests, path_facts
+from rankscope.datasets.readers.stackid import Found, identify
+from rankscope.spine import InputError
+
+if TYPE_CHECKING:
+    from rankscope.datasets.readers.dumpdir import DumpDir, DumpFile, _Scan
+    from rankscope.datasets.readers.rundir import HookProcess
+
+
+def finish(
+    sc: _Scan, manifests: Manifests, hooked: dict[tuple[str, int], object], *, gpus_per_node: int | None
+) -> DumpDir:
+    from rankscope.datasets.readers.dumpdir import DumpDir, DumpFile
+
+    notes = list(sc.notes)
+    kept = identify(sc.found, gpus_per_node=gpus_per_node, notes=notes, hook_ids=_hook_identities(hooked))
+    files: list[DumpFile] = [
+        DumpFile(
+            f.rel, f.ident.snapshot, f.ident.rank, f.ident.node, f.role or "trainer", f.ident.pid, (f.dump,), f.ident
+        )
+        for f in kept
+    ]
+    expected: dict[int, str] = {}
+    for rows in manifests.by_file.values():
+        for r in rows:
+            if r.role in (None, "trainer"):
+                expected.setdefault(r.rank, f"a row of {r.manifest}")
+    steps: list[tuple[str, str]] = []
+    coords: dict[int, dict[str, int]] = {}
+    hook_fr: list[tuple[Path, int]] = []
+    if hooked:
+        coords = _add_hook_processes(
+            hooked, files, hook_fr, sc.exits, steps, notes, sc.skipped, gpus_per_node=gpus_per_node or 8
+        )
+        for f in files:
+            if f.identity.source("rank") == "hook" and f.rank is not None:
+                expected.setdefault(f.rank, "the hook's identity")
+        files = _one_per_process(files, notes)
+    named: dict[int, tuple[str, str]] = {}
+    for f in files:
+        if f.rank is not None and f.node is not None and f.role == "trainer":
+            named.setdefault(f.rank, (f.node, f.identity.sources.get("node", "path")))
+    if sc.unlisted:
+        shown = ", ".join(sc.unlisted[:5]) + (", ..." if len(sc.unlisted) > 5 else "")
+        notes.append(
+            f"ignored {len(sc.unlisted)} stack file(s) not in manifest.csv (a manifest covers their folder): {shown}"
+        )
+    if sc.skipped:
+        shown = "; ".join(sc.skipped[:6]) + ("; ..." if len(sc.skipped) > 6 else "")
+        notes.append(f"skipped {len(sc.skipped)} file(s) that are not evidence: {shown}")
+    fr_ids = {abs_path: _file_identity(rel, manifests) for abs_path, rel in sc.fr}
+    if not (files or sc.fr or hook_fr or sc.metrics or sc.timings or sc.exits or steps or sc.logs or sc.elastic):
+        raise InputError(
+            f"{sc.root}: no stack dumps or other evidence found (expected py-spy / faulthandler stack dumps, "
+            "Flight Recorder dumps, "
+            "logs, TorchElastic error files, metrics* / timings* files or a run directory"
+            + (f"; skipped: {'; '.join(sc.skipped[:3])}" if sc.skipped else "")
+            + ")"
+        )
+    return DumpDir(
+        sc.root,
+        tuple(files),
+        tuple(Path(a) for a, _ in sc.fr),
+        tuple(sc.metrics),
+        tuple(sc.timings),
+        tuple(sc.exits),
+        any(ident_named(f.identity) for f in files) or bool(manifests),
+        tuple(notes),
+        tuple(steps),
+        coords,
+        tuple(hook_fr),
+        fr_ids,
+        tuple(sc.logs),
+        tuple(sc.elastic),
+        expected,
+        named,
+    )
+
+
+def _one_per_process(files: list[DumpFile], notes: list[str]) -> list[DumpFile]:
+    """A process the hook and another tool both dumped is kept once (the dump with a stack wins)."""
+    order = {"ok": 0, "partial": 1, "cut": 2, "failed": 3}
+    best: dict[tuple[int, int], DumpFile] = {}
+    for f in files:
+        if f.role != "trainer" or f.rank is None:
+            continue
+        cur = best.get((f.snapshot, f.rank))
+        if cur is None:
+            best[(f.snapshot, f.rank)] = f
+            continue
+        if cur.pid is not None and f.pid is not None and cur.pid != f.pid:
+            raise InputError(
+                f"rank {f.rank} (snapshot {f.snapshot}) is claimed by two processes: {cur.path} (pid {cur.pid}) and "
+                f"{f.path} (pid {f.pid}); keep one, or give each its rank in a manifest.csv (file,pid,rank,node)"
+            )
+        a, b = order.get(cur.processes[0].status, 4), order.get(f.processes[0].status, 4)
+        best[(f.snapshot, f.rank)] = f if b < a else cur
+    keep = {id(f) for f in best.values()}
+    out = [f for f in files if f.role != "trainer" or f.rank is None or id(f) in keep]
+    if len(out) < len(files):
+        notes.append(
+            f"{len(files) - len(out)} process(es) both the hook and another capture dumped: one dump kept each"
+        )
+    return out
+
+
+def _hook_identities(hooked: dict[tuple[str, int], object]) -> dict[int, dict[str, object]]:
+    """The hook's identity of every pid that has one (a py-spy dump of that pid gets its rank and node)."""
+    from rankscope.datasets.readers.rundir import identity
+
+    out: dict[int, dict[str, object]] = {}
+    for (_d, pid), hp in hooked.items():
+        path = getattr(hp, "files", {}).get(rf.IDENTITY)
+        ident = identity(path) if path else None
+        if ident is not None:
+            out[pid] = ident
+    return out
+
+
+def ident_named(ident: Identity) -> bool:
+    return ident.node_is_named
+
+
+def _file_identity(rel: str, manifests: Manifests) -> Identity:
+    """What the manifest and the path say about a non-stack evidence file (a Flight Recorder dump)."""
+    facts = path_facts(rel)
+    ident = Identity().with_field("snapshot", facts.snapshot, "path")
+    rows = manifests.rows(rel)
+    if rows:
+        r = rows[0]
+        ident = ident.with_field("rank", r.rank, "manifest").with_field("node", r.node, "manifest")
+        ident = ident.with_field("snapshot", r.snapshot, "manifest")
+    ident = ident.fill("rank", facts.rank, "path").fill("local_rank", facts.local_rank, "path")
+    return ident.fill("node", facts.host, "host-folder")
+
+
+def _add_hook_processes(
+    hooked: dict[tuple[str, int], object],
+    files: list[DumpFile],
+    fr: list[tuple[Path, int]],
+    exits: list[Path],
+    steps: list[tuple[str, str]],
+    notes: list[str],
+    ignored: list[str],
+    *,
+    gpus_per_node: int,
+) -> dict[int, dict[str, int]]:
+    """The hook's per-process files (a run directory) as dump files, exits, FR dumps and step files."""
+    from rankscope.datasets.readers.dumpdir import DumpFile
+    from rankscope.datasets.readers.rundir import coords_of, resolve
+
+    by_dir: dict[str, dict[int, HookProcess]] = {}
+    for (d, pid), hp in hooked.items():
+        by_dir.setdefault(d, {})[pid] = hp  # type: ignore[assignment]
+    coords = dict[int, dict[str, int]]()
+    for d, procs in sorted(by_dir.items()):
+        snap = path_facts(d + "x").snapshot or 0
+        resolved = resolve(procs, gpus_per_node=gpus_per_node, notes=notes)
+        by_pid = {p.pid: p for p in resolved}
+        keep = set(by_pid)
+        run_start = min((p.started for p in resolved if p.role == "trainer" and p.started), default=None)
+        stale_exits = 0
+        for p in resolved:
+            ident = Identity(snapshot=snap).with_field("rank", p.rank, "hook").with_field("pid", p.pid, "hook")
+            if p.identity.get("node"):  # the hook names the machine (RANKSCOPE_NODE or the hostname)
+                ident = ident.with_field("node", p.node, "hook")
+            ident = ident.with_field("local_rank", _int(p.identity.get("local_rank")), "hook")
+            files.append(DumpFile(p.stack_rel, snap, p.rank, ident.node, p.role, p.pid, (p.dump,), ident))
+        for pid, hp in procs.items():
+            if pid not in keep:
+                if rf.IDENTITY not in hp.files and rf.EXIT in hp.files:  # an exit record names its own rank
+                    if run_start is not None and _record_time(hp.files[rf.EXIT]) < run_start:
+                        stale_exits += 1  # from a run before the processes found here started
+                    else:
+                        exits.append(Path(hp.files[rf.EXIT]))
+                continue
+            if rf.EXIT in hp.files:
+                exits.append(Path(hp.files[rf.EXIT]))
+            if rf.FR in hp.files and by_pid[pid].role == "trainer":
+                fr.append((Path(hp.files[rf.FR]), by_pid[pid].rank))
+            if rf.STEPS in hp.files:
+                steps.append((hp.files[rf.STEPS], hp.rel[rf.STEPS]))
+        if stale_exits:
+            notes.append(f"run directory: {stale_exits} exit record(s) from before this run started ignored")
+        coords = coords or coords_of(resolved)
+        if not resolved:
+            ignored.extend(
+                f"{rel} (hook file without a usable identity)"
+                for hp in procs.values()
+                for k, rel in hp.rel.items()
+                if k not in (rf.CTL, rf.EXIT)
+            )
+    return coords
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _record_time(path: str) -> float:
+    """The ``time`` of a hook exit record; +inf when unreadable (kept, and reported by the exit reader)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return float(json.load(fh)["time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return float("inf")
+
+
+__all__ = ["Found", "finish"]

@@ -1,0 +1,246 @@
+"""Identity of evidence files: manifests at any depth, path tokens, host folders, local ranks.
+
+Rules (the order is the order of trust; see :mod:`rankscope.datasets.domain.identity`):
+
+1. ``manifest.csv`` at any depth applies to the files under its folder. Its ``file`` column is relative
+   to the manifest's folder (else to the input root); ``rank``, and optional ``node``, ``role``, ``pid``,
+   ``snapshot``, ``local_rank`` (other columns are ignored). Several rows of one file with different ``pid``
+   name the processes of a concatenated dump. Without a ``snapshot`` column the nearest enclosing
+   ``snapshot-N/`` (or ``round-N/``) folder counts.
+2. The hook's identities (``pid<PID>.json``), by pid.
+3. The path: a ``rank[-_]N`` token in any component is the global rank (the file name's first), a
+   ``local[-_]rank[-_]N`` token a local rank, torchrun's ``--log-dir`` layout
+   (``<run_id>/attempt_<k>/<local_rank>/``) a local rank too; the nearest folder above the file that is no
+   known container (``snapshot-N``, ``stacks``, ``dumps``, ``logs``, ``attempt_N``, ``rank_N``, digits,
+   a ``--log-dir`` run id, ...) is the machine's name.
+4. Sibling trainers of one host without a rank: ``--local-rank``/``LOCAL_RANK`` in their command line,
+   else pid order (torchrun starts local ranks in order) when each host holds the same count (and that
+   count is ``--gpus-per-node`` when given).
+5. A local rank on a named host becomes the global rank ``host index * gpus_per_node + local rank`` over
+   the sorted host names, with a note: the mapping is assumed unless a manifest or identity says otherwise.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+from rankscope.spine import InputError
+
+MANIFEST = "manifest.csv"
+
+SNAPSHOT_DIR = re.compile(r"^(?:snap(?:shot)?|round)[-_]?(\d+)$", re.I)
+_RANK = re.compile(r"(?<![A-Za-z])(?<!local_)(?<!local-)(?<!local)rank[-_]?(\d+)", re.I)
+_LOCAL = re.compile(r"(?<![A-Za-z])local[-_]?rank[-_]?(\d+)", re.I)
+_ATTEMPT = re.compile(r"^attempt[-_]?\d+$", re.I)
+_CONTAINER = re.compile(
+    r"^(?:snap(?:shot)?[-_]?\d+|round[-_]?\d+|attempt[-_]?\d+|(?:local[-_]?)?rank[-_]?\d+|\d+|stacks?|dumps?"
+    r"|py-?spy(?:[-_]?(?:dumps?|text|json))?|traces?|text|txt|json|logs?|log[-_]?dir|outputs?|fr|flight[-_]?recorder"
+    r"|faulthandler(?:[-_]rounds?)?|torchelastic|errors?|runs?|data|captures?|incidents?|results?|artifacts?"
+    r"|collect(?:ed|ion)?|evidence|tmp|temp)$",
+    re.I,
+)
+_CMD_LOCAL = re.compile(r"(?:--local[-_]rank[= ]|\bLOCAL_RANK=)(\d+)")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_GENERIC_STEMS = re.compile(
+    r"^(?:torchrun|train(?:ing)?|stdout|stderr|output|out|log|logs|console|combined|job|run|slurm[-_].*|"
+    r"torchrun[-_]?(?:stdout|stderr|combined|log)?.*|error|errors|debug|launcher|master|worker)$",
+    re.I,
+)
+
+
+@dataclass(frozen=True)
+class PathFacts:
+    """What a file's path says about its process(es)."""
+
+    snapshot: int | None
+    rank: int | None
+    local_rank: int | None
+    host: str | None  # the nearest non-container folder (a machine name candidate)
+    log_dir_layout: bool  # under torchrun's <run_id>/attempt_<k>/<local_rank>/
+
+
+@lru_cache(maxsize=1 << 16)
+def _dir_facts(dirpart: str) -> tuple[int | None, int | None, int | None, str | None, bool]:
+    parts = [p for p in dirpart.split("/") if p]
+    snap = rank = local = host = None
+    log_dir = False
+    for part in parts:
+        m = SNAPSHOT_DIR.match(part)
+        if m:
+            snap = int(m.group(1))
+    # torchrun --log-dir: .../<run_id>/attempt_<k>/<local_rank>/
+    if len(parts) >= 2 and parts[-1].isdigit() and _ATTEMPT.match(parts[-2]):
+        local, log_dir = int(parts[-1]), True
+    run_id = len(parts) - 3 if log_dir else -1
+    for i in range(len(parts) - 1, -1, -1):
+        part = parts[i]
+        if local is None:
+            m = _LOCAL.search(part)
+            if m:
+                local = int(m.group(1))
+        if rank is None:
+            m = _RANK.search(part)
+            if m:
+                rank = int(m.group(1))
+        if i == run_id or (i + 1 < len(parts) and _ATTEMPT.match(parts[i + 1])):
+            continue  # a --log-dir run id ("none_ml68s5ij", "<uuid>_<random>")
+        if host is None and not _CONTAINER.match(part) and _HOSTNAME.match(part) and not _RANK.search(part):
+            host = part
+            break
+    return snap, rank, local, host, log_dir
+
+
+def path_facts(rel: str) -> PathFacts:
+    """The identity facts of the file at ``rel`` (relative to the input root, ``/``-separated)."""
+    dirpart, _, name = rel.rpartition("/")
+    snap, drank, dlocal, host, log_dir = _dir_facts(dirpart)
+    stem = name.split(".", 1)[0] if not name.startswith(".") else name
+    m = _LOCAL.search(stem)
+    local = int(m.group(1)) if m else dlocal
+    m = _RANK.search(stem)
+    rank = int(m.group(1)) if m else drank
+    return PathFacts(snap, rank, local, host, log_dir)
+
+
+def host_from_log_name(rel: str) -> str | None:
+    """A per-host log's machine name from its file name (``dgx-h100-0743.log``), when it looks like one."""
+    name = rel.rsplit("/", 1)[-1]
+    stem = re.sub(r"\.(?:log|out|err|txt|json|stdout|stderr)$", "", name, flags=re.I)
+    if not stem or _GENERIC_STEMS.match(stem) or _RANK.search(stem) or _LOCAL.search(stem):
+        return None
+    return stem if _HOSTNAME.match(stem) and not _CONTAINER.match(stem) else None
+
+
+def local_rank_from_cmdline(cmdline: str | None) -> int | None:
+    """``--local-rank=N`` / ``--local_rank N`` / ``LOCAL_RANK=N`` in a command line, else None."""
+    if not cmdline or ("ocal" not in cmdline and "LOCAL" not in cmdline):
+        return None
+    m = _CMD_LOCAL.search(cmdline)
+    return int(m.group(1)) if m else None
+
+
+def natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key: ``node-2`` before ``node-10``."""
+    return tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", name) if t)
+
+
+# -- manifests ----------------------------------------------------------------------------------------
+class ManifestRow(NamedTuple):
+    """One row of a manifest, its ``file`` resolved relative to the input root (a tuple: 100,000 rows)."""
+
+    file: str
+    rank: int
+    node: str | None
+    role: str | None
+    pid: int | None
+    snapshot: int | None
+    local_rank: int | None
+    manifest: str  # the manifest's own path (relative to the root)
+
+
+_COLUMNS = ("file", "rank", "node", "role", "pid", "snapshot", "local_rank")
+
+
+def _roles() -> tuple[str, ...]:
+    from rankscope.datasets.domain.stacks import ROLES
+
+    return ROLES
+
+
+def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
+    """Rows of one manifest.csv, validated (one clear error naming the file and line)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            header = [h.strip() for h in next(reader, [])]
+            missing = {"file", "rank"} - set(header)
+            if missing:
+                raise InputError(
+                    f"{rel}: header must have file,rank (and node to name machines); missing "
+                    f"{', '.join(sorted(missing))}"
+                )
+            idx = {c: header.index(c) for c in _COLUMNS if c in header}
+            width = len(header)
+            rows = []
+            for i, rec in enumerate(reader, start=2):
+                if not rec or not any(x.strip() for x in rec):
+                    continue
+                if len(rec) < width:
+                    rec = rec + [""] * (width - len(rec))
+                row = {c: rec[j].strip() for c, j in idx.items()}
+                if not row["file"]:
+                    raise InputError(f"{rel}: line {i}: empty 'file'")
+                if not row["rank"].isdigit():
+                    raise InputError(f"{rel}: line {i}: rank {row['rank']!r} is not a non-negative integer")
+                role = row.get("role")
+                if role and role not in _roles():
+                    raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(_roles())}")
+                for col in ("pid", "snapshot", "local_rank"):
+                    v = row.get(col)
+                    if v and not v.isdigit():
+                        raise InputError(f"{rel}: line {i}: {col} {v!r} is not an integer")
+                rows.append(row)
+            return rows
+    except UnicodeDecodeError:
+        raise InputError(f"{rel}: not a UTF-8 CSV file") from None
+    except csv.Error as exc:
+        raise InputError(f"{rel}: malformed CSV ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"{rel}: unreadable ({exc.strerror})") from None
+
+
+class Manifests:
+    """Every manifest under the input, each scoped to its folder."""
+
+    def __init__(self) -> None:
+        self.by_file: dict[str, list[ManifestRow]] = {}
+        self.scopes: list[str] = []  # folders ("" = root, else "a/b/") that hold a manifest, deepest first
+
+    def add(self, manifest_rel: str, rows: Iterable[Mapping[str, str]], present: set[str]) -> None:
+        scope = manifest_rel[: -len(MANIFEST)]
+        self.scopes.append(scope)
+        self.scopes.sort(key=len, reverse=True)
+        by_file = self.by_file
+        for r in rows:
+            f = r["file"]
+            if "\\" in f or f.startswith("./"):
+                f = f.replace("\\", "/")
+                while f.startswith("./"):
+                    f = f[2:]
+            rel = scope + f
+            if rel not in present and f in present:
+                rel = f  # relative to the root (the older convention)
+            snap = int(r["snapshot"]) if r.get("snapshot") else None  # else: the file's snapshot-N/ folder
+            row = ManifestRow(
+                rel,
+                int(r["rank"]),
+                r.get("node") or None,
+                r.get("role") or None,
+                int(r["pid"]) if r.get("pid") else None,
+                snap,
+                int(r["local_rank"]) if r.get("local_rank") else None,
+                manifest_rel,
+            )
+            by_file.setdefault(rel, []).append(row)
+
+    def __bool__(self) -> bool:
+        return bool(self.scopes)
+
+    def scope_of(self, rel: str) -> str | None:
+        """The deepest manifest folder ``rel`` lies in, or None when no manifest covers it."""
+        for s in self.scopes:
+            if rel.startswith(s):
+                return s
+        return None
+
+    def rows(self, rel: str) -> list[ManifestRow]:
+        return self.by_file.get(rel, [])
+
+    def absent(self, present: set[str]) -> list[ManifestRow]:
+        """Rows whose file is not under the input."""
+        return [r for rel, rows in self.by_file.items() if rel not in present for r in rows]

@@ -1,0 +1,335 @@
+"""Logs and TorchElastic error files of one job, merged: global ranks, machines, times, exits, stacks.
+
+:func:`read_logs` reads every log (:mod:`.logs`) and error file (:mod:`.torchelastic`), then resolves
+identities across files: a ``[rank<N>]:`` tag is the global rank; a local rank (``[default<L>]:``, a
+``--log-dir`` ``<local_rank>/`` folder, an error file's folder) on a host is mapped through the lines that
+carry both tags and the launcher's summary (``rank : 5 (local_rank: 1)``), else ``host index * G + L``
+over the sorted host names (with a note). Times: glog stamps carry no year (the logs' full dates supply
+it) and, like the launcher's summary, no time zone; when an error file's epoch time and a summary time
+describe the same failure, their difference corrects the zone of every naive time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankscope.datasets.domain.exits import ProcessExit
+from rankscope.datasets.domain.logs import GlooRecord, LauncherFailure, LogEvidence, StepRecord, WatchdogRecord
+from rankscope.datasets.domain.stacks import ProcessDump
+from rankscope.datasets.readers.faulthandler import parse_traceback_text
+from rankscope.datasets.readers.identity import natural, path_facts
+from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_file, to_epoch, year_of
+from rankscope.datasets.readers.torchelastic import ElasticError, read_error_file, split_exception
+
+
+@dataclass
+class LogRead:
+    """What the logs of one job gave: evidence for the log analysis, exits, stacks and machine names."""
+
+    evidence: LogEvidence
+    exits: list[ProcessExit] = field(default_factory=list)
+    stacks: list[tuple[int, str, ProcessDump]] = field(default_factory=list)  # (rank, node, dump): one snapshot
+    names: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank -> (node, provenance)
+    notes: list[str] = field(default_factory=list)
+    assumed_ranks: list[int] = field(default_factory=list)  # global ranks mapped by host order
+
+
+class _Ranks:
+    """Local-to-global rank maps learnt from every file, and the host-order fallback."""
+
+    def __init__(self, reads: Sequence[FileRead], gpus_per_node: int | None) -> None:
+        self.map: dict[tuple[str, int], int] = {}
+        self.hosts: set[str] = set()
+        self.g = gpus_per_node
+        self.assumed: set[tuple[str, int]] = set()
+        for f in reads:
+            host = self.host_of(f)
+            if host is None:
+                continue
+            self.hosts.add(host)
+            for local, rank in f.pairs.items():
+                self.map.setdefault((host, local), rank)
+            for e in f.summary:  # one launcher's summary: its own host's workers
+                if e.local_rank is not None:
+                    self.map.setdefault((host, e.local_rank), e.rank)
+            if f.path_local is not None:  # a --log-dir file: its [rank<N>] lines name its global rank
+                tagged = {st.rank for st in f.streams.values() if st.rank is not None}
+                if len(tagged) == 1:
+                    self.map.setdefault((host, f.path_local), tagged.pop())
+
+    @staticmethod
+    def host_of(f: FileRead) -> str | None:
+        """The machine a file's processes ran on; ``file:<path>`` when nothing names it (one launcher's
+        file still maps its own local ranks)."""
+        if f.host:
+            return f.host
+        hosts = {e.host for e in f.summary if is_machine_name(e.host)}
+        return hosts.pop() if len(hosts) == 1 else f"file:{f.rel}"
+
+    def global_rank(self, host: str | None, local: int) -> int | None:
+        if host is None:
+            return None
+        if (host, local) in self.map:
+            return self.map[(host, local)]
+        self.assumed.add((host, local))
+        return None
+
+    def assume(self) -> str | None:
+        """Map the local ranks nothing named by host order; returns the note saying so."""
+        if not self.assumed:
+            return None
+        g = self.g or max(loc for _, loc in self.assumed | set(self.map)) + 1
+        hosts = sorted(self.hosts | {h for h, _ in self.assumed}, key=natural)
+        idx = {h: i for i, h in enumerate(hosts)}
+        for host, local in sorted(self.assumed):
+            self.map[(host, local)] = idx[host] * g + local
+        return (
+            f"logs: global ranks of {len(self.assumed)} process(es) assumed from sorted host names (rank = host "
+            f"index x {g} + local rank); a [rank<N>] tag, the launcher's failure summary or a manifest makes it exact"
+        )
+
+
+def is_machine_name(host: str | None) -> bool:
+    """A host name worth naming (torchrun prints ``localhost`` when it knows no better)."""
+    return bool(host) and host not in ("localhost", "127.0.0.1", "::1", "<N/A>")
+
+
+def _stream_rank(f: FileRead, key: tuple[str, int] | None, st: Stream, ranks: _Ranks) -> int | None:
+    host = ranks.host_of(f)
+    if st.rank is not None:
+        return st.rank
+    if key is not None and key[0] == "L":
+        return ranks.global_rank(host, key[1])
+    if f.path_local is not None:  # a --log-dir file holds one process
+        return ranks.global_rank(host, f.path_local)
+    if f.path_rank is not None:
+        return f.path_rank
+    return None  # the launcher's own lines
+
+
+def read_logs(
+    files: Sequence[tuple[str, str]], elastic: Sequence[tuple[str, str]], *, gpus_per_node: int | None
+) -> LogRead:
+    """Every log and TorchElastic error file of the input, merged."""
+    notes: list[str] = []
+    reads: list[FileRead] = []
+    for path, rel in files:
+        try:
+            reads.append(read_log_file(path, rel))
+        except OSError as exc:
+            notes.append(f"log {rel} unreadable ({exc.strerror})")
+    errors = [(rel, e) for path, rel in elastic if (e := read_error_file(path, rel)) is not None]
+    fallback = next((time.gmtime(e.time).tm_year for _, e in errors if e.time), time.gmtime().tm_year)
+    year = year_of(reads, fallback)
+    ranks = _Ranks(reads, gpus_per_node)
+    for rel, _e in errors:
+        facts = path_facts(rel)
+        if facts.host:
+            ranks.hosts.add(facts.host)
+    # first pass: which global rank each stream and error file is (local ranks may need host order)
+    plan: list[tuple[FileRead, tuple[str, int] | None, Stream]] = [
+        (f, k, st) for f in reads for k, st in f.streams.items()
+    ]
+    for f, k, st in plan:
+        _stream_rank(f, k, st, ranks)
+    err_local = [(rel, e, path_facts(rel)) for rel, e in errors]
+    for _rel, _e, facts in err_local:
+        if facts.rank is None and facts.local_rank is not None:
+            ranks.global_rank(facts.host, facts.local_rank)
+    note = ranks.assume()
+    if note:
+        notes.append(note)
+    out = _build(reads, plan, err_local, ranks, year, notes)
+    out.assumed_ranks = sorted(ranks.map[k] for k in ranks.assumed)
+    return out
+
+
+def _build(
+    reads: list[FileRead],
+    plan: list[tuple[FileRead, tuple[str, int] | None, Stream]],
+    err_local: list[tuple[str, ElasticError, Any]],
+    ranks: _Ranks,
+    year: int,
+    notes: list[str],
+) -> LogRead:
+    out = LogRead(LogEvidence(), notes=notes)
+    seen: dict[int, str] = {}
+    last: dict[int, float] = {}
+    wd: list[WatchdogRecord] = []
+    gloo: list[GlooRecord] = []
+    steps: list[StepRecord] = []
+    found_exits: dict[int, dict[str, Any]] = {}
+    blocks: dict[int, list[ProcessDump]] = defaultdict(list)
+    launcher: list[LauncherFailure] = [e for f in reads for e in f.summary]
+    offset = _zone_offset(launcher, err_local, ranks)
+    for f, key, st in plan:
+        rank = _stream_rank(f, key, st, ranks)
+        key_host = ranks.host_of(f) or ""
+        host = "" if key_host.startswith("file:") else key_host  # a machine name, or none
+        if rank is None:
+            continue
+        seen.setdefault(rank, host)
+        if host:
+            out.names.setdefault(rank, (host, f.host_source if f.host else "log"))
+        if st.last_stamp is not None:
+            t = to_epoch(st.last_stamp, year)
+            if t is not None:
+                last[rank] = max(last.get(rank, t), t + offset)
+        for rec in st.records:
+            t = to_epoch(rec.pop("stamp", None), year)
+            t = t + offset if t is not None else None
+            kind = rec.pop("type")
+            if kind == "watchdog":
+                wd.append(WatchdogRecord(rank=rank, node=host, time=t, **rec))
+            elif kind == "gloo":
+                gloo.append(GlooRecord(rank=rank, node=host, time=t, **rec))
+            else:
+                steps.append(StepRecord(rank=rank, node=host, time=t, **rec))
+        for ex in st.exits:
+            if ex["kind"] in _LAUNCHER_EXC:
+                continue
+            t = to_epoch(ex["stamp"], year)
+            found_exits.setdefault(rank, {**ex, "time": t + offset if t is not None else None, "node": host})
+        for text in st.stacks:
+            blocks[rank].extend(d for d in parse_traceback_text(text, f.rel) if d.status in ("ok", "partial"))
+    _exits(out, found_exits, launcher, err_local, ranks, wd, offset)
+    for e in launcher:
+        if is_machine_name(e.host):
+            out.names.setdefault(e.rank, (e.host, "log"))
+        seen.setdefault(e.rank, e.host if is_machine_name(e.host) else "")
+    _stacks(out, blocks, seen)
+    out.evidence = LogEvidence(
+        tuple(wd),
+        tuple(gloo),
+        tuple(sorted(steps, key=lambda s: (s.time or 0.0, s.step))),
+        tuple(launcher),
+        seen,
+        last,
+        tuple(f.rel for f in reads) + tuple(rel for rel, _, _ in err_local),
+        tuple(sorted({r for r, _, _ in out.stacks})),
+        tuple(notes),
+    )
+    return out
+
+
+def _zone_offset(
+    launcher: list[LauncherFailure], err_local: list[tuple[str, ElasticError, Any]], ranks: _Ranks
+) -> float:
+    """Seconds to add to the logs' naive (local) times so they compare with epoch times, from failures that
+    both the launcher's summary and an error file timed; 0 when none."""
+    by_rank = {e.rank: e.time for e in launcher if e.time is not None}
+    diffs = []
+    for _rel, one, facts in err_local:
+        r = (
+            facts.rank
+            if facts.rank is not None
+            else ranks.map.get((facts.host, facts.local_rank))
+            if facts.host
+            else None
+        )
+        if r is not None and r in by_rank and one.time is not None:
+            diffs.append(one.time - by_rank[r])
+    if not diffs:
+        return 0.0
+    diffs.sort()
+    return round(diffs[len(diffs) // 2] / 900.0) * 900.0  # time zones are whole quarter hours
+
+
+def _exits(
+    out: LogRead,
+    found: dict[int, dict[str, Any]],
+    launcher: list[LauncherFailure],
+    err_local: list[tuple[str, ElasticError, Any]],
+    ranks: _Ranks,
+    wd: list[WatchdogRecord],
+    offset: float,
+) -> None:
+    """One exit per rank: the exception (its traceback, else its error file, else the launcher's line), timed
+    by its error file, else the launcher's summary, else the log line's stamp."""
+    summary: dict[int, LauncherFailure] = {}
+    for e in launcher:
+        cur = summary.get(e.rank)
+        if cur is None or (e.time or 0) < (cur.time or 0):
+            summary[e.rank] = e
+    files: dict[int, ElasticError] = {}
+    orphans = []
+    for rel, one, facts in err_local:
+        r = (
+            facts.rank
+            if facts.rank is not None
+            else ranks.map.get((facts.host, facts.local_rank))
+            if facts.host
+            else None
+        )
+        if r is None:
+            orphans.append(rel)
+        else:
+            files.setdefault(r, one)
+            if facts.host:
+                out.names.setdefault(r, (facts.host, "host-folder"))
+    if orphans:
+        out.notes.append(
+            f"{len(orphans)} TorchElastic error file(s) with no rank (an error file says no rank; its path must: "
+            f"<host>/<run_id>/attempt_<k>/<local_rank>/error.json) not used: {', '.join(orphans[:3])}"
+        )
+    timed_out = {w.rank: w for w in wd if w.kind == "timeout" and w.rank is not None}
+    for rank in sorted(set(found) | set(summary) | set(files)):
+        ex, s, err = found.get(rank), summary.get(rank), files.get(rank)
+        kind = message = where = ""
+        source = ""
+        if ex is not None:
+            kind, message, where, source = ex["kind"], ex["message"], ex["where"], ex["source"]
+        elif err is not None:
+            kind, message, where, source = err.kind, err.message, err.where, err.source
+        elif s is not None:
+            exc = split_exception(s.error) if s.error else None
+            if exc is not None:
+                kind, message = exc
+            else:
+                code = -(s.exitcode or 0)
+                from rankscope.datasets.readers.torchelastic import SIGNALS
+
+                kind = SIGNALS.get(code, f"exit code {s.exitcode}")
+                message = s.error or f"exit code {s.exitcode}"
+            source = s.source
+        if not kind:
+            continue
+        w = timed_out.get(rank)
+        if w is not None and "watchdog" not in message.lower():
+            message += "; the NCCL watchdog took the process down: Watchdog caught collective operation timeout"
+            message += f" (SeqNum={w.seq})"
+        when, how = None, "log"
+        if err is not None and err.time is not None:
+            when, how = err.time, "error-file"
+        elif s is not None and s.time is not None:
+            when, how = s.time + offset, "launcher"
+        elif ex is not None and ex["time"] is not None:
+            when = ex["time"]
+        if when is None:
+            out.notes.append(f"rank {rank}: {kind} in {source} has no time: not ordered with the other failures")
+            continue
+        node = (s.host if s is not None and is_machine_name(s.host) else None) or (ex or {}).get("node") or ""
+        node = node or out.names.get(rank, ("",))[0]
+        out.exits.append(
+            ProcessExit(rank, when, kind, message, where, node, s.pid if s else None, "trainer", how, source)
+        )
+
+
+def _stacks(out: LogRead, blocks: dict[int, list[ProcessDump]], seen: dict[int, str]) -> None:
+    """The faulthandler blocks of the logs as one snapshot, when every rank the logs show has one (a
+    snapshot of a few ranks would make every other rank look missing)."""
+    if not blocks:
+        return
+    have = [r for r in seen if blocks.get(r)]
+    if len(have) < len(seen):
+        out.notes.append(
+            f"logs: faulthandler stacks of {len(have)} of {len(seen)} ranks ({', '.join(map(str, sorted(have)[:8]))}) "
+            "not used as a stack snapshot: a snapshot needs every rank's stack"
+        )
+        return
+    for r in sorted(have):
+        out.stacks.append((r, seen[r], blocks[r][-1]))

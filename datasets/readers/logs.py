@@ -1,0 +1,328 @@
+"""Training and launcher logs, read as evidence (streaming, line-prefix aware).
+
+Accepted: torchrun consoles (``--tee 3``: every worker line prefixed ``[default<LOCAL>]:``, an exception's
+traceback lines also ``[rank<GLOBAL>]:``; without ``--tee`` only the ``[rank<N>]:`` lines), per-process
+files of a ``--log-dir`` tree (``<run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log``) and plain
+training logs. Lines of different processes interleave, so each line is routed by its prefix to its
+process's stream before blocks are parsed. Per stream:
+
+- faulthandler blocks (``Thread 0x... (most recent call first):`` ...) become stacks;
+- Python tracebacks become exits (type, message, innermost frame); the launcher's own tracebacks
+  (``ChildFailedError``, ``SignalException``) do not;
+- ProcessGroupNCCL watchdog and heartbeat-monitor lines (:class:`~rankscope.datasets.domain.logs.WatchdogRecord`),
+  gloo transport errors, Megatron ``iteration N/M`` lines, with the time of their glog / timestamp prefix;
+- the launcher's ``ChildFailedError`` summary (times, hosts, local-to-global ranks), as context.
+
+Ranks: ``[rank<N>]:`` is the global rank; ``[<role><L>]:`` a local rank on the file's host, mapped to the
+global rank by the lines that carry both, by the launcher's summary, else by host order (with a note).
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankscope.datasets.readers.identity import host_from_log_name, path_facts
+from rankscope.datasets.readers.sniff import C10_LOG, GLOG, RAY, STAMP, WORKER_PREFIX
+from rankscope.datasets.readers.torchelastic import SummaryParser, split_exception
+
+_PG = re.compile(
+    r"\[(?:PG ID (?P<pgid>\d+) PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<desc>[^)]*)\))?|PG (?P<pgid2>\d+)"
+    r"(?: \((?P<desc2>[^)]*)\))?) Rank (?P<pgrank>\d+)\]"
+)
+_RANK_TAG = re.compile(r"\[Rank (\d+)\]")
+_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)"
+    r"(?:, [^)]*?Timeout\(ms\)=(?P<to>\d+))?[^)]*\) ran for (?P<ran>\d+) milliseconds"
+)
+_FAILURE = re.compile(
+    r"failure detected by watchdog at work sequence id: (?P<seq>\d+) PG status: last enqueued work: (?P<e>-?\d+), "
+    r"last completed work: (?P<c>-?\d+)"
+)
+_FAILURE_OLD = re.compile(
+    r"(?:Exception(?: \(either an error or timeout\))? detected by watchdog at work|Timeout at NCCL work): "
+    r"(?P<seq>\d+), last enqueued NCCL work: (?P<e>-?\d+), last completed NCCL work: (?P<c>-?\d+)"
+)
+_DUMP = re.compile(
+    r"Received a dump signal .*?Last enqueued NCCL work: (?P<e>-?\d+), last completed NCCL work: (?P<c>-?\d+)"
+)
+_PERIODIC = re.compile(
+    r"NCCL Work update periodically: last enqueued NCCL work: (?P<e>-?\d+), last completed NCCL work: (?P<c>-?\d+)"
+)
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting (?P<ms>\d+)ms for (?P<op>\w+) operation to complete")
+_GLOO_CLOSED = re.compile(r"(?:Connection closed by peer|Connection reset by peer) \[(?P<addr>[^\]]+)\]:(?P<port>\d+)")
+_ITERATION = re.compile(r"iteration\s+(?P<it>\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*(?P<ms>[\d.]+)")
+_FH_HEAD = re.compile(r"^(?:Current thread|Thread) 0[xX][0-9a-fA-F]+(?: \[.*?\])? \(most recent call first\):")
+_FATAL = re.compile(r"^Fatal Python error: (.*)$")
+_TB_HEAD = re.compile(r"^(?:Traceback|Stack) \(most recent call last\):")
+_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+_LAUNCHER_EXC = frozenset({"ChildFailedError", "SignalException"})
+
+Stamp = tuple[int, int, float] | tuple[int, int, int, float]  # (month, day, secs) or (year, month, day, secs)
+
+
+def _hms(text: str) -> float:
+    h, m, s = text.replace(",", ".").split(":")
+    return int(h) * 3600 + int(m) * 60 + float(s)
+
+
+@dataclass
+class Stream:
+    """One process's lines in one file: its tags, its blocks in progress, what it said."""
+
+    rank: int | None = None  # global, from a [rank<N>]: tag
+    local: int | None = None  # from a [<role><L>]: tag
+    mode: str = ""  # "" | "fh" | "tb"
+    block: list[str] = field(default_factory=list)
+    chain: bool = False
+    stacks: list[str] = field(default_factory=list)  # faulthandler block texts
+    exits: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)  # watchdog / gloo / step records
+    last_stamp: Stamp | None = None
+    lines: int = 0
+
+
+@dataclass
+class FileRead:
+    """One log file, parsed; identities are resolved across files by :mod:`.logmerge`."""
+
+    rel: str
+    host: str | None  # from the path (host folder, per-host file name)
+    host_source: str
+    path_local: int | None  # torchrun --log-dir <local_rank> folder
+    path_rank: int | None
+    streams: dict[tuple[str, int] | None, Stream] = field(default_factory=dict)
+    summary: list[Any] = field(default_factory=list)
+    pairs: dict[int, int] = field(default_factory=dict)  # local -> global seen on one line
+    years: list[int] = field(default_factory=list)
+
+
+def _parse_stamp(m: re.Match[str]) -> Stamp | None:
+    g = m.groupdict()
+    try:
+        if g.get("date"):
+            y, mo, d = (int(x) for x in g["date"].split("-"))
+            return (y, mo, d, _hms(g["hms"]))
+        if g.get("md") and g.get("hms"):
+            return (int(g["md"][:2]), int(g["md"][2:]), _hms(g["hms"]))
+    except ValueError:
+        return None
+    return None
+
+
+def _split(line: str) -> tuple[str, int | None, int | None, Stamp | None]:
+    """The line's text without prefixes, its [rank<N>] tag, its [<role><L>] tag and its time stamp."""
+    rank = local = None
+    stamp: Stamp | None = None
+    text = line
+    for _ in range(5):
+        m = WORKER_PREFIX.match(text)
+        if m:
+            n = int(m.group("n"))
+            end = m.end()
+            if m.group("role").lower() == "rank":
+                rank = n
+                end += text[end : end + 1] == " "  # torch prints "[rank5]: " before a worker's traceback
+            else:
+                local = n
+            text = text[end:]
+            continue
+        m = GLOG.match(text) or C10_LOG.match(text) or STAMP.match(text)
+        if m:
+            stamp = _parse_stamp(m) or stamp
+            text = text[m.end() :]
+            continue
+        m = RAY.match(text)
+        if m:
+            text = text[m.end() :]
+            continue
+        break
+    return text, rank, local, stamp
+
+
+def read_log_file(path: str, rel: str) -> FileRead:
+    """Parse one log file into per-process streams (identities still local to the file)."""
+    facts = path_facts(rel)
+    host, how = (facts.host, "host-folder") if facts.host else (host_from_log_name(rel), "host-folder")
+    fr = FileRead(rel, host, how, facts.local_rank if facts.log_dir_layout else None, facts.rank)
+    summary = SummaryParser(rel)
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            line = raw.rstrip("\n")
+            text, rank, local, stamp = _split(line)
+            if rank is not None and local is not None:
+                fr.pairs.setdefault(local, rank)
+            key: tuple[str, int] | None = (
+                ("L", local) if local is not None else ("R", rank) if rank is not None else None
+            )
+            st = fr.streams.get(key)
+            if st is None:
+                st = fr.streams[key] = Stream()
+            st.rank = rank if rank is not None else st.rank
+            st.local = local if local is not None else st.local
+            st.lines += 1
+            if stamp is not None:
+                st.last_stamp = stamp
+                if len(stamp) == 4:
+                    fr.years.append(stamp[0])
+            if key is None and summary.feed(text, lineno):
+                continue
+            _feed(st, text, stamp, f"{rel}:{lineno}")
+    for st in fr.streams.values():
+        _close_block(st)
+    fr.summary = summary.close()
+    for e in fr.summary:
+        if e.time is not None:
+            fr.years.append(time.gmtime(e.time).tm_year)
+    return fr
+
+
+def _feed(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
+    """One line of one stream: blocks (faulthandler, traceback) and one-line records."""
+    if st.mode == "fh":
+        if text.startswith("  File ") or not text.strip() or _FH_HEAD.match(text):
+            st.block.append(text)
+            return
+        _close_block(st)
+    elif st.mode == "tb":
+        if text.startswith(" ") or not text.strip() or _TB_HEAD.match(text):
+            st.block.append(text)
+            return
+        exc = split_exception(text)
+        if exc is not None:
+            _exit(st, exc[0], exc[1], st.block, stamp, where)
+            st.mode, st.block = "", []
+            _records(st, text, stamp, where)
+            return
+        if text.startswith(_CHAIN):
+            return
+        st.mode, st.block = "", []
+    if _FH_HEAD.match(text):
+        st.mode, st.block = "fh", [text]
+        return
+    m = _FATAL.match(text)
+    if m:
+        _exit(st, "Fatal Python error", m.group(1), [], stamp, where)
+        return
+    if _TB_HEAD.match(text):
+        st.mode, st.block = "tb", [text]
+        return
+    if text.startswith(_CHAIN):
+        st.chain = True
+        return
+    _records(st, text, stamp, where)
+
+
+def _exit(st: Stream, kind: str, message: str, block: list[str], stamp: Stamp | None, where: str) -> None:
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', "\n".join(block))
+    inner = f"{frames[-1][2]} ({frames[-1][0].rsplit('/', 1)[-1]}:{frames[-1][1]})" if frames else ""
+    rec = {"kind": kind, "message": message, "where": inner, "stamp": stamp or st.last_stamp, "source": where}
+    if st.chain and st.exits:
+        st.exits[-1] = rec  # the last exception of a chain is the one that ended the process
+    else:
+        st.exits.append(rec)
+    st.chain = False
+
+
+def _close_block(st: Stream) -> None:
+    if st.mode == "fh" and st.block:
+        st.stacks.append("\n".join(st.block) + "\n")
+    st.mode, st.block = "", []
+
+
+def _records(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
+    """Watchdog, gloo and step records on one line."""
+    if "NCCL" in text or "Watchdog" in text or "watchdog" in text:
+        _watchdog(st, text, stamp, where)
+        return
+    m = _GLOO_TIMEOUT.search(text)
+    if m:
+        st.records.append(
+            {
+                "type": "gloo",
+                "kind": "timeout",
+                "op": m.group("op"),
+                "timeout_ms": int(m.group("ms")),
+                "stamp": stamp,
+                "source": where,
+            }
+        )
+        return
+    m = _GLOO_CLOSED.search(text)
+    if m:
+        st.records.append(
+            {
+                "type": "gloo",
+                "kind": "closed",
+                "peer": f"{m.group('addr')}:{m.group('port')}",
+                "stamp": stamp,
+                "source": where,
+            }
+        )
+        return
+    m = _ITERATION.search(text)
+    if m:
+        st.records.append(
+            {
+                "type": "step",
+                "step": int(m.group("it")),
+                "elapsed_ms": float(m.group("ms")),
+                "stamp": stamp,
+                "source": where,
+            }
+        )
+
+
+def _watchdog(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
+    rec: dict[str, Any] = {"type": "watchdog", "stamp": stamp, "source": where}
+    pg = _PG.search(text)
+    if pg:
+        rec["pg_id"] = pg.group("pgid") or pg.group("pgid2")
+        rec["pg_name"] = pg.group("guid")
+        rec["pg_desc"] = pg.group("desc") or pg.group("desc2")
+        rec["pg_rank"] = int(pg.group("pgrank"))
+    else:
+        r = _RANK_TAG.search(text)
+        rec["pg_rank"] = int(r.group(1)) if r else None
+    m = _TIMEOUT.search(text)
+    if m:
+        rec.update(kind="timeout", seq=int(m.group("seq")), op=m.group("op"), ran_for_ms=int(m.group("ran")))
+        rec["timeout_ms"] = int(m.group("to")) if m.group("to") else None
+    elif (m := _FAILURE.search(text) or _FAILURE_OLD.search(text)) is not None:
+        rec.update(
+            kind="failure", seq=int(m.group("seq")), last_enqueued=int(m.group("e")), last_completed=int(m.group("c"))
+        )
+    elif (m := _DUMP.search(text)) is not None:
+        rec.update(kind="dump-signal", last_enqueued=int(m.group("e")), last_completed=int(m.group("c")))
+    elif (m := _PERIODIC.search(text)) is not None:
+        rec.update(kind="periodic", last_enqueued=int(m.group("e")), last_completed=int(m.group("c")))
+    else:
+        return
+    st.records.append(rec)
+
+
+def to_epoch(stamp: Stamp | None, year: int) -> float | None:
+    """A stamp as epoch seconds (glog stamps carry no year: ``year`` supplies it; read as UTC)."""
+    if stamp is None:
+        return None
+    if len(stamp) == 4:
+        y, mo, d, secs = stamp
+    else:
+        (mo, d, secs), y = stamp, year
+    try:
+        return float(calendar.timegm((int(y), int(mo), int(d), 0, 0, 0, 0, 0, 0))) + float(secs)
+    except (ValueError, OverflowError):
+        return None
+
+
+def year_of(files: list[FileRead], fallback: int) -> int:
+    """The year of the logs: the most common full date in them, else ``fallback``."""
+    years: dict[int, int] = defaultdict(int)
+    for f in files:
+        for y in f.years:
+            years[y] += 1
+    return max(years, key=lambda y: years[y]) if years else fallback
