@@ -411,3 +411,24 @@ def test_fail_slow_needs_a_persistent_and_costly_late_arrival() -> None:
     assert slow == () and 0.05 < scores[0] < 0.3  # last every time, but cheap: not a fault
     slow, scores = run(3, 12.0)
     assert slow == (3,) and scores[3] > 0.5
+
+
+def test_snapshot_folders_of_a_dump_directory_are_captures(fr_gloo: Path, tmp_path: Path) -> None:
+    """``snapshot-0/``, ``snapshot-1/`` FR dumps of a dump directory: the latest is diagnosed, the one before
+    tells whether the job moved (here it did: healthy, even with the capture times stripped)."""
+    import json
+    import shutil
+
+    from rankscope.analytics import diagnose
+    from rankscope.datasets.loading.inputs import load_inputs
+
+    shutil.copytree(fr_gloo / "mp8_healthy", tmp_path / "d")
+    for p in (tmp_path / "d").rglob("*.json"):
+        raw = json.loads(p.read_text())
+        raw.pop("rankscope_dump_time_ns")
+        p.write_text(json.dumps(raw))
+    inputs = load_inputs(tmp_path / "d", layout="tp=2,pp=2,dp=2", gpus_per_node=2)
+    assert sorted({d.capture for d in inputs.fr_dumps}) == [0, 1] and len(inputs.fr_dumps) == 16
+    v = diagnose(inputs, sources=("flight_recorder",))
+    assert v.verdict == "healthy" and v.suspect_nodes == ()
+    assert any("every waiting rank advanced" in r for r in v.reasons)
