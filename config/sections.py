@@ -40,10 +40,14 @@ class StackConfig:
 class CollectivesConfig:
     """Flight Recorder analysis."""
 
-    slow_min_score: float = 0.5  # a rank whose kernels are this much shorter than its peers' arrives late
+    slow_min_score: float = 0.5  # a rank whose kernel is this much shorter than the next shortest arrived last
+    slow_min_wait_fraction: float = 0.3  # fail-slow: its peers wait for it this share of the group's time
+    overdue_factor: float = 20.0  # overdue (a hang): min(timeout, max(factor x group p99 latency/cadence, 5 s))
 
     def __post_init__(self) -> None:
-        check_fraction("collectives.slow_min_score", self.slow_min_score, error=ConfigError)
+        for name in ("slow_min_score", "slow_min_wait_fraction", "overdue_factor"):
+            check = check_fraction if name.startswith("slow") else check_positive
+            check(f"collectives.{name}", getattr(self, name), error=ConfigError)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -188,6 +188,7 @@ def _from_store(
     jobs = sorted(
         set(store.jobs("stacks"))
         | set(store.jobs("collectives"))
+        | set(store.jobs("fr_dumps"))
         | set(store.jobs("metrics"))
         | set(store.jobs("timings"))
     )
@@ -212,8 +213,12 @@ def _from_store(
     )
     procs, snapshot_times, notes = chosen.procs, chosen.snapshot_times, list(chosen.notes)
     topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
-    fr: list[Any] = []
-    if store.files("collectives", job=job):
+    from rankscope.datasets.readers.fr_store import read_fr_captures
+
+    since = min(snapshot_times.values()) - series_gap_seconds if snapshot_times else None
+    fr, fr_notes, fr_nodes = read_fr_captures(store, job, not_before=since)  # the agent's raw captures
+    notes += fr_notes
+    if not fr and store.files("collectives", job=job):  # ingested dump directories
         from rankscope.datasets.readers.fr_table import fr_from_table
 
         rows = store.read_arrow("collectives", job=job)
@@ -226,6 +231,7 @@ def _from_store(
         topo = Topology.from_table(topo_df["rank"].to_list(), topo_df["node"].to_list(), coords=coords or None)
     else:
         ranks, nodes = _ranks_and_nodes(procs)
+        nodes = {**fr_nodes, **nodes}
         ranks = sorted(set(ranks) | {d.rank for d in fr if d.rank is not None})
         if ranks:
             topo, inferred = infer_topology(ranks, nodes, layout=layout, gpus_per_node=gpus_per_node, where=str(root))

@@ -170,10 +170,30 @@ COLLECTIVES = TableSpec(
             pa.field("pg_last_enqueued", pa.int64()),  # this rank's pg_status for the group
             pa.field("pg_last_started", pa.int64()),
             pa.field("pg_last_completed", pa.int64()),
+            pa.field("dump_time_ns", pa.int64()),  # when the dump was taken, where a collector recorded it
         ]
     ),
     doc="One row per Flight Recorder entry of one rank, plus one metadata row (record_id null) per process "
-    "group of the rank with its pg_config members and pg_status.",
+    "group of the rank with its pg_config members and pg_status (pg_id: its pg_status key).",
+)
+
+FR_DUMPS = TableSpec(
+    "fr_dumps",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("capture_time", TIME, nullable=False),  # when the agent asked for the dump
+            pa.field("rank", pa.int32(), nullable=False),
+            pa.field("node", pa.string()),
+            pa.field("pid", pa.int64()),
+            pa.field("path", pa.string(), nullable=False),  # the raw dump, relative to the store root
+            pa.field("format", pa.string()),  # fr-json | fr-pickle
+            pa.field("size_bytes", pa.int64()),
+            pa.field("sha256", pa.string()),
+        ]
+    ),
+    doc="Index of raw Flight Recorder dumps the agent keeps per capture (the hook's bytes, unparsed, under "
+    "artifacts/fr/); diagnose reads the latest capture through the Flight Recorder reader.",
 )
 
 PROCESSES = TableSpec(
@@ -258,7 +278,8 @@ TIMINGS = TableSpec(
 )
 
 TABLES: dict[str, TableSpec] = {
-    spec.name: spec for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, PROCESSES, METRICS, EVENTS, TIMINGS, INGESTS)
+    spec.name: spec
+    for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, FR_DUMPS, PROCESSES, METRICS, EVENTS, TIMINGS, INGESTS)
 }
 
 

@@ -176,5 +176,6 @@ def test_stacks_and_flight_recorder_in_one_directory_are_fused(tmp_path, probe_d
     assert res.exit_code == 0, res.output
     v = json.loads(res.stdout)
     assert v["sources"] == ["stacks", "flight_recorder"]
-    assert v["culprit_nodes"] == ["node-3"]
-    assert v["details"]["support"]["node-3"] == ["stacks", "flight_recorder"]
+    assert v["verdict"] == "hang" and v["culprit_nodes"] == ["node-3"]
+    # the probe's FR dumps carry no capture time: no time evidence, so the FR names nobody and the stacks lead
+    assert v["details"]["fr_verdict"] == "inconclusive" and v["details"]["support"]["node-3"] == ["stacks"]
