@@ -106,6 +106,9 @@ class PeerChangeDetector(BaseDetector):
         self.random_state = random_state
 
     # -- input ---------------------------------------------------------------------------------------
+    def _allow_nan(self) -> bool:
+        return True  # a missing block (an exporter gap) counts as no deviation
+
     def _validate_params(self) -> None:
         name = "PeerChangeDetector"
         for p in (

@@ -20,6 +20,7 @@ from typing import Any
 from rankscope.config import PerfConfig
 from rankscope.datasets.domain.metrics import MetricCube, MetricSet
 from rankscope.datasets.domain.topology import Topology
+from rankscope.spine import InputError
 
 HEALTH_WORDS = ("ecc", "remap", "retired", "xid", "temperature", "temp", "errors", "error", "replay", "retrans", "crc")
 """Metrics that say a part is wearing out rather than that training is slower: ``degraded``."""
@@ -111,7 +112,10 @@ def detect_metric_outliers(
     from rankscope.analytics.performance.metrics_decide import decide_alerts, decide_peer_change, inconclusive
 
     cfg = config or PerfConfig()
-    cube = metric_cube(metrics, cfg)
+    try:
+        cube = metric_cube(metrics, cfg)
+    except InputError as exc:  # nothing usable in the metric files: the other evidence still counts
+        return inconclusive(f"{exc}", 0, list(getattr(metrics, "notes", ())), cfg)
     cube, outside = job_machines_only(cube, topology)
     notes = list(cube.notes) + (
         [f"metrics of machine(s) outside the job ignored: {', '.join(outside[:10])}"] if outside else []

@@ -356,6 +356,8 @@ def _intervals(st: Stream, rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     metric = reg.slot_metric[slot[1:][same]]
     ok = dt > 0
     dt, metric = dt[ok], metric[ok]
+    if not metric.size:  # no metric sampled twice yet (one scrape, or no samples at all)
+        return {}
     order = np.argsort(metric, kind="stable")
     dt, metric = dt[order], metric[order]
     bounds = np.flatnonzero(np.r_[True, metric[1:] != metric[:-1], True])

@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rankscope.datasets.readers.metric_long import MACHINE_LABELS
 from rankscope.spine import ParseError
 
 PROM_TYPES = ("counter", "gauge", "histogram", "summary", "untyped", "gaugehistogram", "info", "stateset", "unknown")
@@ -39,7 +40,6 @@ _SAMPLE_RE = re.compile(_SAMPLE)
 _QUOTED = r'"(?:[^"\\]|\\.)*"'
 _KEY = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*""')
 _NAME_TIME = re.compile(r"(?<![0-9])(\d{13}|\d{10})(?:\.\d+)?(?![0-9])|(\d{8}T\d{6})")
-MACHINE_LABELS = ("node", "Hostname", "hostname", "instance")
 
 
 def looks_like_exposition(head: bytes) -> bool:
@@ -237,6 +237,8 @@ def read_query_result(path: Path, *, node_label: str | None = None) -> tuple[pa.
     if rtype == "matrix":
         pts = pts.explode(field)
     pts = pts.drop_nulls(field)
+    if pts.height == 0 or not isinstance(pts.schema[field], pl.List):
+        return _empty(), {}, [f"{path.name}: query result holds no samples"]
     pair = pl.col(field)
     bad_len = pts.filter(pair.list.len() != 2)
     if bad_len.height:
@@ -280,7 +282,7 @@ def assign_machine(path: Path, frame: Any, node_label: str | None, notes: list[s
     """Pick the machine label (module docstring), keep the others as label columns, as a chunk."""
     import polars as pl
 
-    from rankscope.datasets.readers.metric_files import machine_column
+    from rankscope.datasets.readers.metric_long import machine_column
 
     cols = frame.columns
     mcol: str | None
@@ -322,7 +324,7 @@ def assign_machine(path: Path, frame: Any, node_label: str | None, notes: list[s
     out = frame.select(
         pl.col("ts").cast(pl.Float64), pl.col("value").cast(pl.Float64), *[pl.col(c).cast(pl.Utf8) for c in rest]
     ).to_arrow()
-    from rankscope.datasets.readers.metric_files import as_dictionary
+    from rankscope.datasets.readers.metric_long import as_dictionary
 
     return pa.table(
         {c: (out.column(c) if c in ("ts", "value") else as_dictionary(out.column(c))) for c in out.column_names}
