@@ -20,7 +20,6 @@ from typing import Any
 from rankscope.config import PerfConfig
 from rankscope.datasets.domain.metrics import MetricCube, MetricSet
 from rankscope.datasets.domain.topology import Topology
-from rankscope.spine import InputError
 
 HEALTH_WORDS = ("ecc", "remap", "retired", "xid", "temperature", "temp", "errors", "error", "replay", "retrans", "crc")
 """Metrics that say a part is wearing out rather than that training is slower: ``degraded``."""
@@ -112,9 +111,11 @@ def detect_metric_outliers(
     from rankscope.analytics.performance.metrics_decide import decide_alerts, decide_peer_change, inconclusive
 
     cfg = config or PerfConfig()
+    from rankscope.datasets.readers.metric_cube import NoMetricSamples
+
     try:
         cube = metric_cube(metrics, cfg)
-    except InputError as exc:  # nothing usable in the metric files: the other evidence still counts
+    except NoMetricSamples as exc:  # nothing usable in the metric files: the other evidence still counts
         return inconclusive(f"{exc}", 0, list(getattr(metrics, "notes", ())), cfg)
     cube, outside = job_machines_only(cube, topology)
     notes = list(cube.notes) + (

@@ -188,9 +188,10 @@ def _named(det: Any, cube: MetricCube, flagged: list[int], reasons: list[str], c
     return MetricFindings(kind, named, tuple(alerts), tuple(reasons), round(conf, 3), n, details=details)
 
 
-def decide_peer_change(cube: MetricCube, cfg: PerfConfig, notes: list[str]) -> MetricFindings:
-    """The peer-change detector fitted on ``cube`` and its findings (module docstring)."""
-    det = _peer_change(cube, cfg)
+def decide_peer_change(cube: MetricCube, cfg: PerfConfig, notes: list[str], *, det: Any = None) -> MetricFindings:
+    """The peer-change detector fitted on ``cube`` (or ``det``, already fitted on it) and its findings
+    (module docstring)."""
+    det = det if det is not None else _peer_change(cube, cfg)
     n = len(cube.machines)
     scores = det.decision_scores_
     flagged = sorted((int(i) for i in np.flatnonzero(det.labels_)), key=lambda i: -scores[i])

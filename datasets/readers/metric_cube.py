@@ -19,13 +19,17 @@ from rankscope.datasets.readers.metric_series import fold_plan
 from rankscope.spine import InputError
 
 
+class NoMetricSamples(InputError):
+    """The metric files hold no usable sample (empty results, every row skipped): nothing to compare."""
+
+
 def build_cube(ms: MetricSet, *, block_s: float | BlockRule, max_gap_s: float | None = None) -> MetricCube:
     """Bin ``ms`` into a cube (counters as rates, gauges as block means); ``block_s`` is the block length
     in seconds or a function of the measured sampling intervals (``{metric: seconds}``) that chooses it.
     ``max_gap_s`` (default 10 sampling intervals, at least 300 s): a longer silence of a counter is unknown."""
     st = stream(ms, block_s, max_gap_s)
     if st.grid is None or st.counters is None or st.reg.n == 0:
-        raise InputError("metrics: no samples with a finite time (every row was empty or skipped)")
+        raise NoMetricSamples("metrics: no samples with a finite time (every row was empty or skipped)")
     resolve_unknown(st)
     n = st.reg.n
     kinds = np.asarray(st.kinds, np.int64)
@@ -38,7 +42,7 @@ def build_cube(ms: MetricSet, *, block_s: float | BlockRule, max_gap_s: float | 
         )
     spans = [r for r in (st.grid.used(), cnt.grid.used()) if r is not None]
     if not spans:
-        raise InputError("metrics: no finite sample values")
+        raise NoMetricSamples("metrics: no samples with a finite value")
     lo, hi = min(r[0] for r in spans), max(r[1] for r in spans)
     S, K = st.grid.columns(lo, hi)
     S, K = S[:n], K[:n]
