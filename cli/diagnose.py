@@ -17,8 +17,11 @@ from rankscope.cli.options import (
     JobOpt,
     LayoutOpt,
     MaxFramesOpt,
+    MetricFormatOpt,
+    NodeLabelOpt,
     OrderOpt,
     load_settings,
+    metric_input_flags,
     store_topology_notes,
 )
 
@@ -53,6 +56,8 @@ def register(app: typer.Typer) -> None:
         save: bool = typer.Option(
             False, "--save", help="Append the verdict to the store's verdicts table (store PATH only)."
         ),
+        node_label: NodeLabelOpt = None,
+        metric_format: MetricFormatOpt = None,
         config: ConfigOpt = None,
     ) -> None:
         """Name the machines to isolate from a job's dumps or its store.
@@ -65,7 +70,13 @@ def register(app: typer.Typer) -> None:
             fail(f"--save needs a store PATH (rankscope ingest {path} --store STORE first); {path} is not one")
         store_topology_notes(ctx, path, job)
         verdict, inputs = run_diagnosis(
-            path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=config
+            path,
+            layout=layout,
+            order=order,
+            gpus_per_node=gpus_per_node,
+            job=job,
+            config=config,
+            flags={"inputs": metric_input_flags(node_label, metric_format)},
         )
         if save:
             from rankscope.datasets.store.catalog import verdict_row

@@ -230,7 +230,7 @@ def decide_peer_change(cube: MetricCube, cfg: PerfConfig, notes: list[str], *, d
 def decide_alerts(cube: MetricCube, cfg: PerfConfig, notes: list[str]) -> MetricFindings:
     """A detector other than peer-change (``detect --detector``): its alerts on each level's blocks, the
     same rule on how many machines a fault can explain."""
-    from rankscope.analytics.performance.metrics_legacy import level_alerts
+    from rankscope.analytics.performance.metrics_windowed import level_alerts
 
     alerts, threshold, n_units = level_alerts(cube, cfg)
     n = len(cube.machines)

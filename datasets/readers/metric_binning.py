@@ -81,7 +81,8 @@ class Grid:
         K[:rows, off : off + nb] = self.K
         self.S, self.K, self.b_lo = S, K, lo
 
-    def add(self, n_slots: int, slot: np.ndarray, blk: np.ndarray, s: np.ndarray, k: np.ndarray) -> None:
+    def add(self, n_slots: int, slot: np.ndarray, blk: np.ndarray, s: np.ndarray, k: np.ndarray | float) -> None:
+        """Add ``s`` and ``k`` (an array, or one number for every row: a count) at (slot, block)."""
         if slot.size == 0:
             return
         self._ensure(n_slots, int(blk.min()), int(blk.max()))
@@ -89,7 +90,8 @@ class Grid:
         cell += blk - self.b_lo
         # same dtype on both sides: numpy's fast path for ufunc.at
         np.add.at(self.S.reshape(-1), cell, s.astype(self.S.dtype, copy=False))
-        np.add.at(self.K.reshape(-1), cell, k.astype(self.K.dtype, copy=False))
+        kk = self.K.dtype.type(k) if isinstance(k, (int, float)) else k.astype(self.K.dtype, copy=False)
+        np.add.at(self.K.reshape(-1), cell, kk)
 
     def columns(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """S and K over absolute blocks ``[lo, hi)`` (zeros outside what was filled; views when inside)."""
@@ -273,7 +275,7 @@ class Stream:
         gauge = (kinds != COUNTER) & fin
         if not gauge.all():
             slot, ts, value = slot[gauge], ts[gauge], value[gauge]
-        self.grid.add(self.reg.n, slot, self.grid.blocks(ts), value, np.ones(value.size, np.float32))
+        self.grid.add(self.reg.n, slot, self.grid.blocks(ts), value, 1.0)
 
     def start(
         self,

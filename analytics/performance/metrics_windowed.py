@@ -1,4 +1,10 @@
-"""The other registered detectors on the metric cube (``rankscope detect --detector NAME``).
+"""The windowed detectors on the metric cube, chosen only by ``rankscope detect --detector NAME`` (or
+``performance.detector`` in the configuration); ``diagnose`` uses ``peer-change`` unless told otherwise.
+
+Why they stay selectable: they are the baselines the peer-change detector is measured against (the README's
+figures), and the temporal ones (``mad``, ``iforest``, ``lstm-vae``) are what a user with a model of their
+own fleet's normal windows wants to try. They are not calibrated per job (a fixed score threshold) and see
+static offsets as faults, so they are never run beside peer-change on the same job: one job, one detector.
 
 ``peer-distance`` (Minder-style distance to the peers) and ``peer-mad`` compare units directly; ``mad``,
 ``iforest`` and ``lstm-vae`` learn the windows of every unit's deviation from its peers. They see the
