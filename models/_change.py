@@ -35,6 +35,9 @@ SMOOTHING_RULES: tuple[tuple[str, float], ...] = (
     # (regex, seconds a short event keeps a windowed average up): Prometheus recording rules over 1m/5m
     (r":rate1m$|_1m$|\[1m\]", 60.0),
     (r":rate5m$|_5m$|\[5m\]", 300.0),
+    # a temperature is the thermal mass's lagged response to power: a short event shows for its length plus
+    # a few tens of seconds of decay (a 200 s blip on one GPU held 270 s above its siblings' pack)
+    (r"TEMP|temperature|_celsius", 60.0),
 )
 DAMPED_RULES: tuple[tuple[str, float], ...] = (
     # (regex, time constant): the kernel's load averages are exponentially damped run-queue lengths

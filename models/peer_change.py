@@ -15,7 +15,8 @@ What it assumes (and therefore what it can and cannot see):
 - A fault persists (Minder's continuity): the window mean's shift counts only as far as a ``quorum``
   (75 %) of the window's blocks held it, and the window is ``(continuity_s / block + 1) / quorum`` blocks
   long, so an event shorter than ``continuity_s`` (plus the exporter's own smoothing: a ``*:rate1m`` rule
-  adds a minute; ``node_load1``'s exponential damping is undone first) can never fill the quorum: a
+  adds a minute, and so does a temperature's thermal lag; ``node_load1``'s exponential damping is undone
+  first) can never fill the quorum: a
   temperature blip, a retransmit burst, a CPU burst, a clock dip or a short stall never names a machine.
   Everything is in seconds, so it holds for any sampling interval. The price: a fault is named once it
   has lasted about ``1.5 x continuity_s`` (6 minutes by default).
