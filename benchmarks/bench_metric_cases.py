@@ -17,8 +17,10 @@ and the false-alarm rate per 1,000 machine-hours (with a 95 % upper bound when i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -70,7 +72,8 @@ def _generate(a: argparse.Namespace) -> Path:
     out = Path(a.out) / f"seed{a.seed}-n{a.generate}-sev{a.severity:g}"
     if not (out / f"case-{a.generate - 1:03d}" / "expected.json").is_file():
         argv = [str(out), "--cases", str(a.generate), "--seed", str(a.seed), "--severity", str(a.severity)]
-        generate(argv + (["--kinds", a.kinds] if a.kinds else []))
+        with contextlib.redirect_stdout(sys.stderr):  # the generator's progress lines; stdout is the JSON
+            generate(argv + (["--kinds", a.kinds] if a.kinds else []))
     return out
 
 

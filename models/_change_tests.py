@@ -96,6 +96,15 @@ class FeatureTests:
         )
 
 
+def window_blocks(continuity_s: float, block_s: float, quorum: float) -> int:
+    """Blocks of the evidence window: an event shorter than ``continuity_s`` touches at most
+    ``ceil(C/L) + 1`` blocks (partly the first and the last), so the quorum of the window must hold
+    ``C/L + 2`` blocks for such an event never to fill it: ``(C/L + 2) / quorum`` blocks. (With ``+ 1``, a
+    strong 213 s CPU burst starting late in a block, plus the residue of un-damping ``node_load1``, held
+    9 of 12 blocks and named a machine in a generated no-fault job.)"""
+    return max(2, math.ceil((continuity_s / block_s + 2) / quorum))
+
+
 def threads(n_jobs: int | None) -> int:
     """scikit-learn's convention: None -> 1, -1 -> every CPU this process may use, k -> k."""
     if n_jobs is None or n_jobs == 0:
@@ -137,9 +146,7 @@ def feature_tests(
     if np.isfinite(x).sum(axis=0).max(initial=0) < 3:
         return FeatureTests.concat([], len(cube.machines))
     counter = lv.kinds[j] == "counter"
-    # the window is long enough that an event shorter than the continuity (plus the exporter's own
-    # smoothing) can never fill the quorum of its blocks: (C/L + 1) / quorum blocks
-    n_post = max(2, math.ceil(((det.continuity_s + smoothing_of(feat)) / L + 1) / det.quorum))
+    n_post = window_blocks(det.continuity_s + smoothing_of(feat), L, det.quorum)
     kw: dict[str, Any] = dict(
         n_base=max(2, math.ceil(det.baseline_s / L)),
         n_min_base=max(2, math.ceil(det.min_baseline_s / L)),

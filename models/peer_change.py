@@ -13,13 +13,13 @@ What it assumes (and therefore what it can and cannot see):
   a move *away* from the peers counts (rejoining the pack, as offsets do when a power cap clips every GPU
   to the same watts, is not a fault). A fault present from the first sample is invisible by design.
 - A fault persists (Minder's continuity): the window mean's shift counts only as far as a ``quorum``
-  (75 %) of the window's blocks held it, and the window is ``(continuity_s / block + 1) / quorum`` blocks
+  (75 %) of the window's blocks held it, and the window is ``(continuity_s / block + 2) / quorum`` blocks
   long, so an event shorter than ``continuity_s`` (plus the exporter's own smoothing: a ``*:rate1m`` rule
   adds a minute, and so does a temperature's thermal lag; ``node_load1``'s exponential damping is undone
   first) can never fill the quorum: a
   temperature blip, a retransmit burst, a CPU burst, a clock dip or a short stall never names a machine.
   Everything is in seconds, so it holds for any sampling interval. The price: a fault is named once it
-  has lasted about ``1.5 x continuity_s`` (6 minutes by default).
+  has lasted about ``1.75 x continuity_s`` (7 minutes by default).
 - Direction matters per metric: clocks are suspicious when they fall; temperature, retransmits,
   replay/ECC/Xid/violation counters, CPU and load when they rise; utilisation, power and byte rates
   either way (a slow GPU keeps computing while its peers wait; a starved one idles).
@@ -37,7 +37,7 @@ What it assumes (and therefore what it can and cannot see):
   move it). The threshold is the Gumbel quantile for ``false_alarms_per_1000_machine_hours`` false
   machines per 1,000 machine-hours of data, split evenly (Bonferroni) over the tests.
 
-It cannot see: a fault present from the start of the data, one younger than ~1.5 continuity windows, a
+It cannot see: a fault present from the start of the data, one younger than ~1.75 continuity windows, a
 fault that every machine (or a large part of the job) shares, one on a metric nobody exported, or one
 smaller than a few MADs of the job's own spread. It needs at least 3 machines and a baseline plus a
 continuity window of data.

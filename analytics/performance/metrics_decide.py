@@ -30,6 +30,7 @@ from rankscope.analytics.performance.metrics import MetricAlert, MetricFindings,
 from rankscope.analytics.performance.metrics_words import calibration, sentence, shared_reasons, waiting
 from rankscope.config import PerfConfig
 from rankscope.datasets.domain.metrics import MetricCube
+from rankscope.models._change_tests import window_blocks
 
 WEAR = re.compile(
     r"TEMP|temperature|REPLAY|_ECC_|XID|RETIRED|REMAP|_ERROR|errors?|VIOLATION|Retrans|retrans|_drop|crc", re.IGNORECASE
@@ -153,7 +154,7 @@ def _waiters(det: Any, cube: MetricCube, flagged: list[int], max_named: int) -> 
 def _named(det: Any, cube: MetricCube, flagged: list[int], reasons: list[str], cfg: PerfConfig) -> MetricFindings:
     """The machines to isolate, with their evidence in words and as alerts."""
     n = len(cube.machines)
-    window = math.ceil((det.continuity_s / cube.block_s + 1) / det.quorum) * cube.block_s
+    window = window_blocks(det.continuity_s, cube.block_s, det.quorum) * cube.block_s
     evidence = {cube.machines[i]: _evidence(det, i, cube) for i in flagged}
     alerts = []
     wear_only = True
