@@ -19,14 +19,21 @@ free_port() {
 }
 
 stop() {
+    # TERM every daemon this directory started at once, then KILL what is left after 5 s
+    local pids=() pidfile pid
     for pidfile in "$dir"/slurmd-*.pid "$dir"/slurmctld.pid "$dir"/munged.pid; do
         [[ -f $pidfile ]] || continue
         pid=$(cat "$pidfile" 2>/dev/null || true)
-        [[ -n $pid ]] && kill "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$pid" 2>/dev/null || true
+        [[ -n $pid ]] && kill "$pid" 2>/dev/null && pids+=("$pid")
         rm -f "$pidfile"
     done
+    for _ in $(seq 50); do
+        local alive=0
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        [[ $alive == 0 ]] && return 0
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
 }
 
 if [[ $cmd == stop ]]; then
@@ -40,7 +47,7 @@ done
 
 dir=$(mkdir -p "$dir" && cd "$dir" && pwd)
 mkdir -p "$dir/state" "$dir/spool" "$dir/munge"
-chmod 700 "$dir/munge"
+chmod 755 "$dir/munge"
 user=$(id -un)
 
 # munge: its own key, socket and state, so a host munged (if any) is not touched
