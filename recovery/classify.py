@@ -82,7 +82,7 @@ FATAL_XIDS: dict[int, tuple[float, str]] = {
     64: (0.95, "ECC page retirement / row remapping failure"),
     74: (0.9, "NVLink error"),
     79: (0.98, "GPU has fallen off the bus"),
-    92: (0.8, "high single-bit ECC error rate"),
+    92: (0.85, "high single-bit ECC error rate: the memory is degrading"),
     94: (0.9, "contained ECC error: the GPU needs a reset"),
     95: (0.95, "uncontained ECC error"),
     119: (0.9, "GSP RPC timeout"),

@@ -361,7 +361,12 @@ def _metric_onset(f: Facts) -> tuple[int | None, float | None, str] | None:
 
 
 def machine_event(f: Facts) -> Decision | None:
-    found, _ = _machine_signals(f)
+    found, unlocated = _machine_signals(f)
+    if not found and unlocated:
+        why = f"a machine fault was reported without naming the machine ({unlocated[0]})"
+        return Decision("machine", 0.5, (Action("collect", why + ": nothing can be evicted yet", collect=(
+            "which machine logged it (the log file's host, the agent's node name, nvidia-smi -q on each)",)),),
+            (why,))
     if not found:
         return None
     nodes = tuple(sorted(found))
