@@ -87,3 +87,19 @@ def execute(plan: Plan, backend: Backend, *, audit: AuditLog, lock_dir: str | os
 
 def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)[:200] or "job"
+
+
+def recover(situation: Any, backend: Backend, *, audit: AuditLog, lock_dir: str | os.PathLike[str],
+            apply: bool = False, ladder: Any = None, guards: Any = None, table: Any = None) -> ExecutionReport:
+    """Plan (ladder + guardrails) and carry the plan out: what ``rankscope recover`` and the agent's
+    ``--recover`` call. The audit trail's records for the job are the plan's action history, so a
+    re-run of an incident already applied changes nothing."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from .classify import DEFAULT_TABLE  # noqa: PLC0415
+    from .planner import make_plan  # noqa: PLC0415
+
+    history = tuple(r.to_action_record() for r in audit.records(situation.job or None))
+    s = replace(situation, history=tuple(situation.history) + history)
+    plan = make_plan(s, ladder=ladder, guards=guards, table=table or DEFAULT_TABLE)
+    return execute(plan, backend, audit=audit, lock_dir=lock_dir, apply=apply)

@@ -136,7 +136,7 @@ def apply(plan: Plan, s: Situation, cfg: GuardrailConfig = GuardrailConfig()) ->
         else:
             decisions.append(GuardrailDecision("quarantine", "pass", f"{len(s.quarantine)} quarantined machine(s) "
                                                                      "kept out of the placement"))
-        pairs = tuple(zip(evict, usable))
+        pairs = tuple(zip(evict, usable, strict=False))  # fewer standbys than evictions: see below
         short = len(evict) - len(pairs)
         if not s.standby:
             decisions.append(GuardrailDecision("standby", "warn", (

@@ -189,17 +189,3 @@ def test_fresh_submission_excludes_machines(slurm: dict[str, str]) -> None:
     assert _nodes(slurm, info["ExcNodeList"]) == {"node1"}
     assert _nodes(slurm, info["NodeList"]) == {"node2", "node3"}
     subprocess.run(["scancel", job], env=slurm, timeout=30)
-
-
-def test_dry_run_prints_exact_commands_without_a_controller() -> None:
-    sb = SlurmBackend("1234", mode="auto", env={"SLURM_CONF": "/nonexistent"})
-    plan = _plan("1234", ("gpu-07",), "inc-x")
-    steps = sb.carry_out(plan.actions[0], plan, apply=False)
-    cmds = [s.command for s in steps]
-    assert cmds[0].startswith("scontrol update NodeName=gpu-07 State=DRAIN 'Reason=rankscope inc-x machine-event:")
-    assert cmds[1] == "scontrol requeue 1234"
-    assert cmds[2:] == ["scontrol requeuehold 1234", "scontrol update JobId=1234 ExcNodeList=gpu-07",
-                        "scontrol release 1234"]
-    assert all(s.outcome == "dry-run" for s in steps)
-    assert sb.submit("train.sh", exclude=("gpu-07", "gpu-08")).command == \
-        "sbatch --parsable --exclude=gpu-07,gpu-08 train.sh"

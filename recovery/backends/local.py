@@ -238,10 +238,11 @@ class LocalBackend:
                     self.ckpt_root, before_step=action.step)
             else:
                 ck = newest_complete_checkpoint(self.ckpt_root)
-            if not apply:
-                port = "<free port>"
-                return [StepResult(action.kind, _describe(self.torchrun_argv(i, 0), m, ck).replace(
-                    "--master-port=0", f"--master-port={port}"), "dry-run") for i, m in enumerate(self.slots)]
+            if not apply:  # show the slots as they will be once this plan's evictions are done
+                moved = dict(self._replacements([n for n in plan.evicted if n in self.slots], action.replacements)) \
+                    if plan.evicted and any(n in self.slots for n in plan.evicted) else {}
+                return [StepResult(action.kind, _describe(self.torchrun_argv(i, 0), moved.get(m, m), ck).replace(
+                    "--master-port=0", "--master-port=<free port>"), "dry-run") for i, m in enumerate(self.slots)]
             return self.launch(ck)
         if action.kind == "stop":
             if apply:
