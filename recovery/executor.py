@@ -90,16 +90,19 @@ def _safe(name: str) -> str:
 
 
 def recover(situation: Any, backend: Backend, *, audit: AuditLog, lock_dir: str | os.PathLike[str],
-            apply: bool = False, ladder: Any = None, guards: Any = None, table: Any = None) -> ExecutionReport:
+            apply: bool = False, ladder: Any = None, guards: Any = None, table: Any = None,
+            clock: Callable[[], float] = time.time) -> ExecutionReport:
     """Plan (ladder + guardrails) and carry the plan out: what ``rankscope recover`` and the agent's
     ``--recover`` call. The audit trail's records for the job are the plan's action history, so a
-    re-run of an incident already applied changes nothing."""
+    re-run of an incident already applied changes nothing. Acting happens now: a situation without
+    ``now`` is decided at the clock's time (cool-down and hourly caps count from it)."""
     from dataclasses import replace  # noqa: PLC0415
 
     from .classify import DEFAULT_TABLE  # noqa: PLC0415
     from .planner import make_plan  # noqa: PLC0415
 
     history = tuple(r.to_action_record() for r in audit.records(situation.job or None))
-    s = replace(situation, history=tuple(situation.history) + history)
+    s = replace(situation, history=tuple(situation.history) + history,
+                now=situation.now if situation.now is not None else clock())
     plan = make_plan(s, ladder=ladder, guards=guards, table=table or DEFAULT_TABLE)
     return execute(plan, backend, audit=audit, lock_dir=lock_dir, apply=apply)

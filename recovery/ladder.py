@@ -279,6 +279,10 @@ def _widespread(f: Facts) -> tuple[str, list[Classification]] | None:
     """The same non-machine error (user code, data, OOM, a CUDA error, NaN) on many ranks."""
     groups: dict[str, dict[Any, Classification]] = defaultdict(dict)
     for c in f.signals:
+        # an exit code alone says too little (every rank aborts with SIGABRT after an NCCL timeout), and
+        # a native crash everywhere may be that same teardown: only an error's own words count here
+        if c.rule.startswith("exit-") or c.category == "crash_signal":
+            continue
         if c.domain in NOT_A_MACHINE | {"ambiguous"}:
             who = c.rank if c.rank is not None else c.node
             if who is not None and who != "":

@@ -133,6 +133,12 @@ def test_same_exception_on_many_ranks_is_a_code_fault() -> None:
     assert p.rule == "code-fault" and not evicts(p) and "8 ranks" in p.actions[0].reason
 
 
+def test_every_rank_aborting_after_a_timeout_is_not_a_code_fault() -> None:
+    exits = [{"rank": r, "time": T0 + r * 0.01, "node": f"node-{r}", "exit_code": -6} for r in range(16)]
+    p = plan_of(exits=exits, verdict=verdict("hang"))
+    assert p.rule == "verdict-machine" and evicts(p) == ("node-3",)
+
+
 def test_widespread_crash_verdict_is_a_code_fault() -> None:
     v = verdict("crash", suspects=(), culprits=(), ranks=(0, 1, 2, 3), evidence=[
         {"source": "events", "kind": "widespread-crash", "detail": "ValueError", "ranks": [0, 1, 2, 3], "nodes": []}])
