@@ -57,7 +57,9 @@ def test_recover_plans_from_the_audit_history_and_applies_once(tmp_path: Path) -
     from rankscope.recovery.guardrails import JsonlAuditLog
     from rankscope.recovery.planner import situation_from_obj
 
-    s = situation_from_obj({"job": "j", "events": [{"kind": "gpu_lost", "node": "m1", "time": 100.0}],
+    import time
+
+    s = situation_from_obj({"job": "j", "events": [{"kind": "gpu_lost", "node": "m1", "time": time.time() - 5}],
                             "machines": ["m0", "m1"], "standby": ["s0"]})
     be = make_backend("local", command=["train.py"], machines=["m0", "m1"], standby=["s0"],
                       ckpt_root=tmp_path / "c", run_dir=tmp_path / "r",
@@ -69,6 +71,8 @@ def test_recover_plans_from_the_audit_history_and_applies_once(tmp_path: Path) -
     assert done.ok and be.slots == ["m0", "s0"]
     again = recover(s, be, audit=audit, lock_dir=tmp_path, apply=True)
     assert again.steps == () and be.slots == ["m0", "s0"]  # planned as already handled: nothing to do
+    old = situation_from_obj({"job": "j2", "events": [{"kind": "gpu_lost", "node": "m0", "time": 100.0}]})
+    assert recover(old, be, audit=audit, lock_dir=tmp_path).plan.rule == "no-signal"  # an old event is not now
     be.stop()
     import pytest as _pytest
 
