@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._compat import RecoveryError
+from rankscope.spine import RecoveryError
+
+from .audit import AuditLog, AuditRecord, whoami
 from .backends.base import Backend, StepResult
-from .guardrails import AuditLog, AuditRecord, JobLock, whoami
 from .plan import Plan
+from .procs import JobLock
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,15 @@ class ExecutionReport:
         return not any(s.outcome in ("failed", "refused") for s in self.steps)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.plan.job, "incident": self.plan.incident, "backend": self.backend, "apply": self.apply,
-                "ok": self.ok, "skipped": self.skipped, "steps": [s.to_dict() for s in self.steps]}
+        return {
+            "job": self.plan.job,
+            "incident": self.plan.incident,
+            "backend": self.backend,
+            "apply": self.apply,
+            "ok": self.ok,
+            "skipped": self.skipped,
+            "steps": [s.to_dict() for s in self.steps],
+        }
 
     def explain(self) -> str:
         mode = "APPLY" if self.apply else "DRY RUN (nothing changed; --apply makes these calls)"
@@ -41,8 +50,16 @@ class ExecutionReport:
         return "\n".join(lines)
 
 
-def execute(plan: Plan, backend: Backend, *, audit: AuditLog, lock_dir: str | os.PathLike[str], apply: bool = False,
-            who: str | None = None, clock: Callable[[], float] = time.time) -> ExecutionReport:
+def execute(
+    plan: Plan,
+    backend: Backend,
+    *,
+    audit: AuditLog,
+    lock_dir: str | os.PathLike[str],
+    apply: bool = False,
+    who: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> ExecutionReport:
     """Run the plan's actions in order (dry run unless ``apply``), recording each in the audit trail.
 
     Holds the job's lock throughout. An incident the audit trail shows as already applied is skipped
@@ -53,20 +70,52 @@ def execute(plan: Plan, backend: Backend, *, audit: AuditLog, lock_dir: str | os
     job = plan.job or "job"
     with JobLock(Path(lock_dir) / f"{_safe(job)}.lock"):
         if apply:
-            done = [r for r in audit.records(plan.job) if r.incident == plan.incident and not r.dry_run
-                    and r.outcome == "ok"]
+            done = [
+                r
+                for r in audit.records(plan.job)
+                if r.incident == plan.incident and not r.dry_run and r.outcome == "ok"
+            ]
             if done:
-                why = f"incident {plan.incident} was already applied ({len(done)} action(s)): re-running changes nothing"
-                audit.append(AuditRecord(plan.job, plan.incident, "skip", why, "skipped", clock(), who, backend.name,
-                                         False, rule=plan.rule))
+                why = (
+                    f"incident {plan.incident} was already applied ({len(done)} action(s)): re-running changes nothing"
+                )
+                audit.append(
+                    AuditRecord(
+                        plan.job,
+                        plan.incident,
+                        "skip",
+                        why,
+                        "skipped",
+                        clock(),
+                        who,
+                        backend.name,
+                        False,
+                        rule=plan.rule,
+                    )
+                )
                 return ExecutionReport(plan, backend.name, apply, (), why)
         steps: list[StepResult] = []
         failed = ""
         for action in plan.actions:
             if failed:
-                audit.append(AuditRecord(plan.job, plan.incident, action.kind, action.reason, "skipped", clock(), who,
-                                         backend.name, not apply, action.nodes, (), f"not attempted: {failed}",
-                                         plan.rule, plan.suspect_nodes))
+                audit.append(
+                    AuditRecord(
+                        plan.job,
+                        plan.incident,
+                        action.kind,
+                        action.reason,
+                        "skipped",
+                        clock(),
+                        who,
+                        backend.name,
+                        not apply,
+                        action.nodes,
+                        (),
+                        f"not attempted: {failed}",
+                        plan.rule,
+                        plan.suspect_nodes,
+                    )
+                )
                 steps.append(StepResult(action.kind, "(not attempted)", "failed", f"after: {failed}"))
                 continue
             try:
@@ -78,10 +127,24 @@ def execute(plan: Plan, backend: Backend, *, audit: AuditLog, lock_dir: str | os
             outcome = "dry-run" if not apply else ("failed" if bad else "ok")
             if apply and bad:
                 failed = f"{action.kind} failed: {bad[0].detail or bad[0].command}"
-            audit.append(AuditRecord(plan.job, plan.incident, action.kind, action.reason, outcome, clock(), who,
-                                     backend.name, not apply, action.nodes, tuple(s.command for s in got),
-                                     "; ".join(s.detail for s in got if s.detail)[:2000], plan.rule,
-                                     plan.suspect_nodes))
+            audit.append(
+                AuditRecord(
+                    plan.job,
+                    plan.incident,
+                    action.kind,
+                    action.reason,
+                    outcome,
+                    clock(),
+                    who,
+                    backend.name,
+                    not apply,
+                    action.nodes,
+                    tuple(s.command for s in got),
+                    "; ".join(s.detail for s in got if s.detail)[:2000],
+                    plan.rule,
+                    plan.suspect_nodes,
+                )
+            )
         return ExecutionReport(plan, backend.name, apply, tuple(steps))
 
 
@@ -89,20 +152,32 @@ def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)[:200] or "job"
 
 
-def recover(situation: Any, backend: Backend, *, audit: AuditLog, lock_dir: str | os.PathLike[str],
-            apply: bool = False, ladder: Any = None, guards: Any = None, table: Any = None,
-            clock: Callable[[], float] = time.time) -> ExecutionReport:
+def recover(
+    situation: Any,
+    backend: Backend,
+    *,
+    audit: AuditLog,
+    lock_dir: str | os.PathLike[str],
+    apply: bool = False,
+    ladder: Any = None,
+    guards: Any = None,
+    table: Any = None,
+    clock: Callable[[], float] = time.time,
+) -> ExecutionReport:
     """Plan (ladder + guardrails) and carry the plan out: what ``rankscope recover`` and the agent's
     ``--recover`` call. The audit trail's records for the job are the plan's action history, so a
     re-run of an incident already applied changes nothing. Acting happens now: a situation without
     ``now`` is decided at the clock's time (cool-down and hourly caps count from it)."""
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
 
-    from .classify import DEFAULT_TABLE  # noqa: PLC0415
-    from .planner import make_plan  # noqa: PLC0415
+    from .classify import DEFAULT_TABLE
+    from .planner import make_plan
 
     history = tuple(r.to_action_record() for r in audit.records(situation.job or None))
-    s = replace(situation, history=tuple(situation.history) + history,
-                now=situation.now if situation.now is not None else clock())
+    s = replace(
+        situation,
+        history=tuple(situation.history) + history,
+        now=situation.now if situation.now is not None else clock(),
+    )
     plan = make_plan(s, ladder=ladder, guards=guards, table=table or DEFAULT_TABLE)
     return execute(plan, backend, audit=audit, lock_dir=lock_dir, apply=apply)

@@ -49,7 +49,7 @@ class Action:
         if self.collect:
             d["collect"] = list(self.collect)
         if self.replacements:
-            d["replacements"] = {a: b for a, b in self.replacements}
+            d["replacements"] = dict(self.replacements)
         if self.exclude:
             d["exclude"] = list(self.exclude)
         return d
@@ -96,11 +96,19 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "job": self.job, "incident": self.incident, "category": self.category, "rule": self.rule,
-            "confidence": round(float(self.confidence), 3), "time": self.time, "escalation": self.escalation,
-            "actions": [a.to_dict() for a in self.actions], "reasons": list(self.reasons),
-            "guardrails": [g.to_dict() for g in self.guardrails], "also_matched": list(self.also_matched),
-            "suspect_nodes": list(self.suspect_nodes), "inputs": dict(sorted(self.inputs.items())),
+            "job": self.job,
+            "incident": self.incident,
+            "category": self.category,
+            "rule": self.rule,
+            "confidence": round(float(self.confidence), 3),
+            "time": self.time,
+            "escalation": self.escalation,
+            "actions": [a.to_dict() for a in self.actions],
+            "reasons": list(self.reasons),
+            "guardrails": [g.to_dict() for g in self.guardrails],
+            "also_matched": list(self.also_matched),
+            "suspect_nodes": list(self.suspect_nodes),
+            "inputs": dict(sorted(self.inputs.items())),
         }
 
     def to_json(self) -> str:
@@ -109,8 +117,10 @@ class Plan:
 
     def explain(self) -> str:
         """The plan in a few lines, for people."""
-        head = f"{self.category.upper()} ({self.rule}, confidence {self.confidence:.2f}) job {self.job or '?'} " \
-               f"incident {self.incident}"
+        head = (
+            f"{self.category.upper()} ({self.rule}, confidence {self.confidence:.2f}) job {self.job or '?'} "
+            f"incident {self.incident}"
+        )
         lines = [head]
         for a in self.actions:
             what = a.kind + (f" {', '.join(a.nodes)}" if a.nodes else "")

@@ -8,15 +8,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._compat import InputError
+from rankscope.spine import InputError
+
 from .classify import DEFAULT_TABLE, RuleTable
 from .guardrails import GuardrailConfig, apply
 from .ladder import LadderConfig, Situation, evaluate
 from .plan import Plan
 
 
-def make_plan(situation: Situation, *, ladder: LadderConfig | None = None, guards: GuardrailConfig | None = None,
-              table: RuleTable = DEFAULT_TABLE) -> Plan:
+def make_plan(
+    situation: Situation,
+    *,
+    ladder: LadderConfig | None = None,
+    guards: GuardrailConfig | None = None,
+    table: RuleTable = DEFAULT_TABLE,
+) -> Plan:
     """The ladder's decision after the guardrails. Pure: the same situation gives the same plan."""
     return apply(evaluate(situation, ladder or LadderConfig(), table=table), situation, guards or GuardrailConfig())
 
@@ -29,8 +35,9 @@ def situation_from_obj(obj: Any, *, table: RuleTable = DEFAULT_TABLE, where: str
     return Situation.from_dict(obj, table=table, where=where)
 
 
-def load_situation(path: str | os.PathLike[str], *, table: RuleTable = DEFAULT_TABLE,
-                   overrides: Mapping[str, Any] | None = None) -> Situation:
+def load_situation(
+    path: str | os.PathLike[str], *, table: RuleTable = DEFAULT_TABLE, overrides: Mapping[str, Any] | None = None
+) -> Situation:
     """Read a verdict or situation JSON file; ``overrides`` (e.g. history from the audit trail, the job's
     machines) replace keys of the file."""
     p = Path(path)

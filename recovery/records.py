@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from ._compat import InputError
+from rankscope.spine import InputError
 
 VERDICT_KINDS = ("crash", "mismatch", "hang", "fail-slow", "degraded", "imbalance", "inconclusive", "healthy")
 
@@ -124,9 +124,17 @@ class HealthEvent:
         if t is None:
             raise InputError(f"{where}: 'time' (or 'ts') is missing")
         labels = _labels(d.get("labels"))
-        return cls(kind, str(d.get("node") or ""), t, str(d.get("severity") or ""), str(d.get("action") or ""),
-                   _int(d.get("gpu"), where, "gpu"), _int(d.get("xid", labels.get("xid")), where, "xid"),
-                   _int(d.get("rank"), where, "rank"), str(d.get("message") or ""))
+        return cls(
+            kind,
+            str(d.get("node") or ""),
+            t,
+            str(d.get("severity") or ""),
+            str(d.get("action") or ""),
+            _int(d.get("gpu"), where, "gpu"),
+            _int(d.get("xid", labels.get("xid")), where, "xid"),
+            _int(d.get("rank"), where, "rank"),
+            str(d.get("message") or ""),
+        )
 
     def key(self) -> tuple[Any, ...]:
         return (self.time, self.node, self.kind, self.xid, self.gpu, self.message[:200])
@@ -152,9 +160,15 @@ class ExitRecord:
         if rank is None or t is None:
             raise InputError(f"{where}: 'rank' and 'time' are required")
         code = d.get("exit_code", d.get("exitcode"))
-        return cls(rank, t, str(d.get("kind") or d.get("type") or ("vanished" if code is None else "exit")),
-                   str(d.get("message") or ""), str(d.get("node") or ""), _int(code, where, "exit_code"),
-                   str(d.get("where") or ""))
+        return cls(
+            rank,
+            t,
+            str(d.get("kind") or d.get("type") or ("vanished" if code is None else "exit")),
+            str(d.get("message") or ""),
+            str(d.get("node") or ""),
+            _int(code, where, "exit_code"),
+            str(d.get("where") or ""),
+        )
 
     def key(self) -> tuple[Any, ...]:
         return (self.time, self.rank, self.kind, self.exit_code, self.message[:200])
@@ -175,9 +189,12 @@ class MetricRecord:
         step = _int(d.get("step"), where, "step")
         if step is None:
             raise InputError(f"{where}: 'step' is required")
-        return cls(step, _float(d.get("loss"), where, "loss"),
-                   _float(d.get("grad_norm", d.get("grad-norm")), where, "grad_norm"),
-                   parse_time(d.get("time", d.get("ts")), where))
+        return cls(
+            step,
+            _float(d.get("loss"), where, "loss"),
+            _float(d.get("grad_norm", d.get("grad-norm")), where, "grad_norm"),
+            parse_time(d.get("time", d.get("ts")), where),
+        )
 
 
 @dataclass(frozen=True)
@@ -220,8 +237,15 @@ class ActionRecord:
         executed = d.get("executed")
         if executed is None:
             executed = not d.get("dry_run", False) and d.get("outcome", "ok") in ("ok", "done", "applied")
-        return cls(t, kind, str(d.get("incident") or ""), _names(d.get("nodes"), where, "nodes"),
-                   str(d.get("rule") or ""), bool(executed), _names(d.get("suspect_nodes"), where, "suspect_nodes"))
+        return cls(
+            t,
+            kind,
+            str(d.get("incident") or ""),
+            _names(d.get("nodes"), where, "nodes"),
+            str(d.get("rule") or ""),
+            bool(executed),
+            _names(d.get("suspect_nodes"), where, "suspect_nodes"),
+        )
 
 
 @dataclass(frozen=True)
@@ -290,30 +314,57 @@ class VerdictFacts:
         evidence = []
         for i, e in enumerate(d.get("evidence") or []):
             e = _mapping(e, f"{where}: evidence[{i}]")
-            evidence.append(EvidenceFact(str(e.get("source", "")), str(e.get("kind", "")),
-                                         tuple(_int(r, where, "evidence rank") or 0 for r in e.get("ranks") or []),
-                                         _names(e.get("nodes"), where, "evidence nodes")))
-        failed = any(isinstance(c, Mapping) and not c.get("healthy", True) and c.get("state") == "failed"
-                     for c in d.get("clusters") or [])
+            evidence.append(
+                EvidenceFact(
+                    str(e.get("source", "")),
+                    str(e.get("kind", "")),
+                    tuple(_int(r, where, "evidence rank") or 0 for r in e.get("ranks") or []),
+                    _names(e.get("nodes"), where, "evidence nodes"),
+                )
+            )
+        failed = any(
+            isinstance(c, Mapping) and not c.get("healthy", True) and c.get("state") == "failed"
+            for c in d.get("clusters") or []
+        )
         details = _mapping(d.get("details") or {}, f"{where}: details")
         crash = _mapping(details.get("crash") or {}, f"{where}: details.crash")
         exits = []
         for i, x in enumerate(crash.get("exits") or []):
             x = _mapping(x, f"{where}: details.crash.exits[{i}]")
-            exits.append(CrashExit(_int(x.get("rank"), where, "crash rank") or 0, str(x.get("node") or ""),
-                                   str(x.get("kind") or ""), str(x.get("message") or ""),
-                                   str(x.get("cause") or "primary"), _float(x.get("after_s"), where, "after_s") or 0.0))
+            exits.append(
+                CrashExit(
+                    _int(x.get("rank"), where, "crash rank") or 0,
+                    str(x.get("node") or ""),
+                    str(x.get("kind") or ""),
+                    str(x.get("message") or ""),
+                    str(x.get("cause") or "primary"),
+                    _float(x.get("after_s"), where, "after_s") or 0.0,
+                )
+            )
         suspects = _names(d.get("suspect_nodes"), where, "suspect_nodes")
         culprits = _names(d.get("culprit_nodes"), where, "culprit_nodes")
         if not set(culprits) <= set(suspects) | set(_names(group.get("nodes"), where, "suspect_group.nodes")):
             raise InputError(f"{where}: culprit_nodes {list(culprits)} are not among suspect_nodes {list(suspects)}")
-        return cls(str(kind), str(d.get("job") or ""), conf, suspects, culprits, ranks[0], ranks[1],
-                   str(group.get("kind") or ""), _names(group.get("nodes"), where, "suspect_group.nodes"),
-                   len(indices) if isinstance(indices, Sequence) else 0,
-                   _int(d.get("world_size"), where, "world_size") or 0,
-                   tuple(str(r) for r in d.get("reasons") or []), tuple(evidence), failed, tuple(exits),
-                   parse_time(crash.get("first_failure_time"), where),
-                   _int(crash.get("n_primary"), where, "n_primary"), parse_time(d.get("time"), where))
+        return cls(
+            str(kind),
+            str(d.get("job") or ""),
+            conf,
+            suspects,
+            culprits,
+            ranks[0],
+            ranks[1],
+            str(group.get("kind") or ""),
+            _names(group.get("nodes"), where, "suspect_group.nodes"),
+            len(indices) if isinstance(indices, Sequence) else 0,
+            _int(d.get("world_size"), where, "world_size") or 0,
+            tuple(str(r) for r in d.get("reasons") or []),
+            tuple(evidence),
+            failed,
+            tuple(exits),
+            parse_time(crash.get("first_failure_time"), where),
+            _int(crash.get("n_primary"), where, "n_primary"),
+            parse_time(d.get("time"), where),
+        )
 
     @property
     def isolate_nodes(self) -> tuple[str, ...]:
@@ -321,6 +372,17 @@ class VerdictFacts:
         return tuple(dict.fromkeys(self.group_nodes + self.suspect_nodes))
 
     def key(self) -> tuple[Any, ...]:
-        return (self.kind, self.job, round(self.confidence, 3), self.suspect_nodes, self.culprit_nodes,
-                self.suspect_ranks, self.culprit_ranks, self.group_kind, self.group_nodes, self.crash_first_time,
-                tuple((e.rank, e.kind, e.cause) for e in self.crash_exits), self.time)
+        return (
+            self.kind,
+            self.job,
+            round(self.confidence, 3),
+            self.suspect_nodes,
+            self.culprit_nodes,
+            self.suspect_ranks,
+            self.culprit_ranks,
+            self.group_kind,
+            self.group_nodes,
+            self.crash_first_time,
+            tuple((e.rank, e.kind, e.cause) for e in self.crash_exits),
+            self.time,
+        )

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ._compat import InputError
+from rankscope.spine import InputError
 
 
 @dataclass(frozen=True)
@@ -32,30 +32,41 @@ class StandbySizing:
     coverage: float  # P(failures <= standby)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"machines": self.machines, "daily_failure_rate": self.daily_failure_rate,
-                "window_hours": self.window_hours, "quantile": self.quantile, "p_window": round(self.p_window, 9),
-                "expected_failures": round(self.expected_failures, 6), "standby": self.standby,
-                "coverage": round(self.coverage, 6)}
+        return {
+            "machines": self.machines,
+            "daily_failure_rate": self.daily_failure_rate,
+            "window_hours": self.window_hours,
+            "quantile": self.quantile,
+            "p_window": round(self.p_window, 9),
+            "expected_failures": round(self.expected_failures, 6),
+            "standby": self.standby,
+            "coverage": round(self.coverage, 6),
+        }
 
     def explain(self) -> str:
-        return (f"{self.standby} warm standby machine(s) for {self.machines} machines: at a daily failure rate of "
-                f"{self.daily_failure_rate:.4%} per machine, {self.expected_failures:.3g} failures are expected "
-                f"within {self.window_hours:g} h, and P(at most {self.standby} fail) = {self.coverage:.4f} >= "
-                f"{self.quantile:g} (binomial).")
+        return (
+            f"{self.standby} warm standby machine(s) for {self.machines} machines: at a daily failure rate of "
+            f"{self.daily_failure_rate:.4%} per machine, {self.expected_failures:.3g} failures are expected "
+            f"within {self.window_hours:g} h, and P(at most {self.standby} fail) = {self.coverage:.4f} >= "
+            f"{self.quantile:g} (binomial)."
+        )
 
 
 def _log_pmf(n: int, k: int, p: float) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * math.log(p) + (n - k) * math.log1p(-p)
 
 
-def standby_count(machines: int, daily_failure_rate: float, *, window_hours: float = 24.0,
-                  quantile: float = 0.99) -> StandbySizing:
+def standby_count(
+    machines: int, daily_failure_rate: float, *, window_hours: float = 24.0, quantile: float = 0.99
+) -> StandbySizing:
     """The warm-standby pool size covering ``quantile`` of concurrent failures within ``window_hours``."""
     if isinstance(machines, bool) or not isinstance(machines, int) or machines < 1:
         raise InputError(f"--machines must be a positive integer, got {machines!r}")
     if not 0.0 <= daily_failure_rate < 1.0:
-        raise InputError(f"--daily-failure-rate must be a probability in [0, 1), got {daily_failure_rate!r} "
-                         "(e.g. 0.0012 for 0.12% of machines failing per day)")
+        raise InputError(
+            f"--daily-failure-rate must be a probability in [0, 1), got {daily_failure_rate!r} "
+            "(e.g. 0.0012 for 0.12% of machines failing per day)"
+        )
     if not window_hours > 0 or not math.isfinite(window_hours):
         raise InputError(f"--window-hours must be > 0, got {window_hours!r}")
     if not 0.0 < quantile < 1.0:

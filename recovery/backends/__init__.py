@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._compat import InputError
+from rankscope.spine import InputError
+
 from .base import Backend, StepResult
 
 BACKENDS = ("local", "slurm", "k8s")
@@ -19,15 +20,15 @@ def make_backend(name: str, **options: Any) -> Backend:
     """A backend by name: ``slurm`` (job_id, mode), ``k8s`` (namespace, pod_selector, job_name) or ``local``
     (command, machines, standby, ckpt_root, run_dir, nproc_per_machine)."""
     if name == "slurm":
-        from .slurm import SlurmBackend  # noqa: PLC0415
+        from .slurm import SlurmBackend
 
         return SlurmBackend(**options)
     if name == "k8s":
-        from .k8s import K8sBackend  # noqa: PLC0415
+        from .k8s import K8sBackend
 
         return K8sBackend(**options)
     if name == "local":
-        from .local import LocalBackend  # noqa: PLC0415
+        from .local import LocalBackend
 
         return LocalBackend(**options)
     raise InputError(f"--backend {name!r} is not one of {', '.join(BACKENDS)}")

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .._compat import RecoveryError
+from rankscope.spine import RecoveryError
+
 from ..plan import Action, Plan
 
 OUTCOMES = ("dry-run", "ok", "failed", "noop", "refused")

@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._compat import InputError
+from rankscope.spine import InputError
+
 from ..plan import Action, Plan
 from .base import StepResult, check_nodes, one_line
 
@@ -41,9 +42,18 @@ def taint_value(plan: Plan) -> str:
 class K8sBackend:
     name = "k8s"
 
-    def __init__(self, *, namespace: str, pod_selector: str = "", api_client: Any = None, job_name: str = "",
-                 taint_key: str = TAINT_KEY, max_retries: int = 5, backoff_seconds: float = 2.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        pod_selector: str = "",
+        api_client: Any = None,
+        job_name: str = "",
+        taint_key: str = TAINT_KEY,
+        max_retries: int = 5,
+        backoff_seconds: float = 2.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if not namespace:
             raise InputError("k8s backend: a namespace is required (the job's pods are evicted there)")
         self.namespace = namespace
@@ -60,8 +70,10 @@ class K8sBackend:
     def api(self) -> Any:
         """The ApiClient: the one given, else in-cluster config, else ~/.kube/config."""
         if self._api is None:
-            from kubernetes import client, config  # noqa: PLC0415 - only needed to apply
+            from kubernetes import client
+            from kubernetes import config as kube_config
 
+            config: Any = kube_config  # the client ships no type hints
             try:
                 config.load_incluster_config()
             except config.ConfigException:
@@ -70,7 +82,7 @@ class K8sBackend:
         return self._api
 
     def _core(self) -> Any:
-        from kubernetes import client  # noqa: PLC0415
+        from kubernetes import client
 
         return client.CoreV1Api(self.api())
 
@@ -83,7 +95,7 @@ class K8sBackend:
     def _pods_path(self, node: str) -> str:
         q = f"fieldSelector=spec.nodeName%3D{node}"
         if self.pod_selector:
-            from urllib.parse import quote  # noqa: PLC0415
+            from urllib.parse import quote
 
             q += f"&labelSelector={quote(self.pod_selector, safe='')}"
         return f"/api/v1/namespaces/{self.namespace}/pods?{q}"
@@ -102,25 +114,42 @@ class K8sBackend:
         for node in nodes:
             cordon = {"spec": {"unschedulable": True}}
             if not apply:
-                out += [StepResult("evict", self._req("PATCH", f"/api/v1/nodes/{node}", cordon), "dry-run", "cordon"),
-                        StepResult("evict", self._req("GET", f"/api/v1/nodes/{node}"), "dry-run", "read its taints"),
-                        StepResult("evict", self._req("PATCH", f"/api/v1/nodes/{node}", {
-                            "metadata": {"annotations": notes}, "spec": {"taints": ["<existing taints>", taint]}}),
-                            "dry-run", "taint with the reason"),
-                        StepResult("evict", self._req("GET", self._pods_path(node)), "dry-run", "the job's pods there"),
-                        StepResult("evict", self._req("POST", f"/api/v1/namespaces/{self.namespace}/pods/<pod>/eviction",
-                                                      self._eviction_body("<pod>")), "dry-run",
-                                   "for each pod listed; 429 (PodDisruptionBudget) retried with backoff")]
+                out += [
+                    StepResult("evict", self._req("PATCH", f"/api/v1/nodes/{node}", cordon), "dry-run", "cordon"),
+                    StepResult("evict", self._req("GET", f"/api/v1/nodes/{node}"), "dry-run", "read its taints"),
+                    StepResult(
+                        "evict",
+                        self._req(
+                            "PATCH",
+                            f"/api/v1/nodes/{node}",
+                            {"metadata": {"annotations": notes}, "spec": {"taints": ["<existing taints>", taint]}},
+                        ),
+                        "dry-run",
+                        "taint with the reason",
+                    ),
+                    StepResult("evict", self._req("GET", self._pods_path(node)), "dry-run", "the job's pods there"),
+                    StepResult(
+                        "evict",
+                        self._req(
+                            "POST",
+                            f"/api/v1/namespaces/{self.namespace}/pods/<pod>/eviction",
+                            self._eviction_body("<pod>"),
+                        ),
+                        "dry-run",
+                        "for each pod listed; 429 (PodDisruptionBudget) retried with backoff",
+                    ),
+                ]
                 continue
             out += self._evict_node(node, cordon, taint, notes)
             if out and out[-1].outcome in ("failed", "refused"):
                 break
         return out
 
-    def _evict_node(self, node: str, cordon: dict[str, Any], taint: dict[str, str],
-                    notes: dict[str, str]) -> list[StepResult]:
-        from kubernetes.client import V1Eviction, V1ObjectMeta  # noqa: PLC0415
-        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+    def _evict_node(
+        self, node: str, cordon: dict[str, Any], taint: dict[str, str], notes: dict[str, str]
+    ) -> list[StepResult]:
+        from kubernetes.client import V1Eviction, V1ObjectMeta
+        from kubernetes.client.exceptions import ApiException
 
         core = self._core()
         out: list[StepResult] = []
@@ -134,41 +163,54 @@ class K8sBackend:
             body = {"metadata": {"annotations": notes}, "spec": {"taints": kept + [taint]}}
             core.patch_node(node, body)
             out.append(StepResult("evict", self._req("PATCH", path, body), "ok", "tainted"))
-            pods = core.list_namespaced_pod(self.namespace, field_selector=f"spec.nodeName={node}",
-                                            label_selector=self.pod_selector or None)
+            pods = core.list_namespaced_pod(
+                self.namespace, field_selector=f"spec.nodeName={node}", label_selector=self.pod_selector or None
+            )
         except ApiException as exc:
             out.append(StepResult("evict", f"{node}", "failed", f"API {exc.status} {exc.reason}: {_message(exc)}"))
             return out
         for pod in pods.items:
             name = pod.metadata.name
-            if pod.metadata.deletion_timestamp is not None or (pod.status and pod.status.phase in ("Succeeded",
-                                                                                                  "Failed")):
+            if pod.metadata.deletion_timestamp is not None or (
+                pod.status and pod.status.phase in ("Succeeded", "Failed")
+            ):
                 out.append(StepResult("evict", f"pod {name}", "noop", "already terminating or finished"))
                 continue
-            req = self._req("POST", f"/api/v1/namespaces/{self.namespace}/pods/{name}/eviction",
-                            self._eviction_body(name))
+            req = self._req(
+                "POST", f"/api/v1/namespaces/{self.namespace}/pods/{name}/eviction", self._eviction_body(name)
+            )
             refusals: list[str] = []
             for attempt in range(self.max_retries + 1):
                 try:
-                    core.create_namespaced_pod_eviction(name, self.namespace, V1Eviction(
-                        api_version="policy/v1", kind="Eviction",
-                        metadata=V1ObjectMeta(name=name, namespace=self.namespace)))
+                    core.create_namespaced_pod_eviction(
+                        name,
+                        self.namespace,
+                        V1Eviction(
+                            api_version="policy/v1",
+                            kind="Eviction",
+                            metadata=V1ObjectMeta(name=name, namespace=self.namespace),
+                        ),
+                    )
                 except ApiException as exc:
                     if exc.status == 404:
                         out.append(StepResult("evict", req, "noop", "pod already gone"))
                         break
                     if exc.status == 429 and attempt < self.max_retries:
-                        wait = self.backoff_seconds * 2 ** attempt
+                        wait = self.backoff_seconds * 2**attempt
                         refusals.append(f"try {attempt + 1}: {_message(exc)} (retry in {wait:g} s)")
                         self.sleep(wait)
                         continue
                     refusals.append(f"try {attempt + 1}: API {exc.status}: {_message(exc)}")
-                    out.append(StepResult("evict", req, "refused" if exc.status == 429 else "failed",
-                                          "; ".join(refusals)))
+                    out.append(
+                        StepResult("evict", req, "refused" if exc.status == 429 else "failed", "; ".join(refusals))
+                    )
                     break
                 else:
-                    out.append(StepResult("evict", req, "ok", ("evicted after " + "; ".join(refusals))
-                                          if refusals else "evicted"))
+                    out.append(
+                        StepResult(
+                            "evict", req, "ok", ("evicted after " + "; ".join(refusals)) if refusals else "evicted"
+                        )
+                    )
                     break
             if out[-1].outcome in ("failed", "refused"):
                 break
@@ -176,30 +218,48 @@ class K8sBackend:
 
     def carry_out(self, action: Action, plan: Plan, *, apply: bool) -> list[StepResult]:
         if action.kind == "evict":
-            return self.evict(action.nodes, plan, f"rankscope {plan.incident} {plan.rule}: {action.reason}",
-                              apply=apply)
+            return self.evict(
+                action.nodes, plan, f"rankscope {plan.incident} {plan.rule}: {action.reason}", apply=apply
+            )
         if action.kind == "restart":
-            return [StepResult("restart", "(none)", "noop", "the job controller recreates the evicted pods on other "
-                                                            "nodes; they resume from the newest complete checkpoint")]
+            return [
+                StepResult(
+                    "restart",
+                    "(none)",
+                    "noop",
+                    "the job controller recreates the evicted pods on other "
+                    "nodes; they resume from the newest complete checkpoint",
+                )
+            ]
         if action.kind == "stop" and self.job_name:
             path = f"/apis/batch/v1/namespaces/{self.namespace}/jobs/{self.job_name}"
             body = {"spec": {"suspend": True}}
             if not apply:
                 return [StepResult("stop", self._req("PATCH", path, body), "dry-run", "suspend the Job")]
-            from kubernetes import client  # noqa: PLC0415
-            from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+            from kubernetes import client
+            from kubernetes.client.exceptions import ApiException
 
             try:
                 client.BatchV1Api(self.api()).patch_namespaced_job(self.job_name, self.namespace, body)
             except ApiException as exc:
-                return [StepResult("stop", self._req("PATCH", path, body), "failed", f"API {exc.status}: "
-                                                                                     f"{_message(exc)}")]
+                return [
+                    StepResult("stop", self._req("PATCH", path, body), "failed", f"API {exc.status}: {_message(exc)}")
+                ]
             return [StepResult("stop", self._req("PATCH", path, body), "ok", "Job suspended")]
         if action.kind in ("stop", "rollback"):
-            what = f"roll back to {action.code_version or action.checkpoint or action.step}" \
-                if action.kind == "rollback" else "stop the job"
-            return [StepResult(action.kind, "(manual)", "noop", f"{what}: not automated on Kubernetes here; "
-                                                                "a person or the job controller's policy does it")]
+            what = (
+                f"roll back to {action.code_version or action.checkpoint or action.step}"
+                if action.kind == "rollback"
+                else "stop the job"
+            )
+            return [
+                StepResult(
+                    action.kind,
+                    "(manual)",
+                    "noop",
+                    f"{what}: not automated on Kubernetes here; a person or the job controller's policy does it",
+                )
+            ]
         return [StepResult(action.kind, "(none)", "noop", "recorded in the audit trail only")]
 
 

@@ -31,7 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._compat import InputError, RecoveryError
+from rankscope.spine import InputError, RecoveryError
+
 from ..classify import LogLine
 from ..guardrails import check_placement
 from ..plan import Action, Plan
@@ -79,10 +80,21 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, *, command: Sequence[str], machines: Sequence[str], ckpt_root: str | os.PathLike[str],
-                 run_dir: str | os.PathLike[str], standby: Sequence[str] = (), nproc_per_machine: int = 1,
-                 quarantine: Sequence[str] = (), python: str = sys.executable, env: Mapping[str, str] | None = None,
-                 stop_grace_seconds: float = 10.0, launcher: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        command: Sequence[str],
+        machines: Sequence[str],
+        ckpt_root: str | os.PathLike[str],
+        run_dir: str | os.PathLike[str],
+        standby: Sequence[str] = (),
+        nproc_per_machine: int = 1,
+        quarantine: Sequence[str] = (),
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+        stop_grace_seconds: float = 10.0,
+        launcher: Sequence[str] | None = None,
+    ) -> None:
         if not command:
             raise InputError("local backend: the training command is empty")
         if not machines:
@@ -110,9 +122,16 @@ class LocalBackend:
     # -- the job -----------------------------------------------------------------------------------------
 
     def torchrun_argv(self, node_rank: int, port: int) -> list[str]:
-        return [*self.launcher, f"--nnodes={len(self.slots)}",
-                f"--nproc-per-node={self.nproc}", f"--node-rank={node_rank}", "--master-addr=127.0.0.1",
-                f"--master-port={port}", "--max-restarts=0", *self.command]
+        return [
+            *self.launcher,
+            f"--nnodes={len(self.slots)}",
+            f"--nproc-per-node={self.nproc}",
+            f"--node-rank={node_rank}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "--max-restarts=0",
+            *self.command,
+        ]
 
     def launch(self, resume_from: str | os.PathLike[str] | None = None) -> list[StepResult]:
         """Start one torchrun agent per slot (generation += 1), resuming from ``resume_from`` if given."""
@@ -126,13 +145,25 @@ class LocalBackend:
         out = []
         for i, machine in enumerate(self.slots):
             argv = self.torchrun_argv(i, port)
-            env = {**self.env, "RANKSCOPE_MACHINE": machine, "RANKSCOPE_NODE_RANK": str(i),
-                   "RANKSCOPE_CKPT_ROOT": str(self.ckpt_root), "RANKSCOPE_RESUME_FROM": str(resume_from or ""),
-                   "RANKSCOPE_GENERATION": str(self.generation)}
+            env = {
+                **self.env,
+                "RANKSCOPE_MACHINE": machine,
+                "RANKSCOPE_NODE_RANK": str(i),
+                "RANKSCOPE_CKPT_ROOT": str(self.ckpt_root),
+                "RANKSCOPE_RESUME_FROM": str(resume_from or ""),
+                "RANKSCOPE_GENERATION": str(self.generation),
+            }
             log = gen_dir / f"{machine}.log"
             with open(log, "wb") as fh:
-                proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, cwd=str(self.run_dir))
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    cwd=str(self.run_dir),
+                )
             self.running.append(_Running(machine, i, proc, log))
             out.append(StepResult("restart", _describe(argv, machine, resume_from), "ok", f"pid {proc.pid}"))
         return out
@@ -199,8 +230,10 @@ class LocalBackend:
             if sb not in pool:
                 sb = pool[0] if pool else None
             if sb is None:
-                raise RecoveryError(f"no usable standby machine for {node} (pool {self.standby}, quarantined "
-                                    f"{sorted(self.quarantine)}): replenish the pool")
+                raise RecoveryError(
+                    f"no usable standby machine for {node} (pool {self.standby}, quarantined "
+                    f"{sorted(self.quarantine)}): replenish the pool"
+                )
             pool.remove(sb)
             chosen.append((node, sb))
         return chosen
@@ -209,12 +242,23 @@ class LocalBackend:
         nodes = check_nodes(list(nodes))
         unknown = [n for n in nodes if n not in self.slots]
         pairs = self._replacements(nodes, planned)
-        steps = [StepResult("evict", "stop the job on every machine (SIGTERM, then SIGKILL after "
-                                     f"{self.stop_grace_seconds:g} s)", "dry-run")]
+        steps = [
+            StepResult(
+                "evict",
+                f"stop the job on every machine (SIGTERM, then SIGKILL after {self.stop_grace_seconds:g} s)",
+                "dry-run",
+            )
+        ]
         for node, sb in pairs:
             i = self.slots.index(node)
-            steps.append(StepResult("evict", f"quarantine {node}; slot {i} (ranks {i * self.nproc}-"
-                                              f"{(i + 1) * self.nproc - 1}): {node} -> standby {sb}", "dry-run"))
+            steps.append(
+                StepResult(
+                    "evict",
+                    f"quarantine {node}; slot {i} (ranks {i * self.nproc}-"
+                    f"{(i + 1) * self.nproc - 1}): {node} -> standby {sb}",
+                    "dry-run",
+                )
+            )
         steps += [StepResult("evict", f"{n}", "noop", "not one of the job's machines") for n in unknown]
         if not apply:
             return steps
@@ -231,18 +275,38 @@ class LocalBackend:
             return self.evict(action.nodes, action.replacements, apply=apply)
         if action.kind in ("restart", "rollback"):
             if action.kind == "rollback" and action.code_version:
-                return [StepResult("rollback", "(manual)", "noop", f"switch the training code to "
-                                                                   f"{action.code_version}; then restart")]
+                return [
+                    StepResult(
+                        "rollback",
+                        "(manual)",
+                        "noop",
+                        f"switch the training code to {action.code_version}; then restart",
+                    )
+                ]
             if action.kind == "rollback":
-                ck = Path(action.checkpoint) if action.checkpoint else newest_complete_checkpoint(
-                    self.ckpt_root, before_step=action.step)
+                ck = (
+                    Path(action.checkpoint)
+                    if action.checkpoint
+                    else newest_complete_checkpoint(self.ckpt_root, before_step=action.step)
+                )
             else:
                 ck = newest_complete_checkpoint(self.ckpt_root)
             if not apply:  # show the slots as they will be once this plan's evictions are done
-                moved = dict(self._replacements([n for n in plan.evicted if n in self.slots], action.replacements)) \
-                    if plan.evicted and any(n in self.slots for n in plan.evicted) else {}
-                return [StepResult(action.kind, _describe(self.torchrun_argv(i, 0), moved.get(m, m), ck).replace(
-                    "--master-port=0", "--master-port=<free port>"), "dry-run") for i, m in enumerate(self.slots)]
+                moved = (
+                    dict(self._replacements([n for n in plan.evicted if n in self.slots], action.replacements))
+                    if plan.evicted and any(n in self.slots for n in plan.evicted)
+                    else {}
+                )
+                return [
+                    StepResult(
+                        action.kind,
+                        _describe(self.torchrun_argv(i, 0), moved.get(m, m), ck).replace(
+                            "--master-port=0", "--master-port=<free port>"
+                        ),
+                        "dry-run",
+                    )
+                    for i, m in enumerate(self.slots)
+                ]
             return self.launch(ck)
         if action.kind == "stop":
             if apply:
@@ -252,7 +316,7 @@ class LocalBackend:
 
 
 def _describe(argv: Sequence[str], machine: str, resume: object) -> str:
-    return (f"[{machine}] RANKSCOPE_MACHINE={machine} RANKSCOPE_RESUME_FROM={resume or ''} " + " ".join(argv))
+    return f"[{machine}] RANKSCOPE_MACHINE={machine} RANKSCOPE_RESUME_FROM={resume or ''} " + " ".join(argv)
 
 
 def _signal_group(pid: int, sig: int) -> None:

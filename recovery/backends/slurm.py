@@ -16,14 +16,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from .._compat import InputError, RecoveryError
-from ..guardrails import CommandResult, run_argv
+from rankscope.spine import InputError, RecoveryError
+
 from ..plan import Action, Plan
+from ..procs import CommandResult, run_argv
 from .base import StepResult, check_nodes, one_line
 
 MODES = ("auto", "drain", "requeue")
-_DENIED = re.compile(r"access/permission denied|permission denied|not authorized|invalid user|"
-                     r"must be (?:root|an? (?:admin|operator))", re.I)
+_DENIED = re.compile(
+    r"access/permission denied|permission denied|not authorized|invalid user|"
+    r"must be (?:root|an? (?:admin|operator))",
+    re.I,
+)
 _JOBID = re.compile(r"^\d+(?:_\d+)?$")
 
 Runner = Callable[..., CommandResult]
@@ -32,13 +36,23 @@ Runner = Callable[..., CommandResult]
 class SlurmBackend:
     name = "slurm"
 
-    def __init__(self, job_id: str, *, mode: str = "auto", timeout_seconds: float = 30.0,
-                 runner: Runner = run_argv, scontrol: Sequence[str] = ("scontrol",),
-                 sbatch: Sequence[str] = ("sbatch",), env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        mode: str = "auto",
+        timeout_seconds: float = 30.0,
+        runner: Runner = run_argv,
+        scontrol: Sequence[str] = ("scontrol",),
+        sbatch: Sequence[str] = ("sbatch",),
+        env: dict[str, str] | None = None,
+    ) -> None:
         if mode not in MODES:
             raise InputError(f"slurm backend: mode {mode!r} is not one of {MODES}")
         if not _JOBID.match(str(job_id)):
-            raise InputError(f"slurm backend: job id {job_id!r} is not a Slurm job id (digits, or N_M for an array task)")
+            raise InputError(
+                f"slurm backend: job id {job_id!r} is not a Slurm job id (digits, or N_M for an array task)"
+            )
         self.job_id = str(job_id)
         self.mode = mode
         self.timeout_seconds = timeout_seconds
@@ -57,9 +71,11 @@ class SlurmBackend:
         return [*self.scontrol, "requeue", self.job_id]
 
     def exclude_argvs(self, exclude: Sequence[str]) -> list[list[str]]:
-        return [[*self.scontrol, "requeuehold", self.job_id],
-                [*self.scontrol, "update", f"JobId={self.job_id}", f"ExcNodeList={','.join(exclude)}"],
-                [*self.scontrol, "release", self.job_id]]
+        return [
+            [*self.scontrol, "requeuehold", self.job_id],
+            [*self.scontrol, "update", f"JobId={self.job_id}", f"ExcNodeList={','.join(exclude)}"],
+            [*self.scontrol, "release", self.job_id],
+        ]
 
     def submit_argv(self, script: str, exclude: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
         argv = [*self.sbatch, "--parsable"]
@@ -113,20 +129,35 @@ class SlurmBackend:
             for n in nodes:
                 s = self._step("evict", self.drain_argv(n, reason), apply)
                 if s.outcome == "failed" and self.mode == "auto" and _DENIED.search(s.detail):
-                    out.append(StepResult("evict", s.command, "noop", "drain refused (not a Slurm operator): "
-                                                                       "requeue the job without the machine instead"))
+                    out.append(
+                        StepResult(
+                            "evict",
+                            s.command,
+                            "noop",
+                            "drain refused (not a Slurm operator): requeue the job without the machine instead",
+                        )
+                    )
                     drained = False
                     break
                 out.append(s)
                 if s.outcome == "failed":
                     return out
             if drained:
-                out.append(self._step("evict", self.requeue_argv(), apply,
-                                      "back to the queue; drained machines are not used again"))
+                out.append(
+                    self._step(
+                        "evict", self.requeue_argv(), apply, "back to the queue; drained machines are not used again"
+                    )
+                )
                 if not apply and self.mode == "auto":
-                    out += [StepResult("evict", " ".join(_quote(a) for a in argv), "dry-run",
-                                       "only if the drain is refused (not an operator)")
-                            for argv in self.exclude_argvs(nodes)]
+                    out += [
+                        StepResult(
+                            "evict",
+                            " ".join(_quote(a) for a in argv),
+                            "dry-run",
+                            "only if the drain is refused (not an operator)",
+                        )
+                        for argv in self.exclude_argvs(nodes)
+                    ]
                 return out
         exclude = tuple(dict.fromkeys(self.excluded_now() + tuple(nodes)))
         for argv in self.exclude_argvs(exclude):
@@ -145,27 +176,54 @@ class SlurmBackend:
             return out
         if action.kind == "restart":
             if plan.incident in self._requeued_for or plan.evicted:
-                return [StepResult("restart", "(none)", "noop", "the eviction requeued the job; its script resumes "
-                                                                "from the newest complete checkpoint")]
-            return [self._step("restart", self.requeue_argv(), apply, "the job script resumes from the newest "
-                                                                      "complete checkpoint")]
+                return [
+                    StepResult(
+                        "restart",
+                        "(none)",
+                        "noop",
+                        "the eviction requeued the job; its script resumes from the newest complete checkpoint",
+                    )
+                ]
+            return [
+                self._step(
+                    "restart", self.requeue_argv(), apply, "the job script resumes from the newest complete checkpoint"
+                )
+            ]
         if action.kind == "stop":
-            return [self._step("stop", [*self.scontrol, "requeuehold", self.job_id], apply,
-                               f"held for a person: `scontrol release {self.job_id}` resumes it")]
+            return [
+                self._step(
+                    "stop",
+                    [*self.scontrol, "requeuehold", self.job_id],
+                    apply,
+                    f"held for a person: `scontrol release {self.job_id}` resumes it",
+                )
+            ]
         if action.kind == "rollback":
             if action.code_version:
-                return [self._step("rollback", [*self.scontrol, "requeuehold", self.job_id], apply,
-                                   f"held: switch the job's code to {action.code_version}, then "
-                                   f"`scontrol release {self.job_id}`")]
+                return [
+                    self._step(
+                        "rollback",
+                        [*self.scontrol, "requeuehold", self.job_id],
+                        apply,
+                        f"held: switch the job's code to {action.code_version}, then `scontrol release {self.job_id}`",
+                    )
+                ]
             target = action.checkpoint or (f"step<{action.step}" if action.step is not None else "before-onset")
             comment = one_line(f"rankscope:resume={target}", 250)
-            return [self._step("rollback", [*self.scontrol, "update", f"JobId={self.job_id}", f"Comment={comment}"],
-                               apply, "the job script reads its resume point from the job comment (squeue -o %k)"),
-                    self._step("rollback", self.requeue_argv(), apply)]
+            return [
+                self._step(
+                    "rollback",
+                    [*self.scontrol, "update", f"JobId={self.job_id}", f"Comment={comment}"],
+                    apply,
+                    "the job script reads its resume point from the job comment (squeue -o %k)",
+                ),
+                self._step("rollback", self.requeue_argv(), apply),
+            ]
         return [StepResult(action.kind, "(none)", "noop", "recorded in the audit trail only")]
 
-    def submit(self, script: str, *, exclude: Sequence[str] = (), extra: Sequence[str] = (),
-               apply: bool = False) -> StepResult:
+    def submit(
+        self, script: str, *, exclude: Sequence[str] = (), extra: Sequence[str] = (), apply: bool = False
+    ) -> StepResult:
         """A fresh submission that avoids the excluded machines; the new job id is the step's ``detail``."""
         argv = self.submit_argv(script, exclude, extra)
         cmd = " ".join(_quote(a) for a in argv)

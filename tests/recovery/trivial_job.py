@@ -40,8 +40,11 @@ def main() -> int:
     log = root.parent / "progress.log"
     for step in range(start + 1, args.steps + 1):
         if machine == fault_machine and step == fault_step:
-            print(f"[rank{rank}]: RuntimeError: CUDA error: uncorrectable ECC error encountered", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[rank{rank}]: RuntimeError: CUDA error: uncorrectable ECC error encountered",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(1)
         t = torch.ones(1)
         dist.all_reduce(t)

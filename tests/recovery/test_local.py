@@ -14,20 +14,27 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.errors import RankscopeError
+from rankscope.recovery.audit import JsonlAuditLog
 from rankscope.recovery.backends.local import LocalBackend, newest_complete_checkpoint
 from rankscope.recovery.executor import execute
-from rankscope.recovery.guardrails import JsonlAuditLog
 from rankscope.recovery.plan import Action, Plan
 from rankscope.recovery.planner import make_plan, situation_from_obj
+from rankscope.spine import RankscopeError
 
 HERE = Path(__file__).resolve().parent
-TRIVIAL = HERE / "recovery" / "trivial_job.py"
+TRIVIAL = HERE / "trivial_job.py"
 
 
 def _plan(*actions: Action) -> Plan:
-    return Plan(job="local", incident="inc-local", category="machine", rule="machine-event", confidence=1.0,
-                actions=actions, time=0.0)
+    return Plan(
+        job="local",
+        incident="inc-local",
+        category="machine",
+        rule="machine-event",
+        confidence=1.0,
+        actions=actions,
+        time=0.0,
+    )
 
 
 def test_newest_complete_checkpoint(tmp_path: Path) -> None:
@@ -58,9 +65,16 @@ FAKE = textwrap.dedent("""
 def _fake(tmp_path: Path, **env: str) -> LocalBackend:
     script = tmp_path / "fake_torchrun.py"
     script.write_text(FAKE)
-    return LocalBackend(command=["train.py"], machines=["m0", "m1", "m2"], standby=["s0", "s1"],
-                        ckpt_root=tmp_path / "ckpt", run_dir=tmp_path / "run", launcher=[sys.executable, str(script)],
-                        env={**__import__("os").environ, **env}, stop_grace_seconds=2)
+    return LocalBackend(
+        command=["train.py"],
+        machines=["m0", "m1", "m2"],
+        standby=["s0", "s1"],
+        ckpt_root=tmp_path / "ckpt",
+        run_dir=tmp_path / "run",
+        launcher=[sys.executable, str(script)],
+        env={**__import__("os").environ, **env},
+        stop_grace_seconds=2,
+    )
 
 
 def test_launch_evict_and_relaunch_with_a_standby_in_the_slot(tmp_path: Path) -> None:
@@ -69,8 +83,7 @@ def test_launch_evict_and_relaunch_with_a_standby_in_the_slot(tmp_path: Path) ->
     codes = be.wait_any_failure(30)
     assert codes["m1"] == 1 and codes["m0"] is None  # m0, m2 still "running"
     lines = [{"text": ll.text, "node": ll.node, "time": ll.time} for ll in be.logs()]
-    plan = make_plan(situation_from_obj({"logs": lines, "machines": be.slots, "standby": be.standby,
-                                         "job": "local"}))
+    plan = make_plan(situation_from_obj({"logs": lines, "machines": be.slots, "standby": be.standby, "job": "local"}))
     assert plan.rule == "machine-event" and plan.evicted == ("m1",)
     ck = tmp_path / "ckpt" / "step-00000004"
     ck.mkdir(parents=True)
@@ -117,18 +130,29 @@ def test_torchrun_job_recovers_on_a_standby_from_the_newest_checkpoint(tmp_path:
     import os
 
     env = {**os.environ, "TRIVIAL_FAULT_MACHINE": "m1", "TRIVIAL_FAULT_STEP": "8", "OMP_NUM_THREADS": "1"}
-    be = LocalBackend(command=[str(TRIVIAL), "--steps", "12", "--ckpt-every", "3"], machines=["m0", "m1"],
-                      standby=["s0", "s1"], ckpt_root=tmp_path / "ckpt", run_dir=tmp_path / "run", env=env,
-                      stop_grace_seconds=5)
+    be = LocalBackend(
+        command=[str(TRIVIAL), "--steps", "12", "--ckpt-every", "3"],
+        machines=["m0", "m1"],
+        standby=["s0", "s1"],
+        ckpt_root=tmp_path / "ckpt",
+        run_dir=tmp_path / "run",
+        env=env,
+        stop_grace_seconds=5,
+    )
     be.launch()
     codes = be.wait_any_failure(240)
     assert codes["m1"] not in (None, 0), codes
     be.wait(60)  # m0's rank loses its peer and exits too
     lines = [{"text": ll.text, "node": ll.node, "time": ll.time} for ll in be.logs()]
-    ckpts = [{"step": int(p.name.split("-")[1]), "path": str(p), "complete": (p / "COMPLETE").exists()}
-             for p in sorted((tmp_path / "ckpt").glob("step-*"))]
-    plan = make_plan(situation_from_obj({"job": "trivial", "logs": lines, "machines": be.slots,
-                                         "standby": be.standby, "checkpoints": ckpts}))
+    ckpts = [
+        {"step": int(p.name.split("-")[1]), "path": str(p), "complete": (p / "COMPLETE").exists()}
+        for p in sorted((tmp_path / "ckpt").glob("step-*"))
+    ]
+    plan = make_plan(
+        situation_from_obj(
+            {"job": "trivial", "logs": lines, "machines": be.slots, "standby": be.standby, "checkpoints": ckpts}
+        )
+    )
     assert plan.rule == "machine-event" and plan.evicted == ("m1",), plan.explain()
     rep = execute(plan, be, audit=JsonlAuditLog(tmp_path / "audit.jsonl"), lock_dir=tmp_path, apply=True)
     assert rep.ok, rep.explain()

@@ -10,9 +10,18 @@ from rankscope.recovery.plan import Action, Plan
 
 
 def _plan(job: str, nodes: tuple[str, ...], incident: str) -> Plan:
-    return Plan(job=f"slurm-{job}", incident=incident, category="machine", rule="machine-event", confidence=0.98,
-                actions=(Action("evict", "Xid 79 (GPU has fallen off the bus)", nodes=nodes),
-                         Action("restart", "on the remaining machines", exclude=nodes)), time=0.0)
+    return Plan(
+        job=f"slurm-{job}",
+        incident=incident,
+        category="machine",
+        rule="machine-event",
+        confidence=0.98,
+        actions=(
+            Action("evict", "Xid 79 (GPU has fallen off the bus)", nodes=nodes),
+            Action("restart", "on the remaining machines", exclude=nodes),
+        ),
+        time=0.0,
+    )
 
 
 def test_dry_run_prints_exact_commands_without_a_controller() -> None:
@@ -22,27 +31,35 @@ def test_dry_run_prints_exact_commands_without_a_controller() -> None:
     cmds = [s.command for s in steps]
     assert cmds[0].startswith("scontrol update NodeName=gpu-07 State=DRAIN 'Reason=rankscope inc-x machine-event:")
     assert cmds[1] == "scontrol requeue 1234"
-    assert cmds[2:] == ["scontrol requeuehold 1234", "scontrol update JobId=1234 ExcNodeList=gpu-07",
-                        "scontrol release 1234"]
+    assert cmds[2:] == [
+        "scontrol requeuehold 1234",
+        "scontrol update JobId=1234 ExcNodeList=gpu-07",
+        "scontrol release 1234",
+    ]
     assert all(s.outcome == "dry-run" for s in steps)
-    assert sb.submit("train.sh", exclude=("gpu-07", "gpu-08")).command == \
-        "sbatch --parsable --exclude=gpu-07,gpu-08 train.sh"
+    assert (
+        sb.submit("train.sh", exclude=("gpu-07", "gpu-08")).command
+        == "sbatch --parsable --exclude=gpu-07,gpu-08 train.sh"
+    )
 
 
 def test_slurm_rollback_stop_and_restart_commands() -> None:
     sb = SlurmBackend("77", mode="requeue", env={"SLURM_CONF": "/nonexistent"})
     plan = Plan(job="j", incident="inc-y", category="numerics", rule="numerics", confidence=0.8, actions=())
     rb = sb.carry_out(Action("rollback", "nan", checkpoint="/ckpt/step-50", step=50), plan, apply=False)
-    assert [s.command for s in rb] == ["scontrol update JobId=77 Comment=rankscope:resume=/ckpt/step-50",
-                                       "scontrol requeue 77"]
+    assert [s.command for s in rb] == [
+        "scontrol update JobId=77 Comment=rankscope:resume=/ckpt/step-50",
+        "scontrol requeue 77",
+    ]
     assert sb.carry_out(Action("stop", "x"), plan, apply=False)[0].command == "scontrol requeuehold 77"
     assert sb.carry_out(Action("restart", "x"), plan, apply=False)[0].command == "scontrol requeue 77"
     assert sb.carry_out(Action("collect", "x"), plan, apply=False)[0].outcome == "noop"
 
 
 def test_local_dry_run_changes_nothing(tmp_path: Path) -> None:
-    be = LocalBackend(command=["train.py"], machines=["m0", "m1"], standby=["s0"], ckpt_root=tmp_path / "c",
-                      run_dir=tmp_path / "r")
+    be = LocalBackend(
+        command=["train.py"], machines=["m0", "m1"], standby=["s0"], ckpt_root=tmp_path / "c", run_dir=tmp_path / "r"
+    )
     plan = _plan("x", ("m1",), "inc-z")
     steps = [s for a in plan.actions for s in be.carry_out(a, plan, apply=False)]
     assert be.slots == ["m0", "m1"] and be.running == [] and not (tmp_path / "r").exists()
@@ -52,18 +69,30 @@ def test_local_dry_run_changes_nothing(tmp_path: Path) -> None:
 
 
 def test_recover_plans_from_the_audit_history_and_applies_once(tmp_path: Path) -> None:
-    from rankscope.recovery.backends import make_backend
-    from rankscope.recovery.executor import recover
-    from rankscope.recovery.guardrails import JsonlAuditLog
-    from rankscope.recovery.planner import situation_from_obj
-
     import time
 
-    s = situation_from_obj({"job": "j", "events": [{"kind": "gpu_lost", "node": "m1", "time": time.time() - 5}],
-                            "machines": ["m0", "m1"], "standby": ["s0"]})
-    be = make_backend("local", command=["train.py"], machines=["m0", "m1"], standby=["s0"],
-                      ckpt_root=tmp_path / "c", run_dir=tmp_path / "r",
-                      launcher=["python3", "-c", "import time; time.sleep(0.1)"])
+    from rankscope.recovery.audit import JsonlAuditLog
+    from rankscope.recovery.backends import make_backend
+    from rankscope.recovery.executor import recover
+    from rankscope.recovery.planner import situation_from_obj
+
+    s = situation_from_obj(
+        {
+            "job": "j",
+            "events": [{"kind": "gpu_lost", "node": "m1", "time": time.time() - 5}],
+            "machines": ["m0", "m1"],
+            "standby": ["s0"],
+        }
+    )
+    be = make_backend(
+        "local",
+        command=["train.py"],
+        machines=["m0", "m1"],
+        standby=["s0"],
+        ckpt_root=tmp_path / "c",
+        run_dir=tmp_path / "r",
+        launcher=["python3", "-c", "import time; time.sleep(0.1)"],
+    )
     audit = JsonlAuditLog(tmp_path / "audit.jsonl")
     dry = recover(s, be, audit=audit, lock_dir=tmp_path)
     assert not dry.apply and be.slots == ["m0", "m1"]
@@ -76,7 +105,7 @@ def test_recover_plans_from_the_audit_history_and_applies_once(tmp_path: Path) -
     be.stop()
     import pytest as _pytest
 
-    from rankscope.errors import InputError
+    from rankscope.spine import InputError
 
     with _pytest.raises(InputError, match="--backend 'lsf'"):
         make_backend("lsf")

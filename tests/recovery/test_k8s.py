@@ -18,12 +18,12 @@ import pytest
 
 kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed (pip install kubernetes)")
 
+from rankscope.recovery.audit import JsonlAuditLog  # noqa: E402
 from rankscope.recovery.backends.k8s import K8sBackend, taint_value  # noqa: E402
 from rankscope.recovery.executor import execute  # noqa: E402
-from rankscope.recovery.guardrails import JsonlAuditLog  # noqa: E402
 from rankscope.recovery.plan import Action, Plan  # noqa: E402
 
-EXCHANGES = json.loads((Path(__file__).parent / "recovery" / "k8s_exchanges.json").read_text())
+EXCHANGES = json.loads((Path(__file__).parent / "k8s_exchanges.json").read_text())
 
 
 class FakeApi:
@@ -39,12 +39,21 @@ class FakeApi:
                 n = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(n) if n else b""
                 path, _, query = self.path.partition("?")
-                api.requests.append({"method": self.command, "path": path, "query": query,
-                                     "content_type": self.headers.get("Content-Type"),
-                                     "body": json.loads(raw) if raw else None})
+                api.requests.append(
+                    {
+                        "method": self.command,
+                        "path": path,
+                        "query": query,
+                        "content_type": self.headers.get("Content-Type"),
+                        "body": json.loads(raw) if raw else None,
+                    }
+                )
                 queue = api.script.get((self.command, path))
-                status, body = (queue.pop(0) if len(queue) > 1 else queue[0]) if queue else (404, {
-                    "kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404})
+                status, body = (
+                    (queue.pop(0) if len(queue) > 1 else queue[0])
+                    if queue
+                    else (404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404})
+                )
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -52,7 +61,7 @@ class FakeApi:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = do_PATCH = _serve  # noqa: N815
+            do_GET = do_POST = do_PATCH = _serve
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -81,10 +90,18 @@ def api() -> Iterator[FakeApi]:
 
 
 def _plan() -> Plan:
-    return Plan(job="llm", incident="inc-0123456789abcdef", category="machine", rule="machine-event",
-                confidence=0.98, actions=(Action("evict", "Xid 79 (GPU has fallen off the bus) on gpu-7",
-                                                 nodes=("gpu-7",)),
-                                          Action("restart", "on warm standbys", exclude=("gpu-7",))), time=0.0)
+    return Plan(
+        job="llm",
+        incident="inc-0123456789abcdef",
+        category="machine",
+        rule="machine-event",
+        confidence=0.98,
+        actions=(
+            Action("evict", "Xid 79 (GPU has fallen off the bus) on gpu-7", nodes=("gpu-7",)),
+            Action("restart", "on warm standbys", exclude=("gpu-7",)),
+        ),
+        time=0.0,
+    )
 
 
 def _script_node(api: FakeApi) -> None:
@@ -95,30 +112,46 @@ def _script_node(api: FakeApi) -> None:
 
 def test_cordon_taint_and_evict_through_the_eviction_api(api: FakeApi, tmp_path: Path) -> None:
     _script_node(api)
-    api.on("POST", "/api/v1/namespaces/train/pods/llm-worker-3/eviction",
-           (429, EXCHANGES["pdb_refused"]), (429, EXCHANGES["pdb_refused"]), (201, EXCHANGES["evicted"]))
+    api.on(
+        "POST",
+        "/api/v1/namespaces/train/pods/llm-worker-3/eviction",
+        (429, EXCHANGES["pdb_refused"]),
+        (429, EXCHANGES["pdb_refused"]),
+        (201, EXCHANGES["evicted"]),
+    )
     slept: list[float] = []
-    backend = K8sBackend(namespace="train", pod_selector="job-name=llm", api_client=api.client(), sleep=slept.append,
-                         backoff_seconds=1.5)
+    backend = K8sBackend(
+        namespace="train", pod_selector="job-name=llm", api_client=api.client(), sleep=slept.append, backoff_seconds=1.5
+    )
     rep = execute(_plan(), backend, audit=JsonlAuditLog(tmp_path / "audit.jsonl"), lock_dir=tmp_path, apply=True)
     assert rep.ok, rep.explain()
 
     reqs = api.requests
     assert [(r["method"], r["path"]) for r in reqs] == [
-        ("PATCH", "/api/v1/nodes/gpu-7"), ("GET", "/api/v1/nodes/gpu-7"), ("PATCH", "/api/v1/nodes/gpu-7"),
-        ("GET", "/api/v1/namespaces/train/pods")] + [("POST", "/api/v1/namespaces/train/pods/llm-worker-3/eviction")] * 3
+        ("PATCH", "/api/v1/nodes/gpu-7"),
+        ("GET", "/api/v1/nodes/gpu-7"),
+        ("PATCH", "/api/v1/nodes/gpu-7"),
+        ("GET", "/api/v1/namespaces/train/pods"),
+    ] + [("POST", "/api/v1/namespaces/train/pods/llm-worker-3/eviction")] * 3
     cordon, _, taint, pods, evict = reqs[0], reqs[1], reqs[2], reqs[3], reqs[4]
     assert cordon["body"] == {"spec": {"unschedulable": True}}
-    assert cordon["content_type"] in ("application/strategic-merge-patch+json", "application/merge-patch+json",
-                                      "application/json-patch+json")
+    assert cordon["content_type"] in (
+        "application/strategic-merge-patch+json",
+        "application/merge-patch+json",
+        "application/json-patch+json",
+    )
     assert taint["body"]["spec"]["taints"] == [
         {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},  # the node's own taint is kept
-        {"key": "rankscope.io/evicted", "value": "machine-event.inc-0123456789abcdef", "effect": "NoSchedule"}]
+        {"key": "rankscope.io/evicted", "value": "machine-event.inc-0123456789abcdef", "effect": "NoSchedule"},
+    ]
     notes = taint["body"]["metadata"]["annotations"]
     assert notes["rankscope.io/incident"] == "inc-0123456789abcdef" and "Xid 79" in notes["rankscope.io/evict-reason"]
     assert pods["query"] == "fieldSelector=spec.nodeName%3Dgpu-7&labelSelector=job-name%3Dllm"
-    assert evict["body"] == {"apiVersion": "policy/v1", "kind": "Eviction",
-                             "metadata": {"name": "llm-worker-3", "namespace": "train"}}
+    assert evict["body"] == {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "llm-worker-3", "namespace": "train"},
+    }
     # the pod already being deleted is not evicted again; two PDB refusals were retried with backoff
     assert not any("llm-worker-old" in r["path"] for r in reqs)
     assert slept == [1.5, 3.0]
@@ -133,8 +166,14 @@ def test_pdb_refusing_every_try_is_reported_and_stops_the_plan(api: FakeApi, tmp
     _script_node(api)
     api.on("POST", "/api/v1/namespaces/train/pods/llm-worker-3/eviction", (429, EXCHANGES["pdb_refused"]))
     slept: list[float] = []
-    backend = K8sBackend(namespace="train", pod_selector="job-name=llm", api_client=api.client(), sleep=slept.append,
-                         max_retries=3, backoff_seconds=1.0)
+    backend = K8sBackend(
+        namespace="train",
+        pod_selector="job-name=llm",
+        api_client=api.client(),
+        sleep=slept.append,
+        max_retries=3,
+        backoff_seconds=1.0,
+    )
     rep = execute(_plan(), backend, audit=JsonlAuditLog(tmp_path / "audit.jsonl"), lock_dir=tmp_path, apply=True)
     assert not rep.ok
     refused = [s for s in rep.steps if s.outcome == "refused"]
@@ -159,13 +198,16 @@ def test_dry_run_sends_nothing_and_prints_the_requests(api: FakeApi) -> None:
     steps = backend.carry_out(plan.actions[0], plan, apply=False)
     assert api.requests == []
     assert steps[0].command == 'PATCH /api/v1/nodes/gpu-7 {"spec": {"unschedulable": true}}'
-    assert steps[3].command == "GET /api/v1/namespaces/train/pods?fieldSelector=spec.nodeName%3Dgpu-7" \
-                               "&labelSelector=job-name%3Dllm"
+    assert (
+        steps[3].command == "GET /api/v1/namespaces/train/pods?fieldSelector=spec.nodeName%3Dgpu-7"
+        "&labelSelector=job-name%3Dllm"
+    )
     assert steps[4].command.startswith("POST /api/v1/namespaces/train/pods/<pod>/eviction")
     assert all(s.outcome == "dry-run" for s in steps)
 
 
 def test_taint_value_is_label_safe() -> None:
-    v = taint_value(Plan(job="j", incident="inc-" + "f" * 60, category="c", rule="escalate widen!", confidence=1.0,
-                         actions=()))
+    v = taint_value(
+        Plan(job="j", incident="inc-" + "f" * 60, category="c", rule="escalate widen!", confidence=1.0, actions=())
+    )
     assert len(v) <= 63 and all(c.isalnum() or c in "-_." for c in v) and v[0].isalnum() and v[-1].isalnum()

@@ -13,27 +13,41 @@ from typing import Any
 
 import pytest
 
-from rankscope.errors import RankscopeError
+from rankscope.recovery.audit import AuditRecord, JsonlAuditLog
 from rankscope.recovery.backends.base import StepResult, check_nodes
 from rankscope.recovery.executor import execute
-from rankscope.recovery.guardrails import (AuditRecord, GuardrailConfig, JobLock, JsonlAuditLog, check_placement,
-                                           run_argv)
+from rankscope.recovery.guardrails import GuardrailConfig, check_placement
 from rankscope.recovery.plan import Action, Plan
 from rankscope.recovery.planner import make_plan, situation_from_obj
+from rankscope.recovery.procs import JobLock, run_argv
+from rankscope.spine import RankscopeError
 
 T0 = 1_700_000_000.0
 
 
 def hang(nodes: list[str], *, group: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"verdict": "hang", "job": "llm", "confidence": 0.9, "suspect_nodes": nodes, "culprit_nodes": nodes[:1],
-            "suspect_ranks": [], "culprit_ranks": [], "suspect_group": group, "reasons": ["outliers"],
-            "evidence": [], "world_size": 128}
+    return {
+        "verdict": "hang",
+        "job": "llm",
+        "confidence": 0.9,
+        "suspect_nodes": nodes,
+        "culprit_nodes": nodes[:1],
+        "suspect_ranks": [],
+        "culprit_ranks": [],
+        "suspect_group": group,
+        "reasons": ["outliers"],
+        "evidence": [],
+        "world_size": 128,
+    }
 
 
 def plan_of(verdict: dict[str, Any], n_machines: int = 16, **kw: Any) -> Plan:
     d = {"verdict": verdict, "machines": [f"node-{i}" for i in range(n_machines)], "now": T0, **kw}
-    return make_plan(situation_from_obj(d), guards=kw.pop("guards", None)) if "guards" not in kw else \
-        make_plan(situation_from_obj({k: v for k, v in d.items() if k != "guards"}), guards=kw["guards"])
+    return (
+        make_plan(situation_from_obj(d), guards=kw.pop("guards", None))
+        if "guards" not in kw
+        else make_plan(situation_from_obj({k: v for k, v in d.items() if k != "guards"}), guards=kw["guards"])
+    )
 
 
 def g(plan: Plan, name: str) -> str:
@@ -53,8 +67,10 @@ def test_eviction_within_one_eighth_passes_and_beyond_is_blocked() -> None:
 
 
 def test_cap_is_one_parallel_group_when_the_verdict_names_several() -> None:
-    v = hang([f"node-{i}" for i in range(4)], group={"kind": "pp", "indices": [0, 1], "nodes": [f"node-{i}" for i in
-                                                                                                range(4)]})
+    v = hang(
+        [f"node-{i}" for i in range(4)],
+        group={"kind": "pp", "indices": [0, 1], "nodes": [f"node-{i}" for i in range(4)]},
+    )
     p = plan_of(v, n_machines=64)  # 1/8 of 64 = 8 would allow 4, but that is two PP groups of 2
     assert p.evicted == () and g(p, "evict-cap") == "blocked" and "one PP group" in p.guardrails[2].reason
     v1 = hang(["node-0", "node-1"], group={"kind": "pp", "indices": [0], "nodes": ["node-0", "node-1"]})
@@ -68,8 +84,9 @@ def test_small_jobs_may_still_lose_one_machine() -> None:
 
 
 def test_hourly_cap_counts_earlier_evictions_of_other_incidents() -> None:
-    hist = [{"time": T0 - 1800, "kind": "evict", "incident": "inc-old", "nodes": ["node-7", "node-8"],
-             "executed": True}]
+    hist = [
+        {"time": T0 - 1800, "kind": "evict", "incident": "inc-old", "nodes": ["node-7", "node-8"], "executed": True}
+    ]
     p = plan_of(hang(["node-1"]), history=hist, guards=GuardrailConfig(cooldown_seconds=0))
     assert p.evicted == () and g(p, "evict-cap") == "blocked" and "already evicted" in p.guardrails[2].reason
     hist[0]["time"] = T0 - 4000  # outside the hour
@@ -227,12 +244,22 @@ def test_executor_dry_run_by_default_then_apply_once(tmp_path: Path) -> None:
     assert rep.skipped and len(be.calls) == 4  # nothing ran the second time
     rec = audit.records()
     assert [(r.what, r.outcome, r.dry_run) for r in rec] == [
-        ("evict", "dry-run", True), ("restart", "dry-run", True), ("evict", "ok", False), ("restart", "ok", False),
-        ("skip", "skipped", False)]
+        ("evict", "dry-run", True),
+        ("restart", "dry-run", True),
+        ("evict", "ok", False),
+        ("restart", "ok", False),
+        ("skip", "skipped", False),
+    ]
     assert all(r.who and r.when and r.incident == plan.incident and r.backend == "fake" for r in rec)
     # the audit trail, fed back as history, makes the planner skip the incident too
-    s = situation_from_obj({"verdict": hang(["node-1"]), "machines": [f"node-{i}" for i in range(16)],
-                            "now": T0 + 10, "history": [r.to_dict() for r in rec]})
+    s = situation_from_obj(
+        {
+            "verdict": hang(["node-1"]),
+            "machines": [f"node-{i}" for i in range(16)],
+            "now": T0 + 10,
+            "history": [r.to_dict() for r in rec],
+        }
+    )
     assert make_plan(s).actions == ()
 
 

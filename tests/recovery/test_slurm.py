@@ -18,19 +18,21 @@ from pathlib import Path
 
 import pytest
 
+from rankscope.recovery.audit import JsonlAuditLog
 from rankscope.recovery.backends.slurm import SlurmBackend
 from rankscope.recovery.executor import execute
-from rankscope.recovery.guardrails import JsonlAuditLog
 from rankscope.recovery.plan import Action, Plan
 
 HERE = Path(__file__).resolve().parent
-CLUSTER = HERE / "recovery" / "slurm_cluster.sh"
+CLUSTER = HERE / "slurm_cluster.sh"
 NEEDED = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "sinfo", "setpriv")
 NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
 
 pytestmark = [
-    pytest.mark.skipif(any(shutil.which(b) is None for b in NEEDED),
-                       reason="Debian's slurm-wlm and munge are not installed (apt-get install -y slurm-wlm munge)"),
+    pytest.mark.skipif(
+        any(shutil.which(b) is None for b in NEEDED),
+        reason="Debian's slurm-wlm and munge are not installed (apt-get install -y slurm-wlm munge)",
+    ),
     pytest.mark.skipif(os.geteuid() != 0, reason="the one-host Slurm cluster runs slurmd as root"),
 ]
 
@@ -39,7 +41,9 @@ pytestmark = [
 def slurm() -> Iterator[dict[str, str]]:
     d = tempfile.mkdtemp(prefix="rankscope-slurm-")
     os.chmod(d, 0o755)
-    p = subprocess.run(["bash", str(CLUSTER), "start", d, "3"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        ["bash", str(CLUSTER), "start", d, "3"], capture_output=True, text=True, timeout=120, check=False
+    )
     env = {**os.environ, "SLURM_CONF": f"{d}/slurm.conf"}
     try:
         assert p.returncode == 0, f"slurm cluster did not start: {p.stderr}"
@@ -47,14 +51,15 @@ def slurm() -> Iterator[dict[str, str]]:
         out.mkdir(mode=0o777)
         out.chmod(0o777)
         script = out / "train.sh"
-        script.write_text("#!/bin/bash\necho \"start $SLURM_JOB_NODELIST restarts=${SLURM_RESTART_COUNT:-0}\"\n"
-                          "sleep 600\n")
+        script.write_text(
+            '#!/bin/bash\necho "start $SLURM_JOB_NODELIST restarts=${SLURM_RESTART_COUNT:-0}"\nsleep 600\n'
+        )
         script.chmod(0o755)
         yield {**env, "RANKSCOPE_TEST_DIR": d}
     finally:
-        subprocess.run(["scancel", "--user=root"], env=env, capture_output=True, timeout=30)
-        subprocess.run(["scancel", "--user=nobody"], env=env, capture_output=True, timeout=30)
-        subprocess.run(["bash", str(CLUSTER), "stop", d], capture_output=True, timeout=60)
+        subprocess.run(["scancel", "--user=root"], env=env, capture_output=True, timeout=30, check=False)
+        subprocess.run(["scancel", "--user=nobody"], env=env, capture_output=True, timeout=30, check=False)
+        subprocess.run(["bash", str(CLUSTER), "stop", d], capture_output=True, timeout=60, check=False)
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -90,13 +95,20 @@ def _node_state(env: dict[str, str], node: str) -> dict[str, str]:
 
 def _resume_all(env: dict[str, str]) -> None:
     for n in ("node1", "node2", "node3"):
-        subprocess.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"], env=env, capture_output=True, timeout=30)
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={n}", "State=RESUME"],
+            env=env,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
 
 
 def _submit(env: dict[str, str], backend: SlurmBackend, exclude: tuple[str, ...] = ()) -> str:
     d = env["RANKSCOPE_TEST_DIR"]
-    step = backend.submit(f"{d}/out/train.sh", exclude=exclude, extra=["--requeue", "-N", "2", "-o",
-                                                                       f"{d}/out/%j.log"], apply=True)
+    step = backend.submit(
+        f"{d}/out/train.sh", exclude=exclude, extra=["--requeue", "-N", "2", "-o", f"{d}/out/%j.log"], apply=True
+    )
     assert step.outcome == "ok", step
     job = step.detail
     _wait(lambda: _job(env, job).get("JobState") == "RUNNING", f"job {job} to run")
@@ -104,9 +116,18 @@ def _submit(env: dict[str, str], backend: SlurmBackend, exclude: tuple[str, ...]
 
 
 def _plan(job: str, nodes: tuple[str, ...], incident: str) -> Plan:
-    return Plan(job=f"slurm-{job}", incident=incident, category="machine", rule="machine-event", confidence=0.98,
-                actions=(Action("evict", "Xid 79 (GPU has fallen off the bus)", nodes=nodes),
-                         Action("restart", "on the remaining machines", exclude=nodes)), time=0.0)
+    return Plan(
+        job=f"slurm-{job}",
+        incident=incident,
+        category="machine",
+        rule="machine-event",
+        confidence=0.98,
+        actions=(
+            Action("evict", "Xid 79 (GPU has fallen off the bus)", nodes=nodes),
+            Action("restart", "on the remaining machines", exclude=nodes),
+        ),
+        time=0.0,
+    )
 
 
 def _running_again(env: dict[str, str], job: str) -> None:
@@ -116,8 +137,13 @@ def _running_again(env: dict[str, str], job: str) -> None:
     def started() -> bool:
         info = _job(env, job)
         if info.get("JobState") == "PENDING":
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, capture_output=True,
-                           timeout=30)
+            subprocess.run(
+                ["scontrol", "update", f"JobId={job}", "StartTime=now"],
+                env=env,
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
         return info.get("JobState") == "RUNNING"
 
     _wait(started, f"the requeued job {job} to run again", timeout=60)
@@ -149,7 +175,7 @@ def test_drain_then_requeue_on_a_real_controller(slurm: dict[str, str], tmp_path
     again = execute(plan, sb, audit=JsonlAuditLog(tmp_path / "audit.jsonl"), lock_dir=tmp_path, apply=True)
     assert again.skipped and not again.steps  # idempotent: the same incident is not acted on twice
     assert _job(slurm, job)["Restarts"] == "1"
-    subprocess.run(["scancel", job], env=slurm, timeout=30)
+    subprocess.run(["scancel", job], env=slurm, timeout=30, check=False)
 
 
 def test_user_without_drain_rights_falls_back_to_requeue_excluding(slurm: dict[str, str], tmp_path: Path) -> None:
@@ -159,8 +185,9 @@ def test_user_without_drain_rights_falls_back_to_requeue_excluding(slurm: dict[s
     assert _job(slurm, job)["UserId"].startswith("nobody")
     victim = sorted(_nodes(slurm, _job(slurm, job)["NodeList"]))[0]
     sb = SlurmBackend(job, mode="auto", env=slurm, scontrol=(*NOBODY, "scontrol"))
-    rep = execute(_plan(job, (victim,), "inc-user"), sb, audit=JsonlAuditLog(tmp_path / "a.jsonl"),
-                  lock_dir=tmp_path, apply=True)
+    rep = execute(
+        _plan(job, (victim,), "inc-user"), sb, audit=JsonlAuditLog(tmp_path / "a.jsonl"), lock_dir=tmp_path, apply=True
+    )
     assert rep.ok, rep.explain()
     outcomes = [(s.outcome, s.command.split("scontrol ", 1)[-1].split(" ")[0]) for s in rep.steps]
     assert outcomes[0][0] == "noop" and "refused" in rep.steps[0].detail  # Slurm refused the drain
@@ -173,12 +200,16 @@ def test_user_without_drain_rights_falls_back_to_requeue_excluding(slurm: dict[s
 
     # a second incident adds to the exclusion list instead of replacing it
     other = sorted(_nodes(slurm, _job(slurm, job)["NodeList"]))[0]
-    rep2 = execute(_plan(job, (other,), "inc-user-2"), SlurmBackend(job, mode="requeue", env=slurm,
-                                                                    scontrol=(*NOBODY, "scontrol")),
-                   audit=JsonlAuditLog(tmp_path / "a.jsonl"), lock_dir=tmp_path, apply=True)
+    rep2 = execute(
+        _plan(job, (other,), "inc-user-2"),
+        SlurmBackend(job, mode="requeue", env=slurm, scontrol=(*NOBODY, "scontrol")),
+        audit=JsonlAuditLog(tmp_path / "a.jsonl"),
+        lock_dir=tmp_path,
+        apply=True,
+    )
     assert rep2.ok, rep2.explain()
     assert _nodes(slurm, _job(slurm, job)["ExcNodeList"]) == {victim, other}
-    subprocess.run(["scancel", job], env=slurm, timeout=30)
+    subprocess.run(["scancel", job], env=slurm, timeout=30, check=False)
 
 
 def test_fresh_submission_excludes_machines(slurm: dict[str, str]) -> None:
@@ -188,4 +219,4 @@ def test_fresh_submission_excludes_machines(slurm: dict[str, str]) -> None:
     info = _job(slurm, job)
     assert _nodes(slurm, info["ExcNodeList"]) == {"node1"}
     assert _nodes(slurm, info["NodeList"]) == {"node2", "node3"}
-    subprocess.run(["scancel", job], env=slurm, timeout=30)
+    subprocess.run(["scancel", job], env=slurm, timeout=30, check=False)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rankscope.errors import InputError
 from rankscope.recovery.standby import standby_count
+from rankscope.spine import InputError
 
 
 def test_reproduces_the_papers_p99_pool_sizes() -> None:
@@ -30,13 +30,20 @@ def test_matches_a_direct_binomial_sum() -> None:
 
     n, p = 64, 0.01
     s = standby_count(n, p)
-    cdf = sum(comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(s.standby + 1))
-    below = sum(comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(s.standby))
+    cdf = sum(comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(s.standby + 1))
+    below = sum(comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(s.standby))
     assert cdf >= 0.99 > below
 
 
-@pytest.mark.parametrize("kw,match", [({"machines": 0}, "--machines"), ({"daily_failure_rate": 1.5}, "--daily"),
-                                      ({"window_hours": 0}, "--window-hours"), ({"quantile": 1.0}, "--quantile")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"machines": 0}, "--machines"),
+        ({"daily_failure_rate": 1.5}, "--daily"),
+        ({"window_hours": 0}, "--window-hours"),
+        ({"quantile": 1.0}, "--quantile"),
+    ],
+)
 def test_bad_arguments_name_the_option(kw: dict[str, float], match: str) -> None:
     args = {"machines": 10, "daily_failure_rate": 0.001, **kw}
     with pytest.raises(InputError, match=match):
