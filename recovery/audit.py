@@ -1,7 +1,8 @@
 """The append-only audit trail: who did what, when, why, and what came of it.
 
-:class:`AuditLog` is the interface the executor writes through; :class:`JsonlAuditLog` keeps it in a
-JSON-lines file, :class:`~rankscope.recovery.store_audit.StoreAuditLog` in the store's ``actions`` table.
+:class:`AuditLog` is the interface the executor writes through; :class:`StoreAuditLog` keeps it in the
+store's ``actions`` table (``rankscope sql STORE "SELECT * FROM actions"``), :class:`JsonlAuditLog` in a
+JSON-lines file where there is no store.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import socket
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -137,6 +139,34 @@ class JsonlAuditLog:
                 continue
             if job is None or r.job == job:
                 out.append(r)
+        return out
+
+    def history(self, job: str | None = None) -> tuple[ActionRecord, ...]:
+        """The records as the ladder's action history."""
+        return tuple(r.to_action_record() for r in self.records(job))
+
+
+class StoreAuditLog:
+    """The audit trail in the store's ``actions`` table: one Parquet part per action, written atomically and
+    never rewritten (the store is append-only), partitioned by job. ``when`` is the ``ts`` column."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        from rankscope.datasets.store.store import Store
+
+        self.store = Store(root, create=True)
+
+    def append(self, record: AuditRecord) -> None:
+        row = record.to_dict()
+        row["ts"] = datetime.fromtimestamp(row.pop("when"), tz=timezone.utc)
+        self.store.write("actions", [row])
+
+    def records(self, job: str | None = None) -> list[AuditRecord]:
+        rows = self.store.read_arrow("actions", job=job).to_pylist()
+        out = []
+        for row in sorted(rows, key=lambda r: r["ts"]):
+            ts = row.pop("ts")
+            row["when"] = (ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)).timestamp()
+            out.append(AuditRecord.from_dict({k: ("" if v is None else v) for k, v in row.items()}))
         return out
 
     def history(self, job: str | None = None) -> tuple[ActionRecord, ...]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rankscope.recovery.audit import AuditRecord, JsonlAuditLog
+from rankscope.recovery.audit import AuditRecord, JsonlAuditLog, StoreAuditLog
 from rankscope.recovery.backends.base import StepResult, check_nodes
 from rankscope.recovery.executor import execute
 from rankscope.recovery.guardrails import GuardrailConfig, check_placement
@@ -230,9 +230,14 @@ def test_audit_is_append_only_and_survives_a_torn_line(tmp_path: Path) -> None:
     assert log.history("llm")[0].executed and log.records("other") == []
 
 
-def test_executor_dry_run_by_default_then_apply_once(tmp_path: Path) -> None:
+def _audit(kind: str, tmp_path: Path) -> JsonlAuditLog | StoreAuditLog:
+    return JsonlAuditLog(tmp_path / "audit.jsonl") if kind == "jsonl" else StoreAuditLog(tmp_path / "store")
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "store"])
+def test_executor_dry_run_by_default_then_apply_once(tmp_path: Path, kind: str) -> None:
     plan = plan_of(hang(["node-1"]))
-    audit = JsonlAuditLog(tmp_path / "audit.jsonl")
+    audit = _audit(kind, tmp_path)
     be = Recorder()
     rep = execute(plan, be, audit=audit, lock_dir=tmp_path)
     assert not rep.apply and all(s.outcome == "dry-run" for s in rep.steps) and "DRY RUN" in rep.explain()
@@ -272,3 +277,35 @@ def test_no_restart_after_a_failed_eviction(tmp_path: Path) -> None:
     assert [(r.what, r.outcome) for r in audit.records()] == [("evict", "failed"), ("restart", "skipped")]
     # a failed attempt is not "done": the incident can be retried
     assert execute(plan, Recorder(), audit=audit, lock_dir=tmp_path, apply=True).ok
+
+
+def test_the_store_keeps_the_audit_trail_in_its_actions_table(tmp_path: Path) -> None:
+    """who / what / when / why / outcome, append-only, one job's rows per partition, queryable with SQL."""
+    from rankscope.datasets.store.store import Store
+
+    audit = StoreAuditLog(tmp_path / "store")
+    r = AuditRecord(
+        "llm",
+        "inc-1",
+        "evict",
+        "hang on node-1",
+        "ok",
+        T0,
+        "me@h pid 1",
+        "slurm",
+        False,
+        ("node-1",),
+        ("scontrol update NodeName=node-1 State=DRAIN Reason=x",),
+        "",
+        "verdict-machine",
+        ("node-1",),
+    )
+    audit.append(r)
+    audit.append(AuditRecord("other", "inc-2", "collect", "why", "dry-run", T0 + 5, "me", "k8s", True))
+    assert audit.records("llm") == [r] and [x.job for x in audit.records()] == ["llm", "other"]
+    files = Store(tmp_path / "store").files("actions")
+    assert len(files) == 2 and all("job=" in str(f.parent) for f in files)
+    df = Store(tmp_path / "store").sql("SELECT who, what, why, outcome, nodes FROM actions WHERE job = 'llm'")
+    assert df.to_dicts() == [
+        {"who": "me@h pid 1", "what": "evict", "why": "hang on node-1", "outcome": "ok", "nodes": ["node-1"]}
+    ]
