@@ -142,3 +142,54 @@ def run_argv(
     if check and p.returncode != 0:
         raise RecoveryError(f"{' '.join(argv)}: exit {p.returncode}: {(p.stderr or p.stdout).strip()[:300]}")
     return res
+
+
+# -- processes this host runs for a job (the local backend) ------------------------------------------------
+
+
+def proc_start_time(pid: int, proc_root: str = "/proc") -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or None when it
+    is gone or a zombie: with the pid it identifies one process, so a reused pid is never signalled."""
+    try:
+        stat = Path(proc_root, str(pid), "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return fields[19] if len(fields) > 19 else None
+
+
+def descendants(pid: int, proc_root: str = "/proc") -> list[int]:
+    """Every live process below ``pid`` (children in other sessions included: torchrun starts each worker
+    in its own session, so a process-group signal misses them)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(proc_root, name, "stat").read_text()
+            ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def signal_tree(pids: Sequence[int], sig: int) -> None:
+    """Send ``sig`` to each pid that still exists (gone ones are skipped)."""
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

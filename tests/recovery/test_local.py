@@ -8,8 +8,10 @@ the machine and resumes on a standby from the newest complete checkpoint.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,10 @@ FAKE = textwrap.dedent("""
     if os.environ["RANKSCOPE_MACHINE"] == os.environ.get("FAKE_FAIL", ""):
         print("RuntimeError: CUDA error: uncorrectable ECC error encountered", flush=True)
         sys.exit(1)
+    if os.environ.get("FAKE_WORKER"):  # a worker in a session of its own, as torchrun starts them
+        import subprocess
+        w = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+        open(f"worker-{os.environ['RANKSCOPE_MACHINE']}.pid", "w").write(str(w.pid))
     time.sleep(float(os.environ.get("FAKE_SLEEP", "0.2")) if os.environ["RANKSCOPE_GENERATION"] == "1" else 0.2)
 """)
 
@@ -72,7 +78,7 @@ def _fake(tmp_path: Path, **env: str) -> LocalBackend:
         ckpt_root=tmp_path / "ckpt",
         run_dir=tmp_path / "run",
         launcher=[sys.executable, str(script)],
-        env={**__import__("os").environ, **env},
+        env=env,
         stop_grace_seconds=2,
     )
 
@@ -110,26 +116,61 @@ def test_no_usable_standby_refuses_the_eviction(tmp_path: Path) -> None:
         be.carry_out(Action("evict", "x", nodes=("m1",)), _plan(), apply=False)
 
 
-def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
-    be = _fake(tmp_path, FAKE_SLEEP="60")
-    be.launch()
-    pids = [r.proc.pid for r in be.running]
-    be.carry_out(Action("stop", "x"), _plan(), apply=True)
-    assert be.running == []
+def test_stop_kills_every_process_of_the_slots_even_in_other_sessions(tmp_path: Path) -> None:
+    """torchrun starts each worker in a session of its own: a process-group signal would orphan them."""
     import os
 
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.killpg(pid, 0)
+    be = _fake(tmp_path, FAKE_SLEEP="60", FAKE_WORKER="1")
+    be.launch()
+    worker_files = [tmp_path / "run" / f"worker-{m}.pid" for m in be.slots]
+    deadline = time.monotonic() + 30
+    while not all(f.exists() for f in worker_files) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = [int(f.read_text()) for f in worker_files]
+    assert all(os.getsid(w) == w for w in workers)  # each in its own session
+    be.carry_out(Action("stop", "x"), _plan(), apply=True)
+    assert be.running == [] and json.loads((tmp_path / "run" / "local-cluster.json").read_text())["running"] == []
+    from rankscope.recovery.procs import proc_start_time
+
+    assert [proc_start_time(pid) for pid in workers] == [None] * len(workers)  # gone (or a zombie awaiting init)
+
+
+def test_another_process_loads_the_cluster_evicts_and_the_relaunched_job_outlives_it(tmp_path: Path) -> None:
+    """What the node agent's `rankscope recover --backend local` does: load the state, act, exit."""
+    be = _fake(tmp_path, FAKE_FAIL="m1", FAKE_SLEEP="30")
+    be.launch()
+    assert be.wait_any_failure(30)["m1"] == 1
+    plan = make_plan(
+        situation_from_obj(
+            {"job": "local", "events": [{"kind": "gpu_lost", "node": "m1", "time": time.time()}], **be.situation()}
+        )
+    )
+    code = textwrap.dedent(f"""
+        from rankscope.recovery.audit import JsonlAuditLog
+        from rankscope.recovery.backends.local import LocalBackend
+        from rankscope.recovery.executor import recover
+        from rankscope.recovery.planner import situation_from_obj
+        be = LocalBackend.load({str(tmp_path / "run")!r})
+        ev = {{"kind": "gpu_lost", "node": "m1", "time": {time.time()}}}
+        s = situation_from_obj({{"job": "local", "events": [ev], **be.situation()}})
+        rep = recover(s, be, audit=JsonlAuditLog({str(tmp_path / "audit.jsonl")!r}), lock_dir={str(tmp_path)!r},
+                      apply=True)
+        print(rep.explain())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0 and "[ok] evict" in out.stdout, out.stdout + out.stderr
+    again = LocalBackend.load(tmp_path / "run")
+    assert again.slots == ["m0", "s0", "m2"] and again.quarantine == {"m1"} and again.generation == 2
+    assert again.wait(30) == {"m0": 0, "s0": 0, "m2": 0}  # its supervisors recorded the exits
+    assert plan.evicted == ("m1",)
 
 
 @pytest.mark.slow
 @pytest.mark.torch
 def test_torchrun_job_recovers_on_a_standby_from_the_newest_checkpoint(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    import os
 
-    env = {**os.environ, "TRIVIAL_FAULT_MACHINE": "m1", "TRIVIAL_FAULT_STEP": "8", "OMP_NUM_THREADS": "1"}
+    env = {"TRIVIAL_FAULT_MACHINE": "m1", "TRIVIAL_FAULT_STEP": "8", "OMP_NUM_THREADS": "1"}
     be = LocalBackend(
         command=[str(TRIVIAL), "--steps", "12", "--ckpt-every", "3"],
         machines=["m0", "m1"],
