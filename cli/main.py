@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from rankscope import __version__
-from rankscope.cli import agent, demo, detect, diagnose, fr, store
+from rankscope.cli import agent, demo, detect, diagnose, fr, recovery, store
 
 app = typer.Typer(
     name="rankscope",
@@ -30,5 +30,5 @@ def main(
 
 
 # Each command lives in its own module (cli/<name>.py) with register(app).
-for _mod in (diagnose, demo, store, agent, fr, detect):
+for _mod in (diagnose, demo, store, agent, fr, detect, recovery):
     _mod.register(app)

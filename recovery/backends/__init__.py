@@ -18,7 +18,7 @@ __all__ = ["BACKENDS", "Backend", "StepResult", "make_backend"]
 
 def make_backend(name: str, **options: Any) -> Backend:
     """A backend by name: ``slurm`` (job_id, mode), ``k8s`` (namespace, pod_selector, job_name) or ``local``
-    (command, machines, standby, ckpt_root, run_dir, nproc_per_machine)."""
+    (command, machines, standby, ckpt_root, run_dir, nproc_per_machine; or only run_dir: the job it launched)."""
     if name == "slurm":
         from .slurm import SlurmBackend
 
@@ -30,5 +30,7 @@ def make_backend(name: str, **options: Any) -> Backend:
     if name == "local":
         from .local import LocalBackend
 
+        if set(options) == {"run_dir"}:  # a job the local backend launched: its state file says the rest
+            return LocalBackend.load(options["run_dir"])
         return LocalBackend(**options)
     raise InputError(f"--backend {name!r} is not one of {', '.join(BACKENDS)}")
