@@ -138,6 +138,7 @@ class LocalBackend:
         self.running: list[Running] = []
         self.evicted: list[str] = []
         self._procs: dict[int, subprocess.Popen[bytes]] = {}  # the supervisors this process started (reaped here)
+        self.controller: dict[str, Any] = {}  # {"pid", "start"} of the controller that launches the slots, if any
 
     # -- state shared between processes -------------------------------------------------------------------
 
@@ -162,6 +163,7 @@ class LocalBackend:
             "stop_grace_seconds": self.stop_grace_seconds,
             "generation": self.generation,
             "running": [asdict(r) for r in self.running],
+            "controller": self.controller,
         }
         atomic_write(self.state_path, json.dumps(state, indent=1, sort_keys=True))
 
@@ -194,6 +196,7 @@ class LocalBackend:
             be.generation = int(state.get("generation", 0))
             be.evicted = list(state.get("evicted", []))
             be.running = [Running(**r) for r in state.get("running", [])]
+            be.controller = dict(state.get("controller") or {})
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"{path}: not a local cluster state ({type(exc).__name__}: {exc})") from None
         return be
@@ -212,9 +215,27 @@ class LocalBackend:
             *self.command,
         ]
 
+    def _remote_controller(self) -> bool:
+        """True when another live process is this cluster's controller (it launches the slots)."""
+        pid = int(self.controller.get("pid", 0) or 0)
+        if not pid or pid == os.getpid():
+            return False
+        return proc_start_time(pid) == self.controller.get("start")
+
     def launch(self, resume_from: str | os.PathLike[str] | None = None) -> list[StepResult]:
-        """Start one torchrun agent per slot (generation += 1), resuming from ``resume_from`` if given."""
+        """Start one torchrun agent per slot (generation += 1), resuming from ``resume_from`` if given.
+
+        With a controller running (:mod:`.local_control`), the controller starts them, so every process
+        of the job stays below one long-lived parent whichever process asked for the launch."""
         check_placement(self.slots, frozenset(self.quarantine))
+        if self._remote_controller():
+            from .local_control import request
+
+            self.save()
+            reply = request(self.run_dir, "launch", resume_from=str(resume_from or ""))
+            fresh = LocalBackend.load(self.run_dir)
+            self.generation, self.running = fresh.generation, fresh.running
+            return [StepResult(**s) for s in reply["steps"]]
         self.stop()
         self.generation += 1
         port = free_port()

@@ -135,34 +135,41 @@ def test_stop_kills_every_process_of_the_slots_even_in_other_sessions(tmp_path: 
     assert [proc_start_time(pid) for pid in workers] == [None] * len(workers)  # gone (or a zombie awaiting init)
 
 
-def test_another_process_loads_the_cluster_evicts_and_the_relaunched_job_outlives_it(tmp_path: Path) -> None:
-    """What the node agent's `rankscope recover --backend local` does: load the state, act, exit."""
+def test_another_process_evicts_and_the_controller_relaunches_below_itself(tmp_path: Path) -> None:
+    """What the node agent's `rankscope recover --backend local` does: load the state, act, exit. The
+    relaunched job is started by the cluster's controller, so it stays below one parent."""
+    from rankscope.recovery.backends import local_control
+    from rankscope.recovery.procs import descendants
+
     be = _fake(tmp_path, FAKE_FAIL="m1", FAKE_SLEEP="30")
-    be.launch()
-    assert be.wait_any_failure(30)["m1"] == 1
-    plan = make_plan(
-        situation_from_obj(
-            {"job": "local", "events": [{"kind": "gpu_lost", "node": "m1", "time": time.time()}], **be.situation()}
-        )
-    )
-    code = textwrap.dedent(f"""
-        from rankscope.recovery.audit import JsonlAuditLog
-        from rankscope.recovery.backends.local import LocalBackend
-        from rankscope.recovery.executor import recover
-        from rankscope.recovery.planner import situation_from_obj
-        be = LocalBackend.load({str(tmp_path / "run")!r})
-        ev = {{"kind": "gpu_lost", "node": "m1", "time": {time.time()}}}
-        s = situation_from_obj({{"job": "local", "events": [ev], **be.situation()}})
-        rep = recover(s, be, audit=JsonlAuditLog({str(tmp_path / "audit.jsonl")!r}), lock_dir={str(tmp_path)!r},
-                      apply=True)
-        print(rep.explain())
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
-    assert out.returncode == 0 and "[ok] evict" in out.stdout, out.stdout + out.stderr
-    again = LocalBackend.load(tmp_path / "run")
-    assert again.slots == ["m0", "s0", "m2"] and again.quarantine == {"m1"} and again.generation == 2
-    assert again.wait(30) == {"m0": 0, "s0": 0, "m2": 0}  # its supervisors recorded the exits
-    assert plan.evicted == ("m1",)
+    be.save()
+    controller = local_control.start(tmp_path / "run")
+    try:
+        be = LocalBackend.load(tmp_path / "run")
+        be.launch()
+        assert {r.pid for r in be.running} <= set(descendants(controller))
+        assert be.wait_any_failure(30)["m1"] == 1
+        code = textwrap.dedent(f"""
+            from rankscope.recovery.audit import JsonlAuditLog
+            from rankscope.recovery.backends.local import LocalBackend
+            from rankscope.recovery.executor import recover
+            from rankscope.recovery.planner import situation_from_obj
+            be = LocalBackend.load({str(tmp_path / "run")!r})
+            ev = {{"kind": "gpu_lost", "node": "m1", "time": {time.time()}}}
+            s = situation_from_obj({{"job": "local", "events": [ev], **be.situation()}})
+            rep = recover(s, be, audit=JsonlAuditLog({str(tmp_path / "audit.jsonl")!r}), lock_dir={str(tmp_path)!r},
+                          apply=True)
+            print(rep.explain())
+        """)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 0 and "[ok] evict" in out.stdout, out.stdout + out.stderr
+        again = LocalBackend.load(tmp_path / "run")
+        assert again.slots == ["m0", "s0", "m2"] and again.quarantine == {"m1"} and again.generation == 2
+        assert {r.pid for r in again.running} <= set(descendants(controller))
+        assert again.wait(30) == {"m0": 0, "s0": 0, "m2": 0}  # the supervisors recorded the exits
+    finally:
+        local_control.request(tmp_path / "run", "shutdown")
+    assert LocalBackend.load(tmp_path / "run").controller == {}
 
 
 @pytest.mark.slow
