@@ -32,6 +32,7 @@ from rankscope.collectors.events import (
 )
 from rankscope.collectors.gpu_metrics import GpuSampler
 from rankscope.collectors.host_metrics import HostSampler, Sample, self_usage
+from rankscope.collectors.recover import RecoveryLoop
 from rankscope.collectors.stall import StallDetector
 from rankscope.collectors.steps import (
     NanWatch,
@@ -122,6 +123,7 @@ class Agent(Tracking, Capturing):
             slow_factor=config.slow_factor,
         )
         self.trigger: Trigger | None = None
+        self.recovery = RecoveryLoop(config, self.run_dir, flush=self.writer.flush) if config.recover else None
         self.known: dict[int, _Known] = {}
         self.alive: dict[int, discovery.ProcInfo] = {}
         self.exclude = discovery.self_and_ancestors(proc_root=proc_root)
@@ -242,6 +244,7 @@ class Agent(Tracking, Capturing):
             ("events", self._events),
             ("steps", self._steps),
             ("capture", self._maybe_capture),
+            ("recovery", self._recover),
         ):
             try:
                 step(now)
@@ -384,6 +387,11 @@ class Agent(Tracking, Capturing):
             self._event(ev)
         for rec in sorted(records, key=lambda r: r.t):
             self.detector.progress(rec.step, rec.t)
+
+    def _recover(self, now: float) -> None:
+        if self.recovery is not None:
+            for ev in self.recovery.tick(now, self.captures, self.detector.busy):
+                self._event(ev)
 
     # -- capture -------------------------------------------------------------------------------
 

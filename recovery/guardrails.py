@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rankscope.spine import InputError, RecoveryError
 
@@ -103,6 +103,37 @@ def apply(plan: Plan, s: Situation, cfg: GuardrailConfig = GuardrailConfig()) ->
         )
         return plan.with_actions((), *decisions)
     decisions.append(GuardrailDecision("idempotency", "pass", f"incident {plan.incident} not acted on before"))
+
+    # membership: a machine no longer in the job (evicted earlier) is never evicted again; evidence that
+    # names only such machines is stale (a dead rank of the previous launch), not a new fault
+    if plan.evicted and s.machines:
+        gone = [n for n in plan.evicted if n not in s.machines]
+        if gone:
+            why = (
+                f"{', '.join(gone)} {'is' if len(gone) == 1 else 'are'} not among the job's machines now "
+                "(evicted earlier, or never part of it): not evicted again"
+            )
+            stay = tuple(n for n in plan.evicted if n in s.machines)
+            culprits = s.verdict.culprit_nodes if s.verdict is not None else ()
+            if not stay or (culprits and not set(culprits) & set(s.machines)):
+                decisions.append(GuardrailDecision("membership", "skipped", why + "; the evidence is stale"))
+                keep = [a for a in actions if a.kind not in ("evict", "restart")]
+                keep.append(
+                    Action(
+                        "collect",
+                        why,
+                        nodes=tuple(gone),
+                        collect=(
+                            "a fresh capture of the job as it runs now (the evidence named machines it no longer has)",
+                        ),
+                    )
+                )
+                return plan.with_actions(tuple(keep), *decisions)
+            decisions.append(GuardrailDecision("membership", "trimmed", why))
+            actions = [
+                replace(a, nodes=tuple(n for n in a.nodes if n in stay)) if a.kind == "evict" else a for a in actions
+            ]
+            plan = replace(plan, actions=tuple(actions))
 
     # cool-down: no disruptive action within cooldown_seconds of the last one (another incident)
     recent = _recent(s, now, cfg.cooldown_seconds, DISRUPTIVE, plan.incident)

@@ -66,6 +66,19 @@ def test_eviction_within_one_eighth_passes_and_beyond_is_blocked() -> None:
     assert not any(a.kind == "restart" for a in big.actions)
 
 
+def test_machines_no_longer_in_the_job_are_never_evicted_again() -> None:
+    """After a restart on standbys, a capture can still carry the previous launch's dead ranks: evidence that
+    names only machines the job no longer has is stale, and nothing is evicted or restarted on it."""
+    machines = ["s0", "m1", "s1", "m3"]
+    stale = make_plan(situation_from_obj({"verdict": hang(["m0", "m2"]), "machines": machines, "now": T0}))
+    assert stale.evicted == () and g(stale, "membership") == "skipped"
+    assert [a.kind for a in stale.actions] == ["collect"] and "fresh capture" in stale.actions[0].collect[0]
+    mixed = make_plan(situation_from_obj({"verdict": hang(["m3", "m2"]), "machines": machines, "now": T0}))
+    assert mixed.evicted == ("m3",) and g(mixed, "membership") == "trimmed"  # the culprit m3 is still here
+    gone_culprit = make_plan(situation_from_obj({"verdict": hang(["m2", "m3"]), "machines": machines, "now": T0}))
+    assert gone_culprit.evicted == () and g(gone_culprit, "membership") == "skipped"
+
+
 def test_cap_is_one_parallel_group_when_the_verdict_names_several() -> None:
     v = hang(
         [f"node-{i}" for i in range(4)],
