@@ -49,6 +49,9 @@ MaxEvictOpt = Annotated[
 CooldownOpt = Annotated[
     float | None, typer.Option("--cooldown-seconds", help="Between disruptive actions of two incidents (300).")
 ]
+HourlyOpt = Annotated[
+    float | None, typer.Option("--hourly-window-seconds", help="The window the eviction cap counts over (3600).")
+]
 EscalationOpt = Annotated[
     float | None,
     typer.Option("--escalation-window-seconds", help="A failure this soon after an eviction escalates (3600)."),
@@ -112,13 +115,16 @@ def _situation(
     return Situation.from_dict(obj, table=table, where=str(source_path)), log, table
 
 
-def _configs(max_evict: float | None, cooldown: float | None, escalation: float | None) -> tuple[Any, Any]:
+def _configs(
+    max_evict: float | None, cooldown: float | None, escalation: float | None, hourly: float | None = None
+) -> tuple[Any, Any]:
     from rankscope.recovery.guardrails import GuardrailConfig
     from rankscope.recovery.situation import LadderConfig
 
     guards = GuardrailConfig(
         max_evict_fraction=GuardrailConfig.max_evict_fraction if max_evict is None else max_evict,
         cooldown_seconds=GuardrailConfig.cooldown_seconds if cooldown is None else cooldown,
+        hourly_window_seconds=GuardrailConfig.hourly_window_seconds if hourly is None else hourly,
     )
     ladder = LadderConfig(escalation_window_seconds=escalation) if escalation is not None else LadderConfig()
     return ladder, guards
@@ -148,6 +154,7 @@ def register(app: typer.Typer) -> None:
         max_evict_fraction: MaxEvictOpt = None,
         cooldown_seconds: CooldownOpt = None,
         escalation_window_seconds: EscalationOpt = None,
+        hourly_window_seconds: HourlyOpt = None,
     ) -> None:
         """Same input, same plan (the plan decides at the newest time in its inputs unless --now is given)."""
         from rankscope.recovery.planner import make_plan
@@ -169,7 +176,9 @@ def register(app: typer.Typer) -> None:
             audit_path=audit,
             overrides=overrides,
         )
-        ladder, guards = _configs(max_evict_fraction, cooldown_seconds, escalation_window_seconds)
+        ladder, guards = _configs(
+            max_evict_fraction, cooldown_seconds, escalation_window_seconds, hourly_window_seconds
+        )
         p = make_plan(s, ladder=ladder, guards=guards, table=table)
         out.print(p.to_json().rstrip() if fmt is Format.json else p.explain(), markup=False)
 
@@ -209,6 +218,7 @@ def register(app: typer.Typer) -> None:
         max_evict_fraction: MaxEvictOpt = None,
         cooldown_seconds: CooldownOpt = None,
         escalation_window_seconds: EscalationOpt = None,
+        hourly_window_seconds: HourlyOpt = None,
     ) -> None:
         """Dry run by default everywhere; --apply acts."""
         import json
@@ -253,7 +263,9 @@ def register(app: typer.Typer) -> None:
         )
         if lock_dir is None:
             lock_dir = source / ".recovery-locks" if _is_store(source) else Path.home() / ".rankscope" / "locks"
-        ladder, guards = _configs(max_evict_fraction, cooldown_seconds, escalation_window_seconds)
+        ladder, guards = _configs(
+            max_evict_fraction, cooldown_seconds, escalation_window_seconds, hourly_window_seconds
+        )
         rep = run(s, be, audit=log, lock_dir=lock_dir, apply=apply, ladder=ladder, guards=guards, table=table)
         if fmt is Format.json:
             out.print(json.dumps({"plan": rep.plan.to_dict(), "execution": rep.to_dict()}, indent=2), markup=False)

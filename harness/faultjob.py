@@ -10,7 +10,8 @@ The model (:mod:`.faultjob_model`) is a two-stage transformer: activations and t
 stage to stage with send/recv, TP all-reduces inside each block, gradients are all-reduced over the
 DP group. Every rank has a DataLoader with worker processes. The in-process hook
 (:mod:`rankscope.collectors.hook`) is installed, so the agent sees steps, stacks and FR dumps; rank 0
-appends one line per step to ``RUN_DIR/progress.jsonl`` (step, start, end, generation, machine).
+appends one line per step to ``RUN_DIR/progress.jsonl`` (step, start, end, generation, machine), and
+each injected fault one line to ``RUN_DIR/faults.jsonl`` when it begins.
 
 Checkpoints follow the local recovery backend's contract: every ``--ckpt-every`` steps (and at the
 last step) each rank writes ``CKPT_ROOT/step-<N>/rank<r>.pt``, then after a barrier rank 0 writes the
@@ -128,8 +129,9 @@ def manifest(world_size: int, ranks_per_node: int, machines: Sequence[str] = ())
 class Fault:
     """The faults this rank must inject, read from the environment (see the module docstring)."""
 
-    def __init__(self, rank: int, local_rank: int = 0, machine: str = "") -> None:
-        self.rank, self.local_rank, self.machine = rank, local_rank, machine
+    def __init__(self, rank: int, local_rank: int = 0, machine: str = "", log: Path | None = None) -> None:
+        self.rank, self.local_rank, self.machine, self.log = rank, local_rank, machine, log
+        self._fired: set[int] = set()
         path = os.environ.get("RANKSCOPE_FAULT_SCHEDULE", "")
         if path:
             try:
@@ -161,11 +163,23 @@ class Fault:
         return int(spec.get("rank", 0)) == self.rank
 
     def active(self, kind: str, step: int) -> bool:
-        for s in self.specs:
+        for i, s in enumerate(self.specs):
             if s["fault"] == kind and step >= int(s.get("step", 4)):
                 self.delay_s = float(s.get("delay_s", 2.0))
+                if i not in self._fired:
+                    self._fired.add(i)
+                    self._record(kind, step)
                 return True
         return False
+
+    def _record(self, kind: str, step: int) -> None:
+        """One line per injection in RUN_DIR/faults.jsonl: when the fault began (benchmarks time from it)."""
+        if self.log is None:
+            return
+        line = {"fault": kind, "rank": self.rank, "machine": self.machine, "step": step, "time": time.time(),
+                "gen": os.environ.get("RANKSCOPE_GENERATION", "1")}  # fmt: skip
+        with open(self.log, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
 
 
 # -- injected faults: named functions so their frames are recognizable in stacks --------------
@@ -235,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"faultjob: world size {world} is not a multiple of tp*pp={TP * PP}")
     dp = world // (TP * PP)
     tp_r, dp_r, pp_r = rank % TP, (rank // TP) % dp, rank // (TP * dp)
-    fault = Fault(rank, local_rank, machine)
+    fault = Fault(rank, local_rank, machine, run_dir / "faults.jsonl")
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
     groups: dict[str, Any] = {}

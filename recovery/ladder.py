@@ -50,11 +50,24 @@ __all__ = ["RULES", "LadderConfig", "Situation", "evaluate", "incident_key"]
 
 
 def _escalate(f: Facts, d: Decision) -> tuple[str, int, Decision]:
-    """The job failed again right after an eviction: widen to both incidents' suspects, then stop."""
+    """The job failed again right after an eviction: widen to both incidents' suspects, then stop.
+
+    "Right after" is within ``escalation_window_seconds`` and before the job completed a checkpoint
+    after the eviction: a job that trained to a new complete checkpoint on its new machines was fixed,
+    and a later fault is a new one (when checkpoint times are known)."""
     lo = f.now - f.cfg.escalation_window_seconds
     prior = [h for h in f.history if h.executed and h.kind == "evict" and lo <= h.time <= f.now]
     if not prior:
         return "verdict-machine", 0, d
+    last = max(h.time for h in prior)
+    since = [(c.step, c.time) for c in f.s.checkpoints if c.complete and c.time is not None and last < c.time <= f.now]
+    if since:
+        step, when = max(since)
+        why = (
+            f"the job completed checkpoint step {step} {when - last:.0f} s after the last eviction: it trained again, "
+            "so this is a new fault, not the last one coming back"
+        )
+        return "verdict-machine", 0, Decision(d.category, d.confidence, d.actions, d.reasons + (why,), d.suspect_nodes)
     incidents = sorted({h.incident for h in prior})
     widened_before = any(h.rule == "escalate-widen" for h in prior)
     if len(incidents) == 1 and not widened_before:

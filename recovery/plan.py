@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Any
 
 ACTION_KINDS = ("evict", "restart", "rollback", "stop", "tolerate", "collect")
@@ -117,9 +118,14 @@ class Plan:
 
     def explain(self) -> str:
         """The plan in a few lines, for people."""
+        when = (
+            ""
+            if self.time is None
+            else " at " + datetime.fromtimestamp(self.time, timezone.utc).isoformat(timespec="milliseconds")
+        )
         head = (
             f"{self.category.upper()} ({self.rule}, confidence {self.confidence:.2f}) job {self.job or '?'} "
-            f"incident {self.incident}"
+            f"incident {self.incident}{when}"
         )
         lines = [head]
         for a in self.actions:

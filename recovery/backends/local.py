@@ -353,7 +353,10 @@ class LocalBackend:
             "machines": list(self.slots),
             "standby": list(self.standby),
             "quarantine": sorted(self.quarantine),
-            "checkpoints": [{"step": s, "path": str(p), "complete": c} for s, p, c in checkpoints(self.ckpt_root)],
+            "checkpoints": [
+                {"step": s, "path": str(p), "complete": c, "time": _mtime(p / COMPLETE_MARKER) if c else None}
+                for s, p, c in checkpoints(self.ckpt_root)
+            ],
         }
 
     # -- plan actions ------------------------------------------------------------------------------------
@@ -446,6 +449,13 @@ class LocalBackend:
                 self.stop()
             return [StepResult("stop", f"stop the job on {', '.join(self.slots)}", "ok" if apply else "dry-run")]
         return [StepResult(action.kind, "(none)", "noop", "recorded in the audit trail only")]
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def _describe(argv: Sequence[str], machine: str, resume: object) -> str:

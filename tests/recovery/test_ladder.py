@@ -481,6 +481,20 @@ def test_failing_again_after_an_eviction_widens_then_stops() -> None:
     assert any("dcgmi diag" in c for c in p.actions[1].collect)
 
 
+def test_a_job_that_trained_to_a_new_checkpoint_after_the_eviction_has_a_new_fault_not_an_escalation() -> None:
+    v = verdict("hang", suspects=("node-3",))
+    evicted = [{"time": T0 - 600, "kind": "evict", "incident": "inc-a", "nodes": ["node-9"], "rule": "verdict-machine",
+                "suspect_nodes": ["node-9"], "executed": True}]  # fmt: skip
+    big = [f"node-{i}" for i in range(32)]
+    before = [{"step": 40, "path": "/ck/step-40", "complete": True, "time": T0 - 700}]
+    assert plan_of(verdict=v, history=evicted, machines=big, checkpoints=before).rule == "escalate-widen"
+    after = [*before, {"step": 50, "path": "/ck/step-50", "complete": True, "time": T0 - 300}]
+    p = plan_of(verdict=v, history=evicted, machines=big, checkpoints=after)
+    assert p.rule == "verdict-machine" and p.escalation == 0 and evicts(p) == ("node-3",)
+    assert any("completed checkpoint step 50" in r and "new fault" in r for r in p.reasons)
+    assert p.actions[1].checkpoint == "/ck/step-50"
+
+
 def test_dry_run_or_old_evictions_do_not_escalate() -> None:
     v = verdict("hang")
     dry = [
