@@ -20,6 +20,9 @@ from rankscope.cli.options import (
     load_settings,
 )
 
+DEFERRED = 3
+"""Exit code of ``rankscope recover`` when the cool-down deferred the plan's disruptive actions."""
+
 SourceArg = Annotated[
     Path,
     typer.Argument(
@@ -185,7 +188,8 @@ def register(app: typer.Typer) -> None:
     @app.command(
         help="Plan, then carry the plan out through a backend (local torchrun, Slurm, Kubernetes). DRY RUN unless "
         "--apply: prints the exact commands or API calls; --apply makes them, one executor per job (a lock), "
-        "each action recorded in the audit trail. Exit 1 when an applied step failed. "
+        "each action recorded in the audit trail. Exit 1 when an applied step failed, 3 when a guardrail deferred "
+        "the actions (the cool-down: the plan says until when; run it again then). "
         "Example: rankscope recover /data/rankscope --job llama70b-run3 --backend slurm --slurm-job-id 4242"
     )
     @handle_errors
@@ -273,6 +277,8 @@ def register(app: typer.Typer) -> None:
             out.print(rep.plan.explain() + "\n\n" + rep.explain(), markup=False)
         if not rep.ok:
             raise typer.Exit(1)
+        if any(g.decision == "deferred" for g in rep.plan.guardrails):
+            raise typer.Exit(DEFERRED)
 
     @app.command(
         help="Size the warm-standby pool: the spare machines that cover the given quantile of concurrent failures "

@@ -8,13 +8,14 @@ for the same incident act once; re-running an incident changes nothing (its idem
 
 Stopping the job is part of an eviction, and the agent sees the trainers die: captures that start while
 its own recovery runs, or within ``quiet_seconds`` after, are the recovery's doing, not a new incident,
-and start nothing. Each run's output is kept in ``RUN_DIR/recover-<time>.log`` and its outcome becomes
-a ``recovery`` event in the store.
+and start nothing. A run the cool-down deferred (exit 3, "held until T") is run again at T. Each run's
+output is kept in ``RUN_DIR/recover-<time>.log`` and its outcome becomes a ``recovery`` event in the store.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from typing import Any
 from rankscope.collectors.events import Event
 from rankscope.config import AgentConfig
 
+DEFERRED = 3  # rankscope recover's exit code when the cool-down held the plan's disruptive actions
 BOOTSTRAP = "import sys; del sys.path[0]; sys.argv[0] = 'rankscope'; from rankscope.cli.main import app; app()"
 """Runs the CLI with the working directory off ``sys.path`` (as the daemon itself does)."""
 
@@ -56,6 +58,7 @@ class RecoveryLoop:
         self.started = 0.0
         self.log: Path | None = None
         self.quiet_until = 0.0
+        self.retry_at: float | None = None  # a run the cool-down deferred is re-planned then
         self.runs = 0
 
     def argv(self) -> list[str]:
@@ -81,9 +84,12 @@ class RecoveryLoop:
             self.handled = len(captures)
             if any(c.snapshot > self.quiet_until for c in new):
                 events.append(self._start(now, new[-1]))
+        elif self.proc is None and self.retry_at is not None and now >= self.retry_at and captures:
+            events.append(self._start(now, captures[-1], "re-planning after the cool-down"))
         return events
 
-    def _start(self, now: float, capture: Any) -> Event:
+    def _start(self, now: float, capture: Any, why: str = "") -> Event:
+        self.retry_at = None
         self.flush()  # the recover process reads the store: timings and metrics too, not only the capture
         self.runs += 1
         self.log = self.run_dir / f"recover-{int(now)}-{self.runs}.log"
@@ -97,7 +103,7 @@ class RecoveryLoop:
         return Event(
             "recovery",
             f"started rankscope recover --backend {self.cfg.recover} ({mode}) after capture {capture.snapshot} "
-            f"({capture.reason}); output in {self.log}",
+            f"({capture.reason}{'; ' + why if why else ''}); output in {self.log}",
             labels={"pid": self.proc.pid, "backend": self.cfg.recover, "apply": mode == "apply"},
         )
 
@@ -115,9 +121,16 @@ class RecoveryLoop:
             self.proc.wait()
             what, severity = f"killed after {self.timeout_seconds:g} s (timeout)", "warning"
         else:
-            what = {0: "done", 1: "a step failed"}.get(code, f"exit {code}")
-            severity = "info" if code == 0 else "warning"
+            what = {0: "done", 1: "a step failed", DEFERRED: "deferred by the cool-down"}.get(code, f"exit {code}")
+            severity = "info" if code in (0, DEFERRED) else "warning"
         tail = _tail(self.log)
+        if code == DEFERRED:
+            try:
+                text = self.log.read_text(errors="replace")[-20000:] if self.log else ""
+            except OSError:
+                text = ""
+            held = re.findall(r"held until (\d+(?:\.\d+)?)", text)
+            self.retry_at = float(held[-1]) + 1.0 if held else now + self.quiet_seconds
         self.proc = None
         self.handled = max(self.handled, n_captures)  # what fired meanwhile was the recovery's own doing
         self.quiet_until = time.time() + self.quiet_seconds

@@ -85,3 +85,22 @@ def test_the_agent_settings_check_the_backend(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="recover='pbs' must be local, slurm, k8s"):
         resolve_agent({"store": "/s", "recover": "pbs"}, env={})
     assert resolve_agent({"store": "/s"}, env={"RANKSCOPE_AGENT_RECOVER": "slurm"}).recover == "slurm"
+
+
+def test_a_run_the_cool_down_deferred_is_run_again_when_it_ends(tmp_path: Path) -> None:
+    """rankscope recover exits 3 with "held until T": nothing new may fire (the job is still hung), so the
+    agent itself re-plans at T."""
+    until = time.time() + 1.0
+    loop = _loop(tmp_path, f"print('guardrail cooldown: deferred: evict held until {until:.0f}; re-plan then'); "
+                 "raise SystemExit(3)", quiet_seconds=0)  # fmt: skip
+    caps = [Cap(int(time.time()))]
+    loop.tick(time.time(), caps, busy=False)
+    deadline = time.time() + 20
+    ended: list = []
+    while not ended and time.time() < deadline:
+        ended = loop.tick(time.time(), caps, busy=False)
+        time.sleep(0.05)
+    assert "deferred by the cool-down" in ended[0].message and loop.retry_at == pytest.approx(round(until) + 1.0)
+    loop.retry_at = time.time()
+    again = loop.tick(time.time(), caps, busy=False)
+    assert again and "re-planning after the cool-down" in again[0].message

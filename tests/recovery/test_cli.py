@@ -121,6 +121,12 @@ def test_recover_applies_through_a_backend_once_per_incident(verdict_file: Path,
     again = _run(*args, env=env)
     assert again.exit_code == 0 and "already" in again.stdout
     assert len(log.read_text().splitlines()) == 2  # drain + requeue, once
+    other = json.loads(verdict_file.read_text())
+    other.update(suspect_nodes=["node-1"], culprit_nodes=["node-1"], suspect_ranks=[1], culprit_ranks=[1])
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    held = _run(*("recover", tmp_path / "other.json", *args[2:]), env=env)  # another incident, within the cool-down
+    assert held.exit_code == 3 and "held until" in held.stdout, held.output
+    assert len(log.read_text().splitlines()) == 2
 
 
 @pytest.mark.parametrize(
