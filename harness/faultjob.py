@@ -257,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # every rank creates every group in the same order (a torch.distributed requirement)
     for kind in ("tp", "dp", "pp"):
         for ranks in _groups_of(kind, world, dp):
-            g = dist.new_group(ranks, group_desc=kind)
+            g = dist.new_group(ranks, group_desc=kind, timeout=timedelta(seconds=args.pg_timeout_s))
             if rank in ranks:
                 groups[kind], members[kind] = g, ranks
     hook.record_groups(members)

@@ -101,6 +101,8 @@ def load_source(
 
     cfg = config or Config()
     inputs = load_inputs(p, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=cfg.inputs)
+    if since is not None:
+        inputs = current_launch(inputs, since, Store(p) if Store.is_store(p) else None)
     verdict = diagnose(inputs, cfg).to_dict()
     if inputs.snapshot_times:
         verdict["time"] = max(inputs.snapshot_times.values())
@@ -120,3 +122,44 @@ def load_source(
             rows = [{k: r.get(k) for k in cols} for r in store.read("events", job=inputs.job).to_dicts()]
             obj["events"] = _since([r for r in rows if r.get("ts") is not None], since, "ts")
     return Source(obj, kind, p, inputs.job)
+
+
+def current_launch(inputs: Any, since: float, store: Any = None) -> Any:
+    """The evidence of the job as it runs since ``since`` (the executor's last restart): a store keeps every
+    capture, and a capture after a restart still carries the previous launch's dead ranks (post-mortem
+    stacks), its Flight Recorder dumps and its exits. Kept: snapshots taken after ``since``, processes the
+    agent first saw after it (the ``processes`` table), exits after it, Flight Recorder dumps with an
+    entry after it."""
+    from dataclasses import replace
+
+    new_pids: set[int] | None = None
+    if store is not None and store.files("processes", job=inputs.job):
+        first: dict[int, float] = {}
+        for row in store.read("processes", job=inputs.job).select("pid", "time").to_dicts():
+            if row["pid"] is not None and row["time"] is not None:
+                t = row["time"].timestamp()
+                first[int(row["pid"])] = min(t, first.get(int(row["pid"]), t))
+        new_pids = {pid for pid, t in first.items() if t > since}
+    times = inputs.snapshot_times
+
+    def keep(p: Any) -> bool:
+        if times.get(p.snapshot, since + 1) <= since:
+            return False
+        return new_pids is None or p.pid is None or p.pid in new_pids
+
+    def recent(d: Any) -> bool:
+        stamps = [e.time_created_ns for e in d.entries if e.time_created_ns]
+        return not stamps or max(stamps) / 1e9 > since
+
+    procs = tuple(p for p in inputs.procs if keep(p))
+    notes = (*inputs.notes, f"{len(inputs.procs) - len(procs)} process stack(s) from before the last restart ignored")
+    return replace(
+        inputs,
+        procs=procs,
+        fr_dumps=tuple(d for d in inputs.fr_dumps if recent(d)),
+        exits=tuple(
+            x for x in inputs.exits if x.time > since and (new_pids is None or x.pid is None or x.pid in new_pids)
+        ),
+        snapshot_times={s: t for s, t in times.items() if t > since},
+        notes=notes if len(procs) < len(inputs.procs) else inputs.notes,
+    )
