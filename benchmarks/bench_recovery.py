@@ -21,7 +21,7 @@ exception), ``slow_machine`` (every rank of the machine 10x slower).
   wall time from launch to the end, for the loop and for the baseline given the same wall time.
 
 Guardrails are scaled to this 4-machine, few-minute job (a 2-machine fault domain is half the job; 3
-incidents in 5 minutes): ``--max-evict-fraction 0.5 --hourly-window-seconds 60 --cooldown-seconds 10``.
+incidents about 40 s apart): ``--max-evict-fraction 0.5 --hourly-window-seconds 20 --cooldown-seconds 10``.
 Run: ``.venv/bin/python benchmarks/bench_recovery.py [--kinds hang,crash,slow_machine] [--no-schedule]``.
 """
 
@@ -51,7 +51,7 @@ KINDS: dict[str, dict[str, Any]] = {
         "agent": ["--slow-factor", "4", "--capture-rounds", "3", "--round-interval-seconds", "5"],
     },
 }
-RECOVER_ARGS = ["--max-evict-fraction", "0.5", "--hourly-window-seconds", "60", "--cooldown-seconds", "10"]
+RECOVER_ARGS = ["--max-evict-fraction", "0.5", "--hourly-window-seconds", "20", "--cooldown-seconds", "10"]
 TORCH_DEFAULT_TIMEOUTS = {"nccl": 600.0, "gloo": 1800.0}
 MACHINES = ("m0", "m1", "m2", "m3")
 
