@@ -8,6 +8,11 @@ import typer
 
 from rankscope.cli.console import handle_errors, out
 
+NOT_FLAGS = frozenset(
+    {"config", "trigger", "apply", "extra", "resolve_agent", "exec_daemon", "request_capture", "shlex", "fail"}
+)
+"""The command's locals that are not AgentConfig fields."""
+
 PRECEDENCE = (
     "Settings: flags > RANKSCOPE_AGENT_<FIELD> environment variables > --config file (TOML/JSON, an "
     "\\[agent] table or top-level keys) > defaults."
@@ -81,22 +86,7 @@ def register(app: typer.Typer) -> None:
         if (apply or recover_args) and not recover:
             fail("--apply and --recover-args need --recover local|slurm|k8s")
         extra = (*shlex.split(recover_args or ""), *(("--apply",) if apply else ()))
-        flags = {
-            k: v
-            for k, v in locals().items()
-            if k
-            not in (
-                "config",
-                "trigger",
-                "resolve_agent",
-                "exec_daemon",
-                "request_capture",
-                "apply",
-                "shlex",
-                "fail",
-                "extra",
-            )
-        }
+        flags = {k: v for k, v in locals().items() if k not in NOT_FLAGS}
         flags["recover_args"] = extra if recover else None
         if trigger and not store:
             flags["store"] = "(not needed to trigger)"
