@@ -104,3 +104,18 @@ def test_a_run_the_cool_down_deferred_is_run_again_when_it_ends(tmp_path: Path) 
     loop.retry_at = time.time()
     again = loop.tick(time.time(), caps, busy=False)
     assert again and "re-planning after the cool-down" in again[0].message
+
+
+def test_a_relaunched_job_is_no_stall_and_its_steps_count_again() -> None:
+    """After a restart from the checkpoint at step 20, steps 21.. are progress, and the startup is not a stall."""
+    from rankscope.collectors.stall import StallDetector
+
+    d = StallDetector(10.0)
+    for step in range(30):
+        d.progress(step, 1000.0 + step)
+    assert d.check(1041.0) is not None  # the fault: no progress for 12 s
+    d.restart()  # the agent sees the relaunched trainers
+    assert d.check(1080.0) is None  # 50 s of startup: no steps yet, no stall
+    d.progress(21, 1081.0)
+    d.progress(22, 1082.0)
+    assert d.check(1083.0) is None and d.check(1093.0) is not None  # a new stall is seen again
