@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +127,9 @@ def load_source(
 def current_launch(inputs: Any, since: float, store: Any = None) -> Any:
     """The evidence of the job as it runs since ``since`` (the executor's last restart): a store keeps every
     capture, and a capture after a restart still carries the previous launch's dead ranks (post-mortem
-    stacks), its Flight Recorder dumps and its exits. Kept: snapshots taken after ``since``, processes the
-    agent first saw after it (the ``processes`` table), exits after it, Flight Recorder dumps with an
-    entry after it."""
+    stacks), its Flight Recorder dumps, exits, step timings and metrics. Kept: snapshots taken after
+    ``since``, processes the agent first saw after it (the ``processes`` table), exits, step timings and
+    metric samples after it, Flight Recorder dumps with an entry after it."""
     from dataclasses import replace
 
     new_pids: set[int] | None = None
@@ -152,10 +152,21 @@ def current_launch(inputs: Any, since: float, store: Any = None) -> Any:
         return not stamps or max(stamps) / 1e9 > since
 
     procs = tuple(p for p in inputs.procs if keep(p))
+    timings, metrics = inputs.timings, inputs.metrics
+    if timings is not None or metrics is not None:
+        import polars as pl
+
+        if timings is not None and "start_s" in timings.columns:  # the agent's step times: wall-clock starts
+            timings = timings.filter(pl.col("start_s").is_null() | (pl.col("start_s") > since))
+        if metrics is not None and isinstance(metrics.schema.get("ts"), pl.Datetime):
+            cut = datetime.fromtimestamp(since, timezone.utc)
+            metrics = metrics.filter(pl.col("ts") > pl.lit(cut).cast(metrics.schema["ts"]))
     notes = (*inputs.notes, f"{len(inputs.procs) - len(procs)} process stack(s) from before the last restart ignored")
     return replace(
         inputs,
         procs=procs,
+        timings=timings,
+        metrics=metrics,
         fr_dumps=tuple(d for d in inputs.fr_dumps if recent(d)),
         exits=tuple(
             x for x in inputs.exits if x.time > since and (new_pids is None or x.pid is None or x.pid in new_pids)
