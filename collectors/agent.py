@@ -306,6 +306,7 @@ class Agent(Tracking, Capturing):
                 self._crash_captured = False  # a new (or restarted) trainer re-arms the crash capture
                 if not any(x.info.role == "trainer" and x.dead_since is None for x in self.known.values()):
                     self.detector.restart()  # a relaunched job: its startup is no stall, its steps count anew
+                    self._topology_written = False  # and its ranks may run on other machines (standbys)
             self.known[p.pid] = _Known(p, node, offset, None, ident)
             new_rows.append(p.to_row(job=self.cfg.job, node=node, time=datetime.now(timezone.utc)))
         for pid, info in list(self.alive.items()):
