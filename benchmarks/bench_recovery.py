@@ -129,7 +129,7 @@ def incidents(run: localrun.LocalRun) -> list[dict[str, Any]]:
             m = re.search(r"RANKSCOPE_RESUME_FROM=\S*step-(\d+)", restart["commands"][0])
             ck = int(m.group(1)) if m else -1
             before = [p for p in progress if p["end"] <= tr]
-            gen = max((p["gen"] for p in progress if p["start"] >= tr), default=None, key=int)
+            gen = min((p["gen"] for p in progress if p["start"] >= tr), default=None, key=int)  # the relaunch
             first = min((p["end"] for p in progress if p["start"] >= tr and p["gen"] == gen), default=None)
             last_step = max((p["step"] for p in before), default=ck)
             row.update(resume_step=ck + 1, steps_lost=last_step - ck, first_step_after_restart_s=_r(first - t0)
