@@ -11,6 +11,7 @@ from rankscope.cli.console import echo, fail, handle_errors
 from rankscope.cli.options import (
     DEFAULT_ORDER,
     ConfigOpt,
+    DumpedOnTimeoutOpt,
     Format,
     FormatOpt,
     GpusPerNodeOpt,
@@ -18,6 +19,7 @@ from rankscope.cli.options import (
     LayoutOpt,
     MaxFramesOpt,
     OrderOpt,
+    fr_flags,
     load_settings,
     store_topology_notes,
 )
@@ -53,6 +55,7 @@ def register(app: typer.Typer) -> None:
         save: bool = typer.Option(
             False, "--save", help="Append the verdict to the store's verdicts table (store PATH only)."
         ),
+        dumped_on_timeout: DumpedOnTimeoutOpt = False,
         config: ConfigOpt = None,
     ) -> None:
         """Name the machines to isolate from a job's dumps or its store.
@@ -65,7 +68,13 @@ def register(app: typer.Typer) -> None:
             fail(f"--save needs a store PATH (rankscope ingest {path} --store STORE first); {path} is not one")
         store_topology_notes(ctx, path, job)
         verdict, inputs = run_diagnosis(
-            path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=config
+            path,
+            layout=layout,
+            order=order,
+            gpus_per_node=gpus_per_node,
+            job=job,
+            config=config,
+            flags=fr_flags(dumped_on_timeout),
         )
         if save:
             from rankscope.datasets.store.catalog import verdict_row
