@@ -155,7 +155,13 @@ def _hook_coords(dd: DumpDir, ranks: Sequence[int], notes: list[str]) -> dict[st
 
 
 def _from_store(
-    root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None, series_gap_seconds: float
+    root: Path,
+    *,
+    layout: Layout | None,
+    gpus_per_node: int,
+    job: str | None,
+    series_gap_seconds: float,
+    incident: str | None = None,
 ) -> Inputs:
     from rankscope.datasets.store.stacks_table import from_table  # pyarrow: only a store needs it
     from rankscope.datasets.store.store import Store
@@ -185,6 +191,8 @@ def _from_store(
         from_table(stacks_tbl),
         _snapshot_times(stacks_tbl),
         lambda times: latest_series(times, series_gap_seconds),
+        incident=incident,
+        gap_s=series_gap_seconds,
     )
     procs, snapshot_times, notes = chosen.procs, chosen.snapshot_times, list(chosen.notes)
     topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
@@ -196,6 +204,9 @@ def _from_store(
         if store.files("ingests", job=job):
             rows = keep_fr_rows(rows, store.read("ingests", job=job), chosen.fr_sources)
         fr = list(fr_from_table(rows))
+    made_up: tuple[str, ...] = ()
+    if topo_df.height and "node_inferred" in topo_df.columns:  # names ingest made up (node-<rank // N>)
+        made_up = tuple(sorted(set(topo_df.filter(topo_df["node_inferred"].fill_null(False))["node"].to_list())))
     topo: Topology | None
     if topo_df.height and layout is None:
         coords = {d: topo_df[d].to_list() for d in DIMS if topo_df[d].null_count() == 0}
@@ -224,6 +235,7 @@ def _from_store(
         str(root),
         exits=tuple(exits),
         snapshot_times=snapshot_times,
+        inferred_nodes=made_up,
     )
 
 
@@ -262,8 +274,12 @@ def load_inputs(
     gpus_per_node: int | None = None,
     job: str | None = None,
     config: InputsConfig | None = None,
+    incident: str | None = None,
 ) -> Inputs:
     """Load a dump directory or a store into :class:`Inputs` (InputError on bad input).
+
+    From a store, the latest incident of the job is loaded, or ``incident`` (a key of
+    :func:`rankscope.datasets.loading.incidents.incidents_of`: an ingest id or ``capture-<snapshot>``).
 
     ``gpus_per_node`` None means "not given": sibling trainers and local ranks are numbered with the
     count each host holds, and unnamed machines are ``node-<rank // 8>``."""
@@ -286,6 +302,7 @@ def load_inputs(
             gpus_per_node=gpus_per_node or 8,
             job=job,
             series_gap_seconds=(config or InputsConfig()).series_gap_seconds,
+            incident=incident,
         )
     with paused_gc():  # millions of small acyclic objects: full collections would make loading superlinear
         return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
