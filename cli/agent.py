@@ -61,6 +61,9 @@ def register(app: typer.Typer) -> None:
         max_runtime_seconds: float = typer.Option(
             None, "--max-runtime-seconds", help="Stop after this long (0 = never)."
         ),
+        metrics_port: int = typer.Option(
+            None, "--metrics-port", metavar="PORT", help="Serve the agent's health for Prometheus on 127.0.0.1:PORT."
+        ),
         config: Path = typer.Option(
             None, "--config", metavar="FILE", help="TOML or JSON config file (or RANKSCOPE_AGENT_CONFIG)."
         ),

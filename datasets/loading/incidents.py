@@ -33,6 +33,7 @@ class Choice:
     snapshot_times: dict[int, float]
     fr_sources: frozenset[str] | None  # FR source files of the chosen ingest; None: the agent's (not ingested)
     notes: list[str]
+    ingest_id: str | None = None  # the chosen incident's ingest (its own topology rows win); None: the agent's
 
 
 def _utc(t: float) -> str:
@@ -141,7 +142,7 @@ def choose(
     chosen = [p for p in procs if p.snapshot in keep]
     times = {s: t for s, t in snapshot_times.items() if s in keep}
     fr = _fr_sources(ledger, best.key)
-    return Choice(chosen, times, fr, notes)
+    return Choice(chosen, times, fr, notes, None if best.key == "agent" else best.key)
 
 
 def _chosen(
@@ -163,8 +164,8 @@ def _chosen(
         raise InputError(f"{store.root}: job {job!r} has no incident {key!r} (latest: {valid})")
     chosen = [p for p in procs if p.snapshot in best.snapshots]
     times = {s: t for s, t in snapshot_times.items() if s in best.snapshots}
-    fr = None if best.key.startswith("capture-") else _fr_sources(ledger, best.key)
-    return Choice(chosen, times, fr, [])
+    agent = best.key.startswith("capture-")
+    return Choice(chosen, times, None if agent else _fr_sources(ledger, best.key), [], None if agent else best.key)
 
 
 def _ingests(by_ingest: Mapping[str, set[int]], snapshot_times: Mapping[int, float], ledger: Any) -> list[Incident]:

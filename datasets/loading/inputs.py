@@ -195,7 +195,7 @@ def _from_store(
         gap_s=series_gap_seconds,
     )
     procs, snapshot_times, notes = chosen.procs, chosen.snapshot_times, list(chosen.notes)
-    topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
+    topo_df = _own_topology(store.read("topology", job=job), chosen.ingest_id)
     fr: list[Any] = []
     if store.files("collectives", job=job):
         from rankscope.datasets.readers.fr_table import fr_from_table
@@ -237,6 +237,17 @@ def _from_store(
         snapshot_times=snapshot_times,
         inferred_nodes=made_up,
     )
+
+
+def _own_topology(topo: Any, ingest_id: str | None) -> Any:
+    """One row per rank: the chosen incident's own rows when the table says which ingest wrote them (a job
+    re-run on other machines is ingested with another topology), else the last written."""
+    if topo.height and "ingest_id" in topo.columns:
+        ids = topo["ingest_id"]
+        mine = topo.filter(ids == ingest_id) if ingest_id is not None else topo.filter(ids.is_null())
+        if mine.height:
+            topo = mine
+    return topo.unique(subset=["rank"], keep="last").sort("rank")
 
 
 def latest_series(snapshot_times: Mapping[int, float], gap_s: float = InputsConfig().series_gap_seconds) -> set[int]:

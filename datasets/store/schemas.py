@@ -109,6 +109,7 @@ TOPOLOGY = TableSpec(
             pa.field("dp", pa.int32()),
             pa.field("pp", pa.int32()),
             pa.field("node_inferred", pa.bool_()),  # true: nobody named the machine, rankscope made node-<r // N> up
+            pa.field("ingest_id", pa.string()),  # the ingest that wrote the row (null: the agent's)
         ]
     ),
     doc="One row per rank: its node and its coordinate along each parallel dimension.",
