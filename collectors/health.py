@@ -42,7 +42,9 @@ class AgentCollector:
         buckets = [(str(b), float(sum(1 for s in seconds if s <= b))) for b in CAPTURE_BUCKETS]
         buckets.append(("+Inf", float(len(seconds))))
         yield HistogramMetricFamily(
-            "rankscope_agent_capture_duration_seconds", "Seconds per capture round.", buckets=buckets,
+            "rankscope_agent_capture_duration_seconds",
+            "Seconds per capture round.",
+            buckets=buckets,
             sum_value=float(sum(seconds)),
         )
         yield _counter(CounterMetricFamily, "rankscope_agent_captures", "Capture rounds.", len(seconds))
@@ -54,14 +56,17 @@ class AgentCollector:
             for table, n in sorted(values.items()):
                 fam.add_metric([table], float(n))
             yield fam
-        yield _counter(CounterMetricFamily, "rankscope_agent_write_errors", "Failed store writes.", a.writer.write_errors)
-        up = GaugeMetricFamily("rankscope_agent_collector_up", "1 when the collector's last run succeeded.",
-                               labels=["collector"])
+        errors = a.writer.write_errors
+        yield _counter(CounterMetricFamily, "rankscope_agent_write_errors", "Failed store writes.", errors)
+        up = GaugeMetricFamily(
+            "rankscope_agent_collector_up", "1 when the collector's last run succeeded.", labels=["collector"]
+        )
         for name, ok in sorted(dict(a.collector_ok).items()):
             up.add_metric([name], 1.0 if ok else 0.0)
         yield up
-        fails = CounterMetricFamily("rankscope_agent_collector_failures", "Failed runs per collector.",
-                                    labels=["collector"])
+        fails = CounterMetricFamily(
+            "rankscope_agent_collector_failures", "Failed runs per collector.", labels=["collector"]
+        )
         for name, n in sorted(dict(a.failures).items()):
             fails.add_metric([name], float(n))
         yield fails
