@@ -25,12 +25,29 @@ from rankscope.config import AgentConfig
 from rankscope.datasets.store.store import Store
 
 runner = CliRunner()
-UNITLESS_OK = ("_score", "_verdict", "_named", "_up", "_quarantined", "_success", "_jobs", "_machines", "_total",
-               "_done", "_written", "_confidence", "_info")
+UNITLESS_OK = (
+    "_score",
+    "_verdict",
+    "_named",
+    "_up",
+    "_quarantined",
+    "_success",
+    "_jobs",
+    "_machines",
+    "_total",
+    "_done",
+    "_written",
+    "_confidence",
+    "_info",
+)
 
 
 def _families(text: str) -> dict:
     return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _samples(families: dict, name: str) -> list:
+    return families[f"rankscope_{name}"].samples
 
 
 def _check_conventions(families: dict) -> None:
@@ -59,15 +76,16 @@ def test_textfile_parses_and_says_what_the_store_holds(real_store: Path, tmp_pat
     _check_conventions(fams)
     verdict = {(s.labels["job"], s.labels["verdict"]): s.value for s in fams["rankscope_job_verdict"].samples}
     assert verdict == {("llama-a", "hang"): 1.0, ("llama-b", "hang"): 1.0, ("field-hang", "inconclusive"): 1.0}
-    named = {(s.labels["job"], s.labels["machine"], s.labels["role"]) for s in fams["rankscope_job_machine_named"].samples}
+    named = {(s.labels["job"], s.labels["machine"], s.labels["role"]) for s in _samples(fams, "job_machine_named")}
     assert named == {("llama-a", "gpu-bad", "culprit"), ("llama-b", "gpu-bad", "culprit")}
-    blamed = {(s.labels["machine"], s.labels["role"]): s.value for s in fams["rankscope_machine_blamed_incidents"].samples}
+    blamed = {(s.labels["machine"], s.labels["role"]): s.value for s in _samples(fams, "machine_blamed_incidents")}
     assert blamed[("gpu-bad", "culprit")] == 2.0
     assert fams["rankscope_machine_blamed_incidents"].type == "counter"
     quar = {s.labels["machine"]: s.value for s in fams["rankscope_machine_quarantined"].samples}
     assert quar == {"gpu-bad": 1.0}
     runs = fams["rankscope_batch_runs"]
-    assert runs.type == "counter" and runs.samples[0].name == "rankscope_batch_runs_total" and runs.samples[0].value == 1
+    assert runs.type == "counter" and runs.samples[0].name == "rankscope_batch_runs_total"
+    assert runs.samples[0].value == 1
     dur = fams["rankscope_batch_last_run_duration_seconds"].samples[0].value
     assert 0 < dur < 600
     assert fams["rankscope_batch_last_run_success"].samples[0].value == 1.0
@@ -142,9 +160,18 @@ def test_agent_metrics_port_and_batch_on_the_agents_store(tmp_path: Path) -> Non
     )
     port = _free_port()
     cfg = AgentConfig(
-        store=str(tmp_path / "store"), job="mini", node="host-a", run_dir=str(run_dir), metric_interval_seconds=0.2,
-        discovery_interval_seconds=0.5, flush_interval_seconds=1.0, stall_seconds=1.5, capture_flight_recorder=False,
-        kernel_log="", max_runtime_seconds=60.0, metrics_port=port,
+        store=str(tmp_path / "store"),
+        job="mini",
+        node="host-a",
+        run_dir=str(run_dir),
+        metric_interval_seconds=0.2,
+        discovery_interval_seconds=0.5,
+        flush_interval_seconds=1.0,
+        stall_seconds=1.5,
+        capture_flight_recorder=False,
+        kernel_log="",
+        max_runtime_seconds=60.0,
+        metrics_port=port,
     )
     agent = Agent(cfg, launcher_pid=job.pid)
     t = threading.Thread(target=agent.run)
