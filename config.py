@@ -228,7 +228,7 @@ class BatchConfig:
     """Scheduled batch analysis (``rankscope batch``) and the fleet view over its verdicts (``rankscope fleet``)."""
 
     runner: str = "local"  # local | ray
-    workers: int = 1  # local: processes (1 = in this process); ray: CPUs of the local Ray instance
+    workers: int = 0  # local: processes (0 or 1: in this process); ray: CPUs of the local instance (0: all)
     ray_address: str = ""  # empty: start a local Ray instance; else join this cluster (auto, ray://host:10001)
     ray_object_store_bytes: int = 200_000_000  # the local instance's object store (small machines)
     since_seconds: float = 0.0  # >0: leave incidents older than this alone
@@ -242,7 +242,7 @@ class BatchConfig:
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
             raise ConfigError(f"batch.runner={self.runner!r} must be one of {', '.join(RUNNERS)}")
-        check_int("batch.workers", self.workers, minimum=1, error=ConfigError)
+        check_int("batch.workers", self.workers, minimum=0, error=ConfigError)
         check_int("batch.ray_object_store_bytes", self.ray_object_store_bytes, minimum=78_643_200, error=ConfigError)
         for name in ("since_seconds", "every_seconds"):
             check_non_negative(f"batch.{name}", getattr(self, name), error=ConfigError)

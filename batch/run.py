@@ -121,7 +121,8 @@ def run_batch(
     cfg = config or Config()
     bc: BatchConfig = cfg.batch
     store = Store(root)  # a path that is no store: StoreError (exit 2) before any lock file is made
-    report = BatchReport(uuid.uuid4().hex[:16], time.time(), runner=bc.runner, workers=bc.workers)
+    workers = bc.workers or ((os.cpu_count() or 1) if bc.runner == "ray" else 1)
+    report = BatchReport(uuid.uuid4().hex[:16], time.time(), runner=bc.runner, workers=workers)
     t0 = time.perf_counter()
     with BatchLock(store.root):
         marks = Watermarks(store.root)

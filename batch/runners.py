@@ -15,6 +15,7 @@ the driver as it arrives, so the driver records watermarks as jobs finish, not a
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -169,7 +170,7 @@ def make_runner(name: str, workers: int, *, address: str = "", object_store_byte
     if name == "local":
         if address:
             raise InputError("--ray-address needs --runner ray")
-        return LocalRunner(workers)
+        return LocalRunner(max(1, workers))
     if name == "ray":
-        return RayRunner(workers, address=address, object_store_bytes=object_store_bytes)
+        return RayRunner(workers or os.cpu_count() or 1, address=address, object_store_bytes=object_store_bytes)
     raise InputError(f"--runner {name!r} is not one of local, ray")

@@ -66,7 +66,10 @@ def register(app: typer.Typer) -> None:
         ),
         runner: str = typer.Option(None, "--runner", metavar="local|ray", help="Engine (default local)."),
         workers: int = typer.Option(
-            None, "--workers", metavar="N", help="local: worker processes (default 1); ray: CPUs of a local instance."
+            None,
+            "--workers",
+            metavar="N",
+            help="local: worker processes (default 1: this process); ray: CPUs of the local instance (default all).",
         ),
         every: str = typer.Option(
             None, "--every", metavar="DURATION", help="Run again every DURATION (e.g. 5m) until SIGTERM."

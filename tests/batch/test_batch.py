@@ -114,7 +114,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
         ([str(tmp_path)], "not a rankscope store"),
         ([str(tmp_path), "--since", "soon"], "--since='soon' is not a duration"),
         ([str(tmp_path), "--runner", "spark"], "batch.runner='spark' must be one of local, ray"),
-        ([str(tmp_path), "--workers", "0"], "batch.workers=0"),
+        ([str(tmp_path), "--workers", "-1"], "batch.workers=-1"),
     ):
         res = runner.invoke(app, ["batch", *args])
         assert res.exit_code == 2, (args, res.output)

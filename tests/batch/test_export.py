@@ -25,21 +25,6 @@ from rankscope.config import AgentConfig
 from rankscope.datasets.store.store import Store
 
 runner = CliRunner()
-UNITLESS_OK = (
-    "_score",
-    "_verdict",
-    "_named",
-    "_up",
-    "_quarantined",
-    "_success",
-    "_jobs",
-    "_machines",
-    "_total",
-    "_done",
-    "_written",
-    "_confidence",
-    "_info",
-)
 
 
 def _families(text: str) -> dict:
