@@ -123,8 +123,13 @@ def timed(cmd: list[str]) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     done.set()
     sampler.join()
-    return {"wall_seconds": round(wall, 3), "rc": proc.returncode, "peak_tree_rss_mib": round(peak / 2**20, 1),
-            "stdout": out.strip().splitlines()[:3], "stderr": err.strip().splitlines()[-3:]}
+    return {
+        "wall_seconds": round(wall, 3),
+        "rc": proc.returncode,
+        "peak_tree_rss_mib": round(peak / 2**20, 1),
+        "stdout": out.strip().splitlines()[:3],
+        "stderr": err.strip().splitlines()[-3:],
+    }
 
 
 def last_run_seconds(root: Path) -> float:
@@ -140,7 +145,7 @@ def ray_start_seconds() -> float | None:
         "ray.init(num_cpus=2, object_store_memory=2*10**8, include_dashboard=False, log_to_driver=False, "
         "logging_level=logging.ERROR); ray.shutdown(); print(time.perf_counter()-t)"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     try:
         return round(float(r.stdout.strip().splitlines()[-1]), 2)
     except (ValueError, IndexError):
@@ -156,7 +161,7 @@ def rss():
     return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) * 1024
 from rankscope.collectors.agent import Agent
 from rankscope.config import AgentConfig
-agent = Agent(AgentConfig(store={str(tmp / 'agent-store')!r}, run_dir={str(tmp / 'agent-run')!r}, kernel_log='',
+agent = Agent(AgentConfig(store={str(tmp / "agent-store")!r}, run_dir={str(tmp / "agent-run")!r}, kernel_log='',
               gpu=False))
 agent.tick()
 before = rss()
@@ -169,7 +174,7 @@ after = rss()
 server.shutdown()
 print(json.dumps({{"without_mib": before / 2**20, "with_mib": after / 2**20, "scrape_bytes": len(body)}}))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     try:
         d = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -195,3 +195,11 @@ def test_agent_metrics_port_and_batch_on_the_agents_store(tmp_path: Path) -> Non
     assert len(rows) == 1 and rows[0]["incident_id"].startswith("capture-")
     assert rows[0]["input_fingerprint"].startswith("capture:") and rows[0]["incident_source"] == "capture"
     assert run_batch(tmp_path / "store").verdicts_written == 0
+
+
+def test_the_lean_daemon_does_not_load_prometheus_client_unless_asked() -> None:
+    code = (
+        "import sys, rankscope.collectors.agent, rankscope.collectors.daemon; print('prometheus_client' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"
