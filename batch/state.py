@@ -91,6 +91,7 @@ class Watermarks:
         self.snapshot = self.dir / "watermarks.json"
         self.journal = self.dir / "watermarks.jsonl"
         self.marks: dict[str, dict[str, Any]] = {}
+        self.dirty = False  # anything to fold into the snapshot (a run with nothing new rewrites nothing)
 
     def load(self) -> dict[str, dict[str, Any]]:
         marks: dict[str, dict[str, Any]] = {}
@@ -110,6 +111,7 @@ class Watermarks:
                         continue  # a line torn by a kill: that job is analysed again (idempotently)
                     if isinstance(rec, dict) and isinstance(rec.get("job"), str):
                         marks[rec["job"]] = rec
+                        self.dirty = True
         except FileNotFoundError:
             pass
         self.marks = marks
@@ -131,14 +133,19 @@ class Watermarks:
             os.fsync(fh.fileno())
         for r in recs:
             self.marks[str(r["job"])] = r
+        self.dirty = True
 
     def update(self, job: str, **fields: Any) -> None:
         """Change a record in memory only (kept by the next :meth:`compact`): e.g. a refreshed signature."""
         self.marks[job] = {**self.marks.get(job, {"job": job}), **fields}
+        self.dirty = True
 
     def compact(self) -> None:
         """Fold the journal into the snapshot (atomic), then empty the journal."""
+        if not self.dirty:
+            return
         atomic_write(self.snapshot, json.dumps({"version": 1, "jobs": self.marks}, separators=(",", ":")))
         with open(self.journal, "wb") as fh:
             fh.flush()
             os.fsync(fh.fileno())
+        self.dirty = False
