@@ -167,12 +167,13 @@ def _from_store(
     from rankscope.datasets.store.store import Store
 
     store = Store(root)
-    jobs = sorted(
-        set(store.jobs("stacks"))
-        | set(store.jobs("collectives"))
-        | set(store.jobs("metrics"))
-        | set(store.jobs("timings"))
-    )
+    evidence = ("stacks", "collectives", "metrics", "timings")
+    # a named job is looked up in its own partitions: listing every job of a 10,000-job store for each
+    # diagnosis made a batch over it quadratic
+    if job is not None and any(store.files(t, job=job) for t in evidence):
+        jobs = [job]
+    else:
+        jobs = sorted({j for t in evidence for j in store.jobs(t)})
     if job is None:
         if not jobs:
             raise InputError(f"{root}: the store holds no stacks, collectives, metrics or timings")
