@@ -15,7 +15,7 @@ commands all call it (``detect`` and ``fr`` with fewer ``sources``).
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rankscope.analytics import collectives, crashes, stacks
 from rankscope.analytics.fusion import combine, fuse
@@ -34,8 +34,9 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     """Diagnose one job from whatever evidence is present (all of ``SOURCES`` unless ``sources`` is given).
 
     Abnormal process exits give a ``crash`` verdict that leads: the first failure is the culprit and
-    the hang the stacks show after it is its consequence. Snapshot times let step timings overrule a
-    stack "hang": steps that kept completing between the snapshots mean the job is slow, not stuck.
+    the hang the stacks show after it is its consequence. Step records are time evidence for the stacks:
+    steps that kept completing up to the last snapshot mean the job was moving (slow, not stuck), a
+    snapshot taken long after the last step means it was stuck.
     """
     cfg = config or Config()
     use = set(SOURCES if sources is None else sources)
@@ -54,12 +55,19 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
             context.append("[events] " + " ".join(crash_v.reasons))
         elif crash_v is not None:
             verdicts.append(crash_v)
-    stack_v = fr_v = None
+    stack_v = fr_v = steps = None
+    timings = inputs.timings if "timings" in use else None
     if procs and topology is not None:
-        stack_v = stacks.verdict(stacks.facts(procs, topology, config=cfg.stacks, limits=cfg.limits), topology, job=job)
+        stack_facts = stacks.facts(
+            procs, topology, config=cfg.stacks, limits=cfg.limits, expected=sorted(inputs.expected_ranks)
+        )
+        steps = _steps(inputs, timings, stack_facts)
+        stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps, config=cfg.stacks)
     if fr_dumps and topology is not None:
         analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=cfg.collectives)
         fr_v = collectives.verdict(analysis, topology, job=job)
+        if fr_v.verdict is Severity.HANG and steps is not None and steps.progressing:
+            fr_v = _kept_stepping(fr_v, steps)
     if stack_v is not None and fr_v is not None:
         verdicts.append(fuse(stack_v, fr_v))
     elif stack_v is not None:
@@ -70,17 +78,6 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         from rankscope.analytics import logs
 
         verdicts.append(logs.verdict(log_facts, topology, job=job))
-    timings = inputs.timings if "timings" in use else None
-    if (
-        stack_v is not None
-        and verdicts
-        and verdicts[-1].verdict is Severity.HANG
-        and timings is not None
-        and inputs.snapshot_times
-    ):
-        from rankscope.analytics.performance.failslow import steps_overrule
-
-        verdicts[-1] = steps_overrule(verdicts[-1], timings, inputs.snapshot_times)
     notes = list(inputs.notes)
     perf_v = _performance(inputs, cfg, use, notes)
     if perf_v is not None:
@@ -114,6 +111,40 @@ def _log_facts(inputs: Inputs) -> LogFacts | None:
     from rankscope.analytics import logs
 
     return logs.facts(inputs.logs, inputs.topology)
+
+
+def _steps(inputs: Inputs, timings: Any, f: stacks.StackFacts) -> Any:
+    """What the step records say about the stack snapshots (None without step times): time evidence that
+    overrules the stacks' own reading of whether the job moved."""
+    if timings is None or not f.analyses:
+        return None
+    from rankscope.analytics.performance.failslow import step_evidence
+
+    return step_evidence(
+        timings,
+        inputs.snapshot_times,
+        inputs.snapshot_latest,
+        last_snapshot=f.analyses[-1].snapshot,
+    )
+
+
+def _kept_stepping(fr_v: Verdict, steps: Any) -> Verdict:
+    """A Flight Recorder "hang" while the step records prove the job kept stepping through the snapshots: the
+    collectives in flight were the running job's; the dump names no machine (it stays as context)."""
+    return fr_v.with_updates(
+        verdict=Severity.INCONCLUSIVE,
+        confidence=round(fr_v.confidence * 0.5, 3),
+        suspect_nodes=(),
+        culprit_nodes=(),
+        suspect_ranks=(),
+        culprit_ranks=(),
+        suspect_group=None,
+        reasons=(
+            f"The step records show the job kept stepping ({'; '.join(steps.words)}): the collectives in "
+            "flight in the Flight Recorder dumps are not a hang.",
+            *fr_v.reasons,
+        ),
+    )
 
 
 def _crash(inputs: Inputs, cfg: Config) -> Verdict | None:

@@ -7,9 +7,15 @@
 - ``faults``: fault injection to verdict, per fault kind, stall threshold 10 s: from the faulty
   rank's last completed step (or its exception) to ``rankscope diagnose`` returning; whether the
   right node was named. NaN is detected from the events table, not diagnose.
+- ``production`` (``--production``): the agent the way it runs in production, beside the healthy 8-rank job
+  under the hook (Flight Recorder on, 2,000-entry ring buffers): metrics every second, every step logged,
+  an hour's steps (``--prod-steps``, 3,600: one a second) run faster than real time, and ``--prod-captures``
+  captures spread over them (each: py-spy of every process, the hooks' timestamped stacks and their FR
+  dumps, kept raw in the store). Peak RSS (VmHWM), RSS at the end, CPU; the store's FR captures are read
+  back and diagnosed (a healthy job: nobody named).
 
-Targets (issue 3): < 0.5 % of a core and < 100 MB RSS; 8 stacks < 1 s; hang to verdict < 30 s.
-Run: ``.venv/bin/python benchmarks/bench_agent.py [--quick] [--faults compute-hang,crash]``.
+Targets (issue 3, 10): < 0.5 % of a core and < 100 MB RSS; 8 stacks < 1 s; hang to verdict < 30 s.
+Run: ``.venv/bin/python benchmarks/bench_agent.py [--quick] [--faults compute-hang,crash] [--production]``.
 """
 
 from __future__ import annotations
@@ -285,12 +291,83 @@ def bench_fault(base: Path, kind: str, stall_seconds: float) -> dict[str, Any]:
         stop(job, group=True)
 
 
+def _last_step(run_dir: Path) -> int:
+    steps = []
+    for f in run_dir.glob("pid*.steps.jsonl"):
+        lines = f.read_text().splitlines()
+        if lines:
+            steps.append(json.loads(lines[-1])["step"])
+    return min(steps) if len(steps) >= 8 else 0
+
+
+def bench_production(base: Path, steps: int, captures: int, timeout_s: float) -> dict[str, Any]:
+    """The agent beside the healthy job for ``steps`` steps with ``captures`` captures (FR included)."""
+    from rankscope.collectors.trigger import request_capture
+
+    job, run_dir = start_job(base)
+    store = base / "store"
+    agent = None
+    try:
+        wait_for_steps(run_dir, 3)
+        agent = start_agent(store, run_dir, job.pid, ["--capture-rounds", "1", "--stall-seconds", "600"])
+        c0, t0, s0 = cpu_seconds(agent.pid), time.monotonic(), _last_step(run_dir)
+        every = max(1, (steps - 20) // max(1, captures))
+        asked, samples = 0, []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            done = _last_step(run_dir) - s0
+            if asked < captures and done >= 10 + asked * every:
+                request_capture(run_dir)
+                asked += 1
+            samples.append(status_bytes(agent.pid)["RssAnon"])
+            if done >= steps and asked >= captures:
+                break
+            time.sleep(1.0)
+        time.sleep(8)  # the last capture and its flush
+        c1, t1 = cpu_seconds(agent.pid), time.monotonic()
+        mem = status_bytes(agent.pid)
+        done = _last_step(run_dir) - s0
+    finally:
+        if agent is not None:
+            stop(agent)
+        stop(job, group=True)
+    from rankscope.analytics import diagnose
+    from rankscope.datasets.loading.inputs import load_inputs
+    from rankscope.datasets.store.store import Store
+
+    st = Store(store)
+    index = st.read("fr_dumps")
+    events = st.read("events")
+    n_caps = events.filter(events["kind"] == "capture").height
+    inputs = load_inputs(store, layout="tp=2,pp=2,dp=2", gpus_per_node=2)
+    v = diagnose(inputs, sources=("flight_recorder",))
+    return {
+        "steps_run": done,
+        "captures_asked": asked,
+        "captures_done": n_caps,
+        "fr_dumps_kept": index.height,
+        "fr_bytes_kept": int(index["size_bytes"].sum()) if index.height else 0,
+        "window_seconds": round(t1 - t0, 1),
+        "agent_cpu_percent_of_one_core": round(100 * (c1 - c0) / (t1 - t0), 3),
+        "agent_peak_rss_mb": round(mem["VmHWM"] / 2**20, 1),
+        "agent_rss_anon_end_mb": round(mem["RssAnon"] / 2**20, 1),
+        "agent_rss_anon_max_sampled_mb": round(max(samples) / 2**20, 1) if samples else None,
+        "agent_rss_file_mb": round(mem["RssFile"] / 2**20, 1),
+        "fr_diagnosis_of_the_store": {"verdict": v.verdict.value, "suspect_nodes": list(v.suspect_nodes)},
+        "target_rss_mb": 100,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="20 s overhead window, 3 capture repeats")
     ap.add_argument("--faults", default=",".join(FAULTS), help=f"comma list of {', '.join(FAULTS)} (or 'none')")
     ap.add_argument("--stall-seconds", type=float, default=10.0)
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--production", action="store_true", help="run the production scenario (FR on, an hour's steps)")
+    ap.add_argument("--prod-steps", type=int, default=3600)
+    ap.add_argument("--prod-captures", type=int, default=6)
+    ap.add_argument("--prod-timeout", type=float, default=1800.0)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rankscope-bench-agent-"))
     result: dict[str, Any] = {
@@ -305,6 +382,12 @@ def main() -> None:
             result.update(
                 bench_overhead_and_capture(root / "overhead", 20 if args.quick else 60, 3 if args.quick else 5)
             )
+        if args.production:
+            (root / "production").mkdir()
+            result["production"] = bench_production(
+                root / "production", args.prod_steps, args.prod_captures, args.prod_timeout
+            )
+            print(json.dumps(result["production"]), file=sys.stderr, flush=True)
         faults = [f for f in args.faults.split(",") if f and f != "none"]
         result["faults"] = []
         for kind in faults:

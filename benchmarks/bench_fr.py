@@ -1,14 +1,23 @@
 """rankscope vs torchfrtrace on the same Flight Recorder dumps: time, peak memory and accuracy.
 
-For each scale (64, 1,024, 8,192 ranks) and injected fault, synthetic NCCL-format pickles are
-written to a scratch directory; both analyzers then run as separate processes on it (the CLI
-``rankscope fr DIR --format json`` and ``torchfrtrace DIR``), with a bounded timeout. Accuracy is
-"names exactly the injected culprit ranks" (clean: names nobody; mismatch: names the odd rank as
-a mismatch). torchfrtrace's named ranks are its "missing ranks: {...}" and "Culprit rank N"
-lines. Its crashes and timeouts are recorded as such. Also runs both on the real gloo probe.
+For each scale (64, 1,024, 4,096, 8,192 ranks) and injected fault, synthetic NCCL-format pickles are
+written to a scratch directory; both analyzers then run as separate processes on it (rankscope's reader,
+analysis and verdict, as ``rankscope fr`` runs them, and ``torchfrtrace DIR``), with a bounded timeout.
+Hung jobs' dumps carry the capture time the rankscope hook records, 660 s after the hang (NCCL dumps on its
+10-minute timeout): rankscope calls no hang without time evidence. Accuracy is "names exactly the
+injected culprit ranks" (clean: names nobody; mismatch: names the odd rank as a mismatch).
+torchfrtrace's named ranks are its "missing ranks: {...}" and "Culprit rank N" lines; its crashes and
+timeouts are recorded as such. Times: ``seconds`` is the whole process (interpreter, imports, work),
+``work_seconds`` the time after imports. ``--steps`` sets how many training steps each rank's ring
+buffer holds (2: ~22 entries per rank; real buffers hold up to 2,000).
+
+Also: both on the real gloo probe (its dumps have no capture time: rankscope says inconclusive and names
+nobody; torchfrtrace crashes on gloo's empty pg_config) and on the probe's job re-captured through the
+hook (``tests/data/fr_gloo/hang``: a hang, rank 3); and the wall time of whole ``rankscope diagnose`` and
+library processes on the probe, with where the CLI's start-up goes (``python -X importtime``).
 Prints one JSON document. Example::
 
-    .venv/bin/python benchmarks/bench_fr.py                       # 64, 1024, 8192 ranks
+    .venv/bin/python benchmarks/bench_fr.py                       # 64, 1024, 4096, 8192 ranks
     .venv/bin/python benchmarks/bench_fr.py --sizes 64 --timeout 60
 """
 
@@ -28,7 +37,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO.parent / "shared" / "data" / "torch_gloo_hang_probe" / "fr"
-LAYOUTS = {64: "tp=2,pp=4,dp=8", 1024: "tp=8,pp=4,dp=32", 8192: "tp=8,pp=8,dp=128"}
+PROBE_CLOCKED = REPO / "tests" / "data" / "fr_gloo" / "hang"
+LAYOUTS = {64: "tp=2,pp=4,dp=8", 1024: "tp=8,pp=4,dp=32", 4096: "tp=8,pp=8,dp=64", 8192: "tp=8,pp=8,dp=128"}
+DUMPED_AFTER_S = 660.0
 FAULTS = ("missing", "p2p_behind", "size_mismatch", "clean")
 _MISSING = re.compile(r"missing ranks: \{([\d,\s]*)\}")
 _CULPRIT = re.compile(r"Culprit rank (\d+)")
@@ -155,14 +166,59 @@ def correct_peer(res: dict[str, Any], fault: str, truth: list[int]) -> bool:
     return res["named"] == ([] if fault == "clean" else truth)
 
 
+def _cli_imports(scratch: Path) -> dict[str, Any]:
+    """Where a ``rankscope diagnose`` of the probe spends its start-up: the heaviest top-level imports."""
+    log = scratch / "importtime.log"
+    cmd = [sys.executable, "-X", "importtime", "-m", "rankscope", "diagnose", str(PROBE), "--gpus-per-node", "1"]
+    run_timed(cmd, 120, log)
+    cumulative: dict[str, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        parts = line.split("|")
+        if line.startswith("import time:") and len(parts) == 3 and parts[1].strip().isdigit():
+            name = parts[2].rstrip()
+            if len(name) - len(name.lstrip()) <= 1:  # top-level imports only
+                cumulative[name.strip()] = int(parts[1]) / 1e6
+    top = sorted(cumulative.items(), key=lambda kv: -kv[1])[:12]
+    groups = ("typer", "click", "rich", "pydantic", "numpy", "pyarrow", "polars", "rankscope", "torch")
+    by_pkg = {g: round(sum(v for k, v in cumulative.items() if k.split(".")[0] == g), 3) for g in groups}
+    return {
+        "total_import_seconds": round(sum(cumulative.values()), 3),
+        "by_package_seconds": by_pkg,
+        "top": [[k, round(v, 3)] for k, v in top],
+    }
+
+
+_LIB = """
+import sys
+from rankscope.analytics import diagnose
+from rankscope.datasets.loading.inputs import load_fr_inputs
+v = diagnose(load_fr_inputs(sys.argv[1], gpus_per_node=1), sources=("flight_recorder",))
+print(v.verdict.value, v.culprit_ranks)
+"""
+
+
+def probe_start_up(scratch: Path, repeat: int) -> dict[str, Any]:
+    """Whole-process wall time on the 4-rank probe: the CLI (``rankscope diagnose``) and the library alone."""
+    cli = [sys.executable, "-m", "rankscope", "diagnose", str(PROBE), "--gpus-per-node", "1", "--format", "json"]
+    lib = [sys.executable, "-c", _LIB, str(PROBE)]
+    py = [sys.executable, "-c", "pass"]
+    out: dict[str, Any] = {"target_seconds": 0.4}
+    for name, cmd in (("cli_diagnose", cli), ("library_fr", lib), ("bare_python", py)):
+        runs = [run_timed(cmd, 120, scratch / f"{name}.log") for _ in range(repeat)]
+        out[name] = {"seconds_min": min(r["seconds"] for r in runs), "all_seconds": [r["seconds"] for r in runs]}
+    out["cli_imports"] = _cli_imports(scratch)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="64,1024,8192")
+    ap.add_argument("--sizes", default="64,1024,4096,8192")
     ap.add_argument("--faults", default=",".join(FAULTS), help="faults at 64 and 1024 ranks")
-    ap.add_argument("--faults-large", default="missing", help="faults at 8192 ranks (torchfrtrace is slow)")
+    ap.add_argument("--faults-large", default="missing", help="faults at 4096 ranks and more (torchfrtrace is slow)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per analyzer run")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=3, help="runs per analyzer below 8192 ranks; the fastest counts")
+    ap.add_argument("--steps", type=int, default=2, help="training steps in each rank's ring buffer")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per analyzer below 4096 ranks; the fastest counts")
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
     args = ap.parse_args(argv)
     from rankscope.harness.synthetic_fr import generate_fr
@@ -175,17 +231,18 @@ def main(argv: list[str] | None = None) -> None:
             layout = LAYOUTS.get(size)
             if layout is None:
                 raise SystemExit(f"--sizes: {size} not in {sorted(LAYOUTS)}")
-            faults = (args.faults_large if size >= 8192 else args.faults).split(",")
+            faults = (args.faults_large if size >= 4096 else args.faults).split(",")
             for fault in filter(None, faults):
                 t0 = time.perf_counter()
-                syn = generate_fr(layout, fault=fault, seed=args.seed)
+                syn = generate_fr(layout, fault=fault, seed=args.seed, steps=args.steps, dumped_after_s=DUMPED_AFTER_S)
                 d = scratch / f"{size}_{fault}"
                 shutil.rmtree(d, ignore_errors=True)
                 syn.write(d)
                 gen_s = time.perf_counter() - t0
                 truth, truth_words = sorted(syn.truth.culprit_ranks), syn.truth.description
-                del syn  # 8192 ranks of raw dumps: free them before the analyzers run (shared machine)
-                reps = args.repeat if size < 8192 else 1
+                n_entries = sum(len(r["entries"]) for r in syn.raw.values())
+                del syn  # thousands of ranks of raw dumps: free them before the analyzers run (shared machine)
+                reps = args.repeat if size < 4096 else 1
                 ours = _best([rankscope(d, layout, args.timeout, scratch) for _ in range(reps)])
                 peer = _best([torchfrtrace(d, args.timeout, scratch) for _ in range(reps)])
                 ratio = round(peer["seconds"] / ours["seconds"], 1) if ours["seconds"] else None
@@ -196,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
                         "ranks": size,
                         "layout": layout,
                         "fault": fault,
+                        "entries": n_entries,
                         "truth": truth,
                         "truth_description": truth_words,
                         "generate_s": round(gen_s, 2),
@@ -210,19 +268,31 @@ def main(argv: list[str] | None = None) -> None:
                     file=sys.stderr,
                 )
                 shutil.rmtree(d, ignore_errors=True)
-        probe = {}
+        probe: dict[str, Any] = {}
         if PROBE.is_dir():
             ours = rankscope(PROBE, None, args.timeout, scratch, gpus_per_node=1)
             peer = torchfrtrace(PROBE, args.timeout, scratch, prefix="rank_")
+            clocked = rankscope(PROBE_CLOCKED, None, args.timeout, scratch, gpus_per_node=1)
             probe = {
                 "dir": str(PROBE),
                 "truth": [3],
-                "rankscope": {**ours, "correct": ours.get("culprit_ranks") == [3]},
+                "rankscope": {
+                    **ours,
+                    "correct": ours.get("verdict") == "inconclusive" and not ours.get("culprit_ranks"),
+                    "expected": "inconclusive, nobody named: the dumps carry no capture time",
+                },
                 "torchfrtrace": {**peer, "correct": correct_peer(peer, "missing", [3])},
+                "re_captured_through_the_hook": {
+                    **clocked,
+                    "dir": str(PROBE_CLOCKED),
+                    "correct": clocked.get("verdict") == "hang" and clocked.get("culprit_ranks") == [3],
+                },
+                "start_up": probe_start_up(scratch, args.repeat),
             }
     finally:
         if args.workdir is None:
             shutil.rmtree(scratch, ignore_errors=True)
+    by_ranks = {str(n): [r for r in runs if r["ranks"] == n] for n in dict.fromkeys(r["ranks"] for r in runs)}
     summary = {
         "rankscope_correct": f"{sum(r['rankscope']['correct'] for r in runs)}/{len(runs)}",
         "torchfrtrace_correct": f"{sum(r['torchfrtrace']['correct'] for r in runs)}/{len(runs)}",
@@ -231,16 +301,10 @@ def main(argv: list[str] | None = None) -> None:
             for r in runs
             if r["torchfrtrace"].get("failure")
         ],
-        "speedup_wall_by_ranks": {
-            str(n): [r["speedup_wall"] for r in runs if r["ranks"] == n]
-            for n in dict.fromkeys(r["ranks"] for r in runs)
-        },
-        "speedup_work_by_ranks": {
-            str(n): [r["speedup_work"] for r in runs if r["ranks"] == n]
-            for n in dict.fromkeys(r["ranks"] for r in runs)
-        },
-        "note": "speedup_wall: whole processes (interpreter + imports: torch ~ rankscope's polars/pyarrow); "
-        "speedup_work: time after imports (load + analysis). A timed-out torchfrtrace has speedup '>x'.",
+        "speedup_wall_by_ranks": {n: [r["speedup_wall"] for r in rs] for n, rs in by_ranks.items()},
+        "speedup_work_by_ranks": {n: [r["speedup_work"] for r in rs] for n, rs in by_ranks.items()},
+        "note": "speedup_wall: whole processes (interpreter + imports: torch for torchfrtrace); speedup_work: "
+        "time after imports (load + analysis). A timed-out torchfrtrace has speedup '>x'.",
     }
     print(
         json.dumps(
@@ -249,6 +313,7 @@ def main(argv: list[str] | None = None) -> None:
                 "cpu_count": os.cpu_count(),
                 "load_avg_at_end": os.getloadavg(),
                 "repeat": args.repeat,
+                "steps": args.steps,
                 "summary": summary,
                 "runs": runs,
                 "gloo_probe": probe,

@@ -36,8 +36,8 @@ class CaptureSummary:
 
 
 def _release_freed_memory() -> None:
-    """Give the heap a capture freed back to the OS (glibc keeps it otherwise): a capture parses every
-    rank's Flight Recorder ring buffer, a transient of several MB the daemon should not keep for weeks."""
+    """Give the heap a capture freed back to the OS (glibc keeps it otherwise): a capture's stack rows and
+    their Arrow conversion are a transient the daemon should not keep for weeks."""
     try:
         import ctypes
 
@@ -156,14 +156,15 @@ class Capturing:
                 labels={"snapshot": snapshot, "methods": methods, "seconds": round(summary.seconds, 3)},
             )
         )
-        self.writer.flush(["processes", "topology", "stacks", "collectives", "events"])
+        self.writer.flush(["processes", "topology", "stacks", "fr_dumps", "events"])
         _release_freed_memory()
         return summary
 
     def _flight_recorder(self, now: float) -> int:
-        """Ask every live trainer's hook for a Flight Recorder dump and store the ones that arrive."""
-        from rankscope.datasets.readers.flight_recorder import read_fr_file
-        from rankscope.datasets.readers.fr_table import fr_to_rows
+        """Ask every live trainer's hook for a Flight Recorder dump and keep the ones that arrive, raw: the
+        bytes go into the store unparsed (the ``fr_dumps`` index says where), so a capture costs the agent a
+        streamed file copy, not a decode of every rank's ring buffer."""
+        from rankscope.datasets.store.fr_dumps import keep_dump
 
         trainers = [p for p in self.alive.values() if p.role == "trainer"]
         asked = {p.pid: p for p in trainers if hook.request(self.run_dir, p.pid, "fr")}
@@ -171,19 +172,32 @@ class Capturing:
         done: dict[int, Path] = {}
         while asked and len(done) < len(asked) and time.monotonic() < deadline:
             for pid in asked:
-                path = rf.path(self.run_dir, pid, rf.FR)
-                if pid not in done and path.exists() and path.stat().st_mtime >= now - 1:
-                    done[pid] = path
+                if pid in done:
+                    continue
+                for kind in (rf.FR, rf.FR_PICKLE):  # the hook pickles when torch has no JSON dump
+                    path = rf.path(self.run_dir, pid, kind)
+                    if path.exists() and path.stat().st_mtime >= now - 1:
+                        done[pid] = path
             time.sleep(0.05)
-        node_of = {p.rank: self._node_of(p.rank, p.pid) for p in trainers if p.rank is not None}
-        n = 0
-        for pid, path in done.items():  # one dump at a time: a full ring buffer parses to tens of MB
-            try:
-                rows = fr_to_rows([read_fr_file(path, rank=asked[pid].rank)], self.cfg.job, node_of)
-            except Exception as exc:
-                self._fail("flight_recorder.parse", exc)
+        rows = []
+        for pid, path in done.items():
+            p = asked[pid]
+            if p.rank is None:
                 continue
-            self.writer.add("collectives", rows)
-            del rows
-            n += 1
-        return n
+            try:
+                rows.append(
+                    keep_dump(
+                        self.cfg.store,
+                        path,
+                        job=self.cfg.job,
+                        capture_time=now,
+                        rank=p.rank,
+                        node=self._node_of(p.rank, pid),
+                        pid=pid,
+                    )
+                )
+            except Exception as exc:
+                self._fail("flight_recorder.keep", exc)
+        if rows:
+            self.writer.add("fr_dumps", rows)
+        return len(rows)

@@ -16,7 +16,8 @@ set per process id, so the agent can read them even when the process is deadlock
 ``pid<PID>.ctl``         a FIFO; a thread blocked on it (zero CPU while idle) runs requests such as
                          ``fr`` (dump the Flight Recorder to ``pid<PID>.fr.json``) and ``stack`` (a
                          faulthandler dump after a ``# rankscope: stack requested at <epoch>`` line)
-``pid<PID>.fr.json``     the Flight Recorder dump (``_dump_fr_trace_json``, else ``_dump_fr_trace``)
+``pid<PID>.fr.json``     the Flight Recorder dump (``_dump_fr_trace_json``, else ``_dump_fr_trace``), with the
+                         time it was taken added (``rankscope_dump_time_ns``: FR records none)
 
 Forked children (DataLoader workers, checkpoint writers) re-register faulthandler on their own
 ``pid<CHILD>.stack.txt`` so the agent's py-spy fallback works for them too. torch is optional.
@@ -387,19 +388,33 @@ def dump_flight_recorder(path: str | os.PathLike[str] | None = None) -> str | No
     target = Path(path) if path else (rf.path(st.run_dir, os.getpid(), rf.FR) if st and st.run_dir else None)
     if target is None:
         return None
+    when = time.time_ns()  # FR snapshots its ring buffer as the call starts: no entry is newer than this
     if hasattr(torch_c, "_dump_fr_trace_json"):
         data = torch_c._dump_fr_trace_json(includeCollectives=True, onlyActive=False)
-        text = data if isinstance(data, str) else data.decode()
-        _atomic_write(target, text)
+        _atomic_write(target, _with_dump_time(data if isinstance(data, str) else data.decode(), when))
     elif hasattr(torch_c, "_dump_fr_trace"):
         import pickle
 
         target = target.with_suffix(".pkl")  # pid<PID>.fr.pkl (runfiles.FR_PICKLE)
         blob = torch_c._dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False)
-        atomic_write(target, blob if isinstance(blob, bytes) else pickle.dumps(blob), durable=False)
+        obj = pickle.loads(blob) if isinstance(blob, bytes) else blob  # this process's own dump
+        if isinstance(obj, dict):
+            obj[rf.FR_DUMP_TIME_KEY] = when
+        atomic_write(target, pickle.dumps(obj), durable=False)
     else:
         return None
     return str(target)
+
+
+def _with_dump_time(text: str, when_ns: int) -> str:
+    """The JSON object ``text`` with :data:`runfiles.FR_DUMP_TIME_KEY` added first (no re-parse of the
+    dump, which can be megabytes: the key goes in after the opening brace)."""
+    body = text.lstrip()
+    if not body.startswith("{"):
+        return text
+    rest = body[1:].lstrip()
+    sep = "" if rest.startswith("}") else ", "
+    return f'{{"{rf.FR_DUMP_TIME_KEY}": {when_ns}{sep}{rest}'
 
 
 def _start_control_thread(st: _State) -> None:

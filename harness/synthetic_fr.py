@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankscope.datasets.domain.flight_recorder import FRDump
+from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump
 from rankscope.datasets.domain.topology import Layout, Topology
 from rankscope.datasets.readers.flight_recorder import parse_dump
 from rankscope.harness.synthetic_fr_sim import _Op, _simulate
@@ -128,6 +128,7 @@ def generate_fr(
     timing: bool = False,
     at: str | None = None,
     seed: int = 0,
+    dumped_after_s: float | None = None,
 ) -> SyntheticFR:
     """Simulate ``steps`` training steps on ``layout`` and inject ``fault`` (one of :data:`FAULTS`).
 
@@ -136,7 +137,9 @@ def generate_fr(
     ``p2p_behind``: a pipeline rank stops before a send; ``*_mismatch``: a rank issues a DP
     collective with the wrong size/op/dtype (the op mismatch hangs it); ``slow``: a rank computes 4x
     slower (``duration_ms`` recorded). ``buffer_entries`` keeps only each rank's last N entries,
-    like a wrapped ring buffer.
+    like a wrapped ring buffer. ``dumped_after_s``: each dump carries the capture time the rankscope
+    hook records (:data:`DUMP_TIME_KEY`), this many seconds after the job's last recorded activity
+    (None: no capture time, as FR itself writes dumps).
     """
     if fault not in FAULTS:
         raise InputError(f"fault={fault!r} is not one of {FAULTS}")
@@ -263,6 +266,17 @@ def generate_fr(
                 truth.pg_kind,
                 truth.description + f"; rank(s) {masked} blocked before reaching their stop point",
             )
+    if dumped_after_s is not None:
+        stamps = [
+            t
+            for d in raw.values()
+            for e in d["entries"]
+            for t in (e["time_created_ns"], e["time_discovered_started_ns"], e["time_discovered_completed_ns"])
+            if t
+        ]
+        when = max(stamps) + int(dumped_after_s * 1e9)
+        for d in raw.values():
+            d[DUMP_TIME_KEY] = when
     if buffer_entries is not None:
         for d in raw.values():
             d["entries"] = d["entries"][-buffer_entries:]

@@ -49,21 +49,20 @@ def fr_progress_table(dumps: Sequence[FRDump]) -> pl.DataFrame | None:
     """Per rank and process group: the last enqueued/started/completed collective sequence id.
 
     From each dump's ``pg_status`` (what FR records for exactly this); without it, from the entries:
-    the highest sequence id recorded (enqueued) and the highest completed one. ``pg_status`` is keyed
-    by the rank's local pg id, which differs between ranks; the entries map it to the pg name, which
-    names the same group on every member, so groups are keyed by name.
+    the highest sequence id recorded (enqueued) and the highest completed one. FR keys ``pg_status`` by
+    the rank's local pg id; the reader has already filed it under the pg name, which names the same group
+    on every member. With several captures, the latest is shown.
     """
     rows: list[dict[str, Any]] = []
-    for d in dumps:
+    latest = max((d.capture for d in dumps), default=0)
+    for d in (d for d in dumps if d.capture == latest):
         desc = {pg: info.desc for pg, info in (d.pg_config or {}).items()}
-        name_of: dict[str, str] = {}
         by_pg: dict[str, list[Any]] = {}
         for e in d.entries:
-            name_of.setdefault(e.pg_id, e.pg_name)
             desc.setdefault(e.pg_name, e.pg_desc)
             if not e.is_p2p:
                 by_pg.setdefault(e.pg_name, []).append(e)
-        status = {name_of.get(k, k): v for k, v in (d.pg_status or {}).items()}
+        status = dict(d.pg_status or {})
         for pg in set(status) | set(by_pg):
             s = status.get(pg)
             ents = by_pg.get(pg, [])

@@ -17,3 +17,11 @@ def probe_dir() -> Path:
     if not PROBE.is_dir():
         pytest.skip(f"shared data not present at {PROBE}")
     return PROBE
+
+
+FR_GLOO = REPO / "tests" / "data" / "fr_gloo"  # real gloo FR captures, small (see its README.md)
+
+
+@pytest.fixture(scope="session")
+def fr_gloo() -> Path:
+    return FR_GLOO

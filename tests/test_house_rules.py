@@ -22,7 +22,20 @@ def _modules() -> list[Path]:
 
 def test_there_is_something_to_check() -> None:
     names = {p.relative_to(REPO).as_posix() for p in _modules()}
-    assert {"spine.py", "config.py", "analytics/diagnosis.py", "collectors/hook.py"} <= names
+    assert {"spine.py", "config/__init__.py", "analytics/diagnosis.py", "collectors/hook.py"} <= names
+
+
+def test_every_package_is_installed() -> None:
+    # pyproject lists the packages one by one (the repository root is the package): a subpackage missing
+    # there is missing from a wheel or a non-editable install
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(("rankscope", *p.parent.relative_to(REPO).parts)) for p in _modules() if p.name == "__init__.py"}
+    assert found <= listed, sorted(found - listed)
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(REPO).as_posix())

@@ -1,28 +1,26 @@
-"""Collective-trace analysis of Flight Recorder dumps: who did not join, who disagrees, who is slow.
+"""Collective-trace analysis of Flight Recorder dumps: who waits for whom, for how long, who disagrees,
+who is slow.
 
-Named steps, each in its own module: one dump per rank (:func:`.tables.dedupe`), group membership and
-kind (:mod:`.groups`), progress tables per group and rank (:mod:`.tables`), the wait graph and the
-stalled groups (:mod:`.waits`), late arrivals and mismatches (:mod:`.slow`), then one finding from
-small pure classifiers (:mod:`.decide`). The stopped group is the first group, in the order
-model-parallel, data-parallel, default, whose missing ranks hold a culprit.
+Named steps, each in its own module: the latest capture and the one before (:mod:`.captures`), one dump
+per rank (:func:`.tables.dedupe`), group membership and kind (:mod:`.groups`), progress tables per group
+and rank (:mod:`.tables`), the clock (:mod:`.clock`), the wait graph and the stalled groups
+(:mod:`.waits`), late arrivals and mismatches (:mod:`.slow`), then one finding from small pure
+classifiers (:mod:`.decide`). A hang needs time evidence: an overdue op on the wavefront.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from rankscope.analytics.collectives.captures import compare, split_captures
+from rankscope.analytics.collectives.clock import Clock
 from rankscope.analytics.collectives.decide import CollectiveFacts, classify
 from rankscope.analytics.collectives.groups import group_keys, resolve_groups
 from rankscope.analytics.collectives.result import CollectiveAnalysis
-from rankscope.analytics.collectives.slow import (
-    mismatches,
-    pair_p2p_durations,
-    slow_scores,
-    strongest_per_group,
-)
+from rankscope.analytics.collectives.slow import lateness, mismatches, slow_ranks
 from rankscope.analytics.collectives.tables import build_tables, dedupe, world_from
-from rankscope.analytics.collectives.waits import MissingAt, group_stalls, wait_graph
+from rankscope.analytics.collectives.waits import group_stalls, wait_graph
 from rankscope.analytics.faultdomain import node_lookup
 from rankscope.config import CollectivesConfig
 from rankscope.datasets.domain.flight_recorder import FRDump
@@ -40,27 +38,28 @@ def facts(
     """Analyze every rank's FR dump: the facts and the finding they support (see the module docstring).
 
     ``topology`` maps ranks to parallel groups and nodes (and fills in members gloo does not record);
-    ``memberships`` maps a pg name or description to its global ranks (the live hook's record).
+    ``memberships`` maps a pg name or description to its global ranks (the live hook's record). Dumps of
+    several captures (:attr:`FRDump.capture`) are compared: the latest is diagnosed.
     """
     if not dumps:
         raise InputError("Flight Recorder analysis: no Flight Recorder dumps")
     cfg = config or CollectivesConfig()
     with paused_gc():
-        f, dropped = _facts(dumps, topology, memberships, cfg)
+        f, notes = _facts(list(dumps), topology, memberships, cfg)
         result = classify(f)
-    if dropped:
-        note = f"{len(dropped)} rank(s) had two dumps; one kept each ({'; '.join(dropped[:3])})."
-        result = replace(result, reasons=result.reasons + (note,))
+    if notes:
+        result = replace(result, reasons=result.reasons + tuple(notes))
     return result
 
 
 def _facts(
-    dumps: Sequence[FRDump],
+    dumps: list[FRDump],
     topology: Topology | None,
     memberships: Mapping[str, Sequence[int]] | None,
     cfg: CollectivesConfig,
 ) -> tuple[CollectiveFacts, list[str]]:
-    by_rank, dropped = dedupe(dumps)
+    latest, previous, prev_no = split_captures(dumps)
+    by_rank, dropped = dedupe(latest)
     unique = list(by_rank.values())
     keys, cfg_members = group_keys(unique)
     world = topology.world_size if topology is not None else world_from(unique, memberships)
@@ -70,17 +69,23 @@ def _facts(
         )
     groups = resolve_groups(unique, keys, cfg_members, world, topology, memberships)
     tables = build_tables(by_rank, keys, groups)
-    missing_at = MissingAt(tables, groups, by_rank)
-    graph = wait_graph(tables, groups, missing_at)
-    stalls = group_stalls(tables, groups, by_rank, graph.stuck, missing_at)
-    pair_p2p_durations(tables)
-    scores = slow_scores(tables.durations)
-    slow = strongest_per_group([r for r, s in scores.items() if s >= cfg.slow_min_score], scores, groups, keys)
+    clock = Clock(by_rank, tables, groups, keys, cfg)
+    progress = None
+    if previous and prev_no is not None:
+        progress = compare(dedupe(previous)[0], by_rank, prev_no)
+        clock.progress = progress
+    graph = wait_graph(tables, groups, by_rank, clock)
+    stalls = group_stalls(tables, groups, by_rank, graph)
+    lates = lateness(tables.durations, tables.created_at, groups, cfg.slow_min_score)
+    slow, scores = slow_ranks(lates, groups, cfg.slow_min_wait_fraction)
 
     def node(r: int) -> tuple[str, ...]:
         return (topology.node_of(r),) if topology is not None and r < topology.world_size else ()
 
-    return CollectiveFacts(
+    notes = [n for d in unique for n in d.notes][:5] + clock.notes
+    if dropped:
+        notes.append(f"{len(dropped)} rank(s) had two dumps; one kept each ({'; '.join(dropped[:3])}).")
+    f = CollectiveFacts(
         graph,
         tuple(stalls),
         groups,
@@ -93,4 +98,26 @@ def _facts(
         tables.n_entries,
         node,
         node_lookup(topology),
-    ), dropped
+        clock,
+        progress,
+        _unrecorded_p2p_neighbors(topology, tables.tracks),
+    )
+    return f, notes
+
+
+def _unrecorded_p2p_neighbors(
+    topology: Topology | None, tracks: Mapping[int, bool]
+) -> Callable[[int], tuple[int, ...]]:
+    """Adjacent pipeline stages of each rank when send/recv go unrecorded (gloo's FR records collectives
+    only) and the topology has a pipeline; else nobody."""
+    if topology is None or topology.sizes.get("pp", 1) < 2 or any(tracks.values()):
+        return lambda r: ()
+    topo = topology
+    stage = topo.coords["pp"]
+
+    def neighbors(r: int) -> tuple[int, ...]:
+        if r >= topo.world_size:
+            return ()
+        return tuple(m for m in topo.group_of("pp", r).ranks if abs(int(stage[m]) - int(stage[r])) == 1)
+
+    return neighbors

@@ -1,25 +1,31 @@
 """From Flight Recorder facts to one finding: small pure classifiers, tried from the most definite.
 
 1. :func:`mismatch`: members of one collective disagree (a code/config fault, nothing evicted).
-2. :func:`hang`: ranks wait; following who waits for whom ends at the culprits (the wavefront).
-3. :func:`stuck_inside`: every member entered a collective that never finished (network, NIC, GPU).
-4. :func:`fail_slow`: everything completed, but some ranks arrive late.
-5. :func:`quiet`: too few dumps (inconclusive), ranks behind with nobody waiting (inconclusive), or healthy.
+2. :func:`hang`: an op on the wavefront is *overdue* (time evidence, :mod:`.clock`); following who
+   waits for whom from the overdue waits ends at the culprits. Every member inside an overdue
+   collective nobody is missing from: the fault is inside it (network, NIC, GPU).
+3. :func:`progressing`: with an earlier capture, every waiting rank advanced since: a running job.
+4. :func:`fail_slow`: completed kernels say some ranks arrive late (``duration_ms``): their nodes.
+5. :func:`quiet`: healthy when nothing waits or an explicit clock proves every wait young; otherwise
+   ``inconclusive`` naming nobody, with where the waits end *if* the job is known to be stuck.
+
+A running job's dump always shows ops in flight and ranks one op apart: the wavefront alone is never
+a hang.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rankscope.analytics.collectives.captures import Progress
+from rankscope.analytics.collectives.clock import AGING, OVERDUE, UNKNOWN, YOUNG, Clock
 from rankscope.analytics.collectives.groups import GroupInfo, GroupKey
-from rankscope.analytics.collectives.result import (
-    CollectiveAnalysis,
-    GroupStall,
-    Mismatch,
-)
-from rankscope.analytics.collectives.waits import P2PWait, WaitGraph
+from rankscope.analytics.collectives.result import CollectiveAnalysis, GroupStall, Mismatch
+from rankscope.analytics.collectives.waits import P2PWait, Wait, WaitGraph, unrecorded_p2p_victims
+from rankscope.analytics.collectives.wording import culprit_words, pg_words, wait_words
 from rankscope.analytics.verdict import Evidence, Severity, rank_ranges
 
 
@@ -39,6 +45,25 @@ class CollectiveFacts:
     n_entries: int
     node: Callable[[int], tuple[str, ...]]  # rank -> its node (empty without a topology)
     nodes: Callable[[Sequence[int]], tuple[str, ...]]  # ranks -> their nodes
+    clock: Clock
+    progress: Progress | None = None
+    pp_neighbors: Callable[[int], tuple[int, ...]] = lambda r: ()
+    """Adjacent pipeline stages of a rank, where send/recv go unrecorded (gloo): empty otherwise."""
+
+    def time_evidence(self) -> dict[str, Any]:
+        waits = list(self.graph.all_waits())
+        states = Counter(w.timing.state for w in waits)
+        ages = [w.timing.age_s for w in waits if w.timing.age_s is not None]
+        now = self.clock.now.values()
+        kind = "none" if not now else "explicit" if self.clock.explicit else "lower-bound"
+        if now and not self.clock.explicit and any(ex for _, ex in now):
+            kind = "partial"
+        return {
+            "clock": kind,
+            "n_waits": len(waits),
+            **{k: states.get(k, 0) for k in (OVERDUE, AGING, YOUNG, UNKNOWN)},
+            "oldest_wait_seconds": round(max(ages), 3) if ages else None,
+        }
 
     def common(self) -> dict[str, Any]:
         """The fields of every :class:`CollectiveAnalysis`, whatever the finding."""
@@ -50,15 +75,12 @@ class CollectiveFacts:
             slow_ranks=self.slow,
             slow_scores=dict(self.slow_scores),
             no_dump_ranks=self.no_dump,
-            waits=dict(self.graph.waits),
+            waits=self.graph.most_specific(),
             n_groups=len(self.groups),
             n_entries=self.n_entries,
+            time_evidence=self.time_evidence(),
+            progress=self.progress.to_dict() if self.progress is not None else {},
         )
-
-
-def pg_words(name: str, desc: str, kind: str) -> str:
-    d = f" {desc}" if desc and desc != "undefined" else ""
-    return f"pg {name}{d} [{kind}]"
 
 
 def classify(f: CollectiveFacts) -> CollectiveAnalysis:
@@ -75,11 +97,11 @@ def classify(f: CollectiveFacts) -> CollectiveAnalysis:
                 "missing-dump",
                 f"no Flight Recorder dump from rank(s) {rank_ranges(f.no_dump)[:200]}",
                 f.no_dump[:1000],
-                f.nodes(f.no_dump[:1000]),
+                (),
                 0.5,
             )
         )
-    for rule in (mismatch, hang, stuck_inside, fail_slow):
+    for rule in (mismatch, hang, progressing, fail_slow):
         found = rule(f, reasons, evidence)
         if found is not None:
             return found
@@ -119,31 +141,6 @@ def mismatch(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -
     )
 
 
-def wavefront_culprits(f: CollectiveFacts, reasons: list[str]) -> tuple[tuple[int, ...], bool]:
-    """The ranks the waits end at (waited for, waiting for nobody), and whether that is strong evidence."""
-    targets: set[int] = set()
-    unique = {id(t): t for srcs in f.graph.all_sources.values() for t in srcs}  # each op's missing set once
-    for t in unique.values():
-        targets.update(t)
-    sinks = sorted(t for t in targets if t not in f.graph.waits)
-    no_dump_set = set(f.no_dump)
-    alive = tuple(r for r in sinks if r not in no_dump_set)  # seen alive, waiting for nobody: strongest
-    culprits = alive or tuple(sinks)
-    if alive and len(alive) < len(sinks):
-        reasons.append(
-            f"Rank(s) {rank_ranges(sorted(no_dump_set & set(sinks)))[:200]} left no dump and are "
-            "waited for too; whether they reached their collective is unknown."
-        )
-    if culprits:
-        return culprits, True
-    first = next((s for s in f.stalls if s.missing_ranks), None)  # everyone waits for someone: a circular wait
-    reasons.append(
-        "Every stuck rank waits for another stuck rank (a circular wait): collectives were "
-        "probably issued in different orders; the culprits below are a best guess."
-    )
-    return (first.missing_ranks if first else ()), False
-
-
 def _stopped(
     f: CollectiveFacts, cset: set[int], p2p: Sequence[P2PWait], culprits: tuple[int, ...], reasons: list[str]
 ) -> tuple[GroupStall | None, dict[str, Any]]:
@@ -151,10 +148,17 @@ def _stopped(
     stop = next((s for s in f.stalls if cset & (set(s.missing_ranks) | set(s.no_dump_ranks))), None)
     if stop is not None:
         missing = tuple(sorted(cset & (set(stop.missing_ranks) | set(stop.no_dump_ranks))))
+        gone = [r for r in missing if r in stop.no_dump_ranks]
+        words = (
+            [f"rank(s) {rank_ranges(sorted(set(missing) - set(gone)))} {stop.missing_words}"]
+            if set(missing) - set(gone)
+            else []
+        )
+        words += [f"rank(s) {rank_ranges(gone)} left no dump"] if gone else []
         reasons.append(
             f"The wavefront stops in {pg_words(stop.pg, stop.desc, stop.kind)}: collective "
-            f"#{stop.seq} ({stop.op or '?'}) was reached by {len(stop.waiting_ranks)} of "
-            f"{len(stop.members)} members; rank(s) {rank_ranges(missing)} never enqueued it."
+            f"#{stop.seq} ({stop.op or '?'}) has {len(stop.waiting_ranks)} of {len(stop.members)} members "
+            f"waiting in it; {' and '.join(words)}."
         )
         return stop, dict(
             stopped_pg=stop.pg,
@@ -168,7 +172,7 @@ def _stopped(
         missing = tuple(sorted({peer for _, _, peer, _ in p2p}))
         reasons.append(
             f"The wavefront stops in {pg_words(info.name, info.desc, info.kind)}: rank(s) "
-            f"{rank_ranges(missing)} never posted the send/recv their pipeline peer waits in."
+            f"{rank_ranges(missing)} have not started the send/recv their pipeline peer waits in."
         )
         return None, dict(
             stopped_pg=info.name,
@@ -181,14 +185,32 @@ def _stopped(
 
 
 def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> CollectiveAnalysis | None:
-    if not f.graph.waits:
+    overdue = [w for w in f.graph.all_waits() if w.timing.state == OVERDUE]
+    if not overdue:
         return None
-    culprits, strong = wavefront_culprits(f, reasons)
+    at = len(reasons)
+    culprits, _ = f.graph.sinks_from(overdue)
+    culprits = _without_unrecorded_p2p_victims(f, culprits, reasons)
+    direct = [w for w in overdue if set(w.waited_for) & set(culprits)] or overdue
+    oldest = max(direct, key=lambda w: w.timing.age_s or 0.0)
+    reasons.insert(at, f"Time evidence: {wait_words(f, oldest)}.")
+    if not culprits:
+        if all(not w.waited_for for w in overdue):
+            return stuck_inside(f, overdue, reasons, evidence)
+        culprits = tuple(sorted({x for w in overdue for x in w.waited_for}))
+        reasons.append(
+            "Every stuck rank waits for another stuck rank (a circular wait): collectives were probably "
+            "issued in different orders; the culprits below are a best guess."
+        )
+        strong = False
+    else:
+        strong = True
     cset = set(culprits)
     p2p = [(g, r, peer, op) for g, r, peer, op in f.graph.p2p_waits if peer in cset]
     stop, stopped = _stopped(f, cset, p2p, culprits, reasons)
+    n_waiting = len(f.graph.waits)
     reasons.append(
-        f"{len(f.graph.waits)} rank(s) wait in unfinished collectives; following who waits for whom "
+        f"{n_waiting} rank(s) wait in unfinished ops ({len(overdue)} overdue); following who waits for whom "
         f"ends at rank(s) {rank_ranges(culprits)[:200]}, which wait for nobody: the culprit(s)."
     )
     for r in culprits[:50]:
@@ -207,11 +229,10 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
     gone = cset & set(f.no_dump)
     if gone:
         reasons.append(f"Rank(s) {rank_ranges(sorted(gone))} left no dump: their process or node is probably gone.")
-    conf = (0.9 if strong else 0.5) - (0.1 if gone else 0.0)
     return CollectiveAnalysis(
         Severity.HANG,
         culprit_ranks=culprits,
-        confidence=conf,
+        confidence=(0.9 if strong else 0.5) - (0.1 if gone else 0.0),
         reasons=tuple(reasons),
         evidence=tuple(evidence),
         **stopped,
@@ -219,33 +240,89 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
     )
 
 
-def stuck_inside(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> CollectiveAnalysis | None:
-    joined = [s for s in f.stalls if s.waiting_ranks and not s.missing_ranks]
-    if not joined:
-        return None
-    s = joined[0]
+def _without_unrecorded_p2p_victims(f: CollectiveFacts, sinks: tuple[int, ...], reasons: list[str]) -> tuple[int, ...]:
+    """Sinks blocked in a send/recv the dumps cannot show are victims, not culprits (see
+    :func:`.waits.unrecorded_p2p_victims`)."""
+    stuck = {r for r, ws in f.graph.waits.items() if any(w.timing.state == OVERDUE for w in ws)}
+    last = f.clock.last_active
+    victims = unrecorded_p2p_victims(f.graph, sinks, stuck, f.no_dump, last, f.pp_neighbors)
+    if not victims:
+        return sinks
     reasons.append(
-        f"Every dumped member of {pg_words(s.pg, s.desc, s.kind)} entered collective #{s.seq} "
-        f"({s.op}) but it never completed: the fault is inside the collective (network, NIC or GPU "
-        f"of one of its {len(s.members)} ranks), not a rank that failed to join."
+        "Send/recv are not recorded by this backend: "
+        + "; ".join(
+            f"rank {b} went quiet {(last[b] - last[p]) / 1e6:.0f} ms after its pipeline neighbour rank {p} was "
+            "stuck, so it most likely waits in a send/recv to it"
+            for b, p in sorted(victims.items())[:5]
+        )
+        + " (not a culprit)."
+    )
+    return tuple(r for r in sinks if r not in victims)
+
+
+def stuck_inside(
+    f: CollectiveFacts, overdue: list[Wait], reasons: list[str], evidence: list[Evidence]
+) -> CollectiveAnalysis:
+    """Overdue ops every member (or both ends) started: the fault is inside the collective."""
+    w = max(overdue, key=lambda x: x.timing.age_s or 0.0)
+    info = f.groups[w.group]
+    members = info.ranks
+    if w.entry.is_p2p:
+        members = tuple(sorted({w.rank, *(p for g, r, p, _ in f.graph.p2p_waits if r == w.rank and g == w.group)}))
+    reasons.append(
+        f"Every member of {pg_words(info.name, info.desc, info.kind)} entered "
+        f"{w.entry.profiling_name or w.entry.op} but it never completed: the fault is inside it (network, "
+        f"NIC or GPU of one of its {len(members)} ranks), not a rank that failed to join."
     )
     evidence.append(
         Evidence(
             "flight_recorder",
             "stuck-collective",
-            f"pg {s.pg} #{s.seq} ({s.op}) entered by all {len(s.waiting_ranks)} dumped members, never completed",
-            s.members[:1000],
-            f.nodes(s.members),
+            f"pg {info.name} {w.entry.op} entered by every member, unfinished {w.timing.words()}",
+            members[:1000],
+            f.nodes(members),
             0.6,
         )
     )
     return CollectiveAnalysis(
         Severity.HANG,
-        stopped_pg=s.pg,
-        stopped_kind=s.kind,
-        stopped_index=s.index,
-        stopped_members=s.members,
+        stopped_pg=info.name,
+        stopped_kind=info.kind,
+        stopped_index=info.index,
+        stopped_members=members,
         confidence=0.6,
+        reasons=tuple(reasons),
+        evidence=tuple(evidence),
+        **f.common(),
+    )
+
+
+def progressing(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> CollectiveAnalysis | None:
+    """An earlier capture shows every waiting rank advanced since, into waits that are all new."""
+    p = f.progress
+    if p is None or not f.graph.waits or any(w.timing.state == AGING for w in f.graph.all_waits()):
+        return None
+    waiting = set(f.graph.waits)
+    if not waiting <= set(p.advanced):
+        return None
+    if any(w.entry.record_id in p.pending_before.get(w.rank, ()) for w in f.graph.all_waits()):
+        return None
+    reasons.append(
+        f"Between capture {p.previous} and this one, every waiting rank advanced ({len(p.advanced)} of "
+        f"{len(p.ranks)} ranks issued or finished ops) and every op in flight now was issued since: the "
+        "job was running when it was captured."
+    )
+    return _running(f, reasons, evidence, 0.6)
+
+
+def _running(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence], conf: float) -> CollectiveAnalysis:
+    """A running job: healthy, or fail-slow when completed kernels say some ranks arrive late."""
+    slow = fail_slow(f, reasons, evidence)
+    if slow is not None:
+        return slow
+    return CollectiveAnalysis(
+        Severity.HEALTHY,
+        confidence=conf if not f.no_dump else conf - 0.2,
         reasons=tuple(reasons),
         evidence=tuple(evidence),
         **f.common(),
@@ -260,16 +337,16 @@ def fail_slow(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) 
             Evidence(
                 "flight_recorder",
                 "slow-rank",
-                f"rank {r}'s collective kernels are {f.slow_scores[r]:.0%} shorter than its peers' "
-                "(everyone waits for it to arrive)",
+                f"rank {r} arrives last at its group's collectives far more often than chance; its peers "
+                f"spend {f.slow_scores[r]:.0%} of the group's recorded time waiting for it",
                 (r,),
                 f.node(r),
-                float(f.slow_scores[r]),
+                min(1.0, 0.5 + float(f.slow_scores[r])),
             )
         )
     reasons.append(
-        f"Every collective completed, but rank(s) {rank_ranges(f.slow)} arrive late at their "
-        "collectives (their peers' kernels wait for them): fail-slow."
+        f"Completed collectives show rank(s) {rank_ranges(f.slow)} arriving late (their peers' kernels "
+        "wait for them): fail-slow, not a hang."
     )
     return CollectiveAnalysis(
         Severity.FAIL_SLOW,
@@ -282,49 +359,74 @@ def fail_slow(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) 
 
 
 def quiet(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> CollectiveAnalysis:
+    """No overdue op: healthy where nothing waits or the clock proves every wait young; else inconclusive."""
     if len(f.no_dump) > f.world // 2:
         reasons.append("Too few dumps to tell a healthy job from a hang.")
-        return CollectiveAnalysis(
-            Severity.INCONCLUSIVE, confidence=0.2, reasons=tuple(reasons), evidence=tuple(evidence), **f.common()
-        )
-    behind = [s for s in f.stalls if s.missing_ranks]
-    if behind:
-        s = behind[0]
+        return _inconclusive(f, reasons, evidence, 0.2)
+    waits = list(f.graph.all_waits())
+    if not waits:
+        behind = [s for s in f.stalls if s.missing_ranks]
+        if behind:
+            s = behind[0]
+            reasons.append(
+                f"Nobody waits in an unfinished op, yet rank(s) {rank_ranges(s.missing_ranks)} are behind in "
+                f"{pg_words(s.pg, s.desc, s.kind)} (#{s.seq})."
+            )
+            return _inconclusive(f, reasons, evidence, 0.3)
+        reasons.append("No rank waits in an unfinished collective; members agree on op, sizes and dtypes.")
+        return _running(f, reasons, evidence, 0.8)
+    states = Counter(w.timing.state for w in waits)
+    if states.keys() == {YOUNG}:
+        oldest = max(waits, key=lambda w: w.timing.age_s or 0.0)
         reasons.append(
-            f"Nobody waits in an unfinished collective, yet rank(s) {rank_ranges(s.missing_ranks)} are "
-            f"behind in {pg_words(s.pg, s.desc, s.kind)} (#{s.seq}): dumps taken mid-step?"
+            f"All {len(waits)} op(s) in flight are young against the recorded capture time (the oldest: "
+            f"{wait_words(f, oldest)}): a running job."
         )
-        return CollectiveAnalysis(
-            Severity.INCONCLUSIVE, confidence=0.3, reasons=tuple(reasons), evidence=tuple(evidence), **f.common()
+        return _running(f, reasons, evidence, 0.7)
+    if states.get(AGING):
+        oldest = max((w for w in waits if w.timing.state == AGING), key=lambda w: w.timing.age_s or 0.0)
+        reasons.append(f"An op has been in flight longer than usual but is not overdue yet: {wait_words(f, oldest)}.")
+    else:
+        reasons.append(
+            f"{len(waits)} op(s) are in flight, as in any running job, and the dumps carry no capture time "
+            "to tell how long they have waited (FR records none; the rankscope hook and agent add one): no "
+            "time evidence of a hang."
         )
-    reasons.append("Every recorded collective completed on every member and members agree on op, sizes and dtypes.")
+    return _inconclusive(f, reasons, evidence, 0.3, hint=True)
+
+
+_HINT_MAX_NODES = 4
+"""A wavefront ending on more nodes than this is the ordinary skew of a running job, not a place to look."""
+
+
+def _inconclusive(
+    f: CollectiveFacts, reasons: list[str], evidence: list[Evidence], conf: float, *, hint: bool = False
+) -> CollectiveAnalysis:
+    if_stuck: tuple[int, ...] = ()
+    if hint:
+        sinks, _ = f.graph.sinks_from(f.graph.all_waits())
+        victims = unrecorded_p2p_victims(
+            f.graph, sinks, set(f.graph.waits), f.no_dump, f.clock.last_active, f.pp_neighbors
+        )
+        if_stuck = tuple(r for r in sinks if r not in victims)
+        where = ", ".join(n for n in f.nodes(if_stuck[:8]) if n) or "?"
+        if if_stuck and len(f.nodes(if_stuck)) <= _HINT_MAX_NODES:
+            reasons.append(
+                f"If the job is known to be stuck, look at rank(s) {rank_ranges(if_stuck)[:200]} ({where}): the "
+                "waits end there. Nothing is named without time evidence."
+            )
+        elif if_stuck:
+            reasons.append(
+                f"The waits end at {len(if_stuck)} ranks on {len(f.nodes(if_stuck))} nodes, ranks one op behind their "
+                "peers, as in a running job: no single place to look."
+            )
+    if f.slow:
+        reasons.append(f"Completed collectives show rank(s) {rank_ranges(f.slow)} arriving late.")
     return CollectiveAnalysis(
-        Severity.HEALTHY,
-        confidence=0.8 if not f.no_dump else 0.6,
+        Severity.INCONCLUSIVE,
+        confidence=conf,
         reasons=tuple(reasons),
         evidence=tuple(evidence),
+        if_stuck_ranks=if_stuck,
         **f.common(),
     )
-
-
-def culprit_words(f: CollectiveFacts, r: int, p2p: Sequence[P2PWait]) -> tuple[str, str]:
-    """Why rank ``r`` is a culprit: (evidence kind, words)."""
-    for s in f.stalls:
-        if r in s.missing_ranks:
-            return (
-                "missing-from-collective",
-                f"rank {r} never enqueued collective #{s.seq} ({s.op}) of "
-                f"{pg_words(s.pg, s.desc, s.kind)}, which {len(s.waiting_ranks)} member(s) wait in",
-            )
-    for g, waiter, peer, op in p2p:
-        if peer == r:
-            other = "send" if op == "recv" else "recv"
-            info = f.groups[g]
-            return (
-                "p2p-peer-behind",
-                f"rank {r} never posted the {other} that rank {waiter} waits for in {op} "
-                f"({pg_words(info.name, info.desc, info.kind)})",
-            )
-    if r in f.no_dump:
-        return ("missing-dump", f"rank {r} left no Flight Recorder dump and other ranks wait for it")
-    return ("waited-for", f"ranks wait for rank {r}, which waits for nobody")

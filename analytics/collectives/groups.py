@@ -2,8 +2,8 @@
 
 Members come from ``pg_config`` when the dump has it; else from recorded ``memberships`` (pg name
 or description -> ranks, as the live hook records them); else the default group is the world and
-any other group is the smallest topology group that contains every rank seen using it; else the
-ranks seen using it. The kind (tp, cp, ep, pp, mp, dp, world, other) orders the wavefront search:
+any other group is the smallest topology group (smaller than the job) that contains every rank seen
+using it; else the ranks seen using it. The kind (tp, cp, ep, pp, mp, dp, world, other) orders the wavefront search:
 model-parallel groups first, data-parallel next, the default group last.
 """
 
@@ -131,7 +131,10 @@ def resolve_groups(
 
 
 def _from_topology(seen: set[int], topology: Topology | None) -> tuple[tuple[int, ...], str]:
-    """The smallest topology group holding every observed rank, else the observed ranks."""
+    """The smallest topology group holding every observed rank, else the observed ranks.
+
+    A group as large as the job is no guess (the pure data-parallel topology assumed without a layout
+    has only that one): a non-default group that spans the world would have been the default group."""
     obs = np.fromiter(sorted(seen), dtype=np.int64)
     if topology is not None and obs.size and obs.max() < topology.world_size:
         best: tuple[int, str, int] | None = None
@@ -139,7 +142,7 @@ def _from_topology(seen: set[int], topology: Topology | None) -> tuple[tuple[int
             gid = topology.group_ids(kind)[obs]
             if (gid == gid[0]).all():
                 size = topology.group_size(kind)
-                if best is None or size < best[0]:
+                if size < topology.world_size and (best is None or size < best[0]):
                     best = (size, kind, int(gid[0]))
         if best is not None:
             return topology.group(best[1], best[2]).ranks, "topology"

@@ -20,12 +20,18 @@ class GroupStall:
     seq: int  # the first collective_seq_id not every member reached (or the stuck one)
     op: str
     members: tuple[int, ...]
-    missing_ranks: tuple[int, ...]  # dumped members that never enqueued ``seq``
+    missing_ranks: tuple[int, ...]  # dumped members that did not reach ``seq`` (start it, else enqueue it)
     no_dump_ranks: tuple[int, ...]  # members without a dump (unknown)
     waiting_ranks: tuple[int, ...]  # members stuck in ``seq``
     membership: str  # where the members came from
     progress: Mapping[int, tuple[int, int, int]] = field(default_factory=dict)
     """Per dumped member: its last enqueued, started and completed collective seq id in this group."""
+    starts: bool = False  # the members' dumps record starts: ``missing_ranks`` did not *start* ``seq``
+
+    @property
+    def missing_words(self) -> str:
+        """What the missing members did not do: start the collective, or enqueue it."""
+        return "have not started it" if self.starts else "never enqueued it"
 
     def to_dict(self) -> dict[str, Any]:
         by_state: dict[str, list[int]] = {}
@@ -100,6 +106,13 @@ class CollectiveAnalysis:
     confidence: float = 0.0
     reasons: tuple[str, ...] = ()
     evidence: tuple[Evidence, ...] = ()
+    time_evidence: Mapping[str, Any] = field(default_factory=dict)
+    """The clock used (explicit capture time, a lower bound from inside the dumps, or none), how many
+    waits were overdue/young/aging/unknown, the oldest wait and the overdue threshold."""
+    if_stuck_ranks: tuple[int, ...] = ()
+    """Without time evidence: where the waits end *if* the job is known to be stuck (never suspects)."""
+    progress: Mapping[str, Any] = field(default_factory=dict)
+    """With two captures: which ranks advanced between them and over what interval."""
 
     @property
     def mismatch_ranks(self) -> tuple[int, ...]:
@@ -128,6 +141,9 @@ class CollectiveAnalysis:
             "n_groups": self.n_groups,
             "n_entries": self.n_entries,
             "confidence": round(self.confidence, 3),
+            "time_evidence": dict(self.time_evidence),
+            "if_stuck_ranks": list(self.if_stuck_ranks),
+            "progress": dict(self.progress),
             "reasons": list(self.reasons),
             "evidence": [e.to_dict() for e in self.evidence],
         }

@@ -1,61 +1,115 @@
 """Late arrivals and disagreements among the members of a collective (Flight Recorder).
 
-``duration_ms``, when recorded, gives late-arrival scores: the rank everyone waits for has the
-shortest kernel. Differing ops, sizes or dtypes at one seq id are a code/config fault (``mismatch``).
+``duration_ms`` (NCCL with ``TORCH_NCCL_ENABLE_TIMING``) is each member's kernel time: a collective's
+kernel runs until the last member arrives, so the member everyone waits for has the shortest kernel.
+A rank is *late* in a collective when its kernel is clearly the shortest (at most ``1 - slow_min_score``
+of the next shortest). Arrival order is noise in a healthy job: each member of a group of ``n`` is last
+about ``1/n`` of the time, and a rank with a little extra work (rank 0 logging) is last often but costs
+its peers little. So a rank is **slow** only where all three hold, in a group of interchangeable
+members (TP, CP, EP, DP: the same code on every member): it is late in many of the group's collectives
+(at least 4), far more often than chance (binomial tail under ``1/n`` below 1e-3), and its peers spend
+at least ``slow_min_wait_fraction`` of the group's recorded time waiting for it. Differing ops, sizes
+or dtypes at one seq id are a code/config fault (``mismatch``).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from rankscope.analytics.collectives.groups import GroupInfo, GroupKey
 from rankscope.analytics.collectives.result import Mismatch
 from rankscope.analytics.collectives.tables import (
     DurationKey,
-    ProgressTables,
     Signature,
     Sizes,
 )
 
-
-def pair_p2p_durations(t: ProgressTables) -> None:
-    """Pair the i-th last completed send with the i-th last recv of each (src, dst) as one 'collective'."""
-    for (g, s, d, op), sends in t.p2p_timed.items():
-        if op == "send" and not t.p2p_pending.get((g, s, d, "send")) and not t.p2p_pending.get((g, s, d, "recv")):
-            recvs = t.p2p_timed.get((g, s, d, "recv"), [])
-            for i, (a, b) in enumerate(zip(reversed(sends), reversed(recvs))):
-                t.durations[(g, -1 - i, s, d)] = [a, b]
+SYMMETRIC_KINDS = ("tp", "cp", "ep", "dp")
+"""Group kinds whose members run the same code: a member that is always last is anomalous there."""
+_MIN_LATE = 4
+_MAX_P = 1e-3
 
 
-def slow_scores(durations: Mapping[DurationKey, list[tuple[int, float]]]) -> dict[int, float]:
-    """Per rank, the median over its collectives of how much shorter its kernel was than the median's."""
-    per_rank: dict[int, list[float]] = defaultdict(list)
-    for items in durations.values():
-        if len(items) < 2:
-            continue
-        med = statistics.median(d for _, d in items)
-        if med <= 0:
-            continue
-        for r, d in items:
-            per_rank[r].append((med - d) / med)
-    return {r: statistics.median(v) for r, v in per_rank.items() if v}
+@dataclass(frozen=True)
+class Lateness:
+    """One rank in one group: how often it arrived last and what that cost its peers."""
+
+    rank: int
+    group: GroupKey
+    n: int  # the group's timed collectives the rank is in
+    late: int  # those it arrived clearly last to
+    wait_fraction: float  # its peers' wait for it over the group's recorded time span
+    p_value: float  # chance of being last so often in a healthy group
 
 
-def strongest_per_group(
-    cands: Sequence[int],
-    scores: Mapping[int, float],
+def _binom_tail(k: int, n: int, p: float) -> float:
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def lateness(
+    durations: Mapping[DurationKey, list[tuple[int, float]]],
+    created: Mapping[DurationKey, list[int]],
     groups: Mapping[GroupKey, GroupInfo],
-    keys: Mapping[int, Mapping[str, GroupKey]],
-) -> tuple[int, ...]:
-    """Late ranks, minus those sharing a model-parallel group with a later one (its delay spreads to them)."""
-    keep = []
-    for r in cands:
-        mine = {g for g in keys.get(r, {}).values() if groups[g].kind not in ("dp", "world")}
-        if not any(o != r and scores[o] > scores[r] and mine & set(keys.get(o, {}).values()) for o in cands):
-            keep.append(r)
-    return tuple(sorted(keep))
+    min_score: float,
+) -> list[Lateness]:
+    """Every (rank, symmetric group) that arrived clearly last at least once, with its statistics."""
+    n: dict[tuple[int, GroupKey], int] = defaultdict(int)
+    late: dict[tuple[int, GroupKey], int] = defaultdict(int)
+    extra: dict[tuple[int, GroupKey], float] = defaultdict(float)
+    p0: dict[tuple[int, GroupKey], float] = defaultdict(float)
+    span: dict[GroupKey, list[int]] = {}
+    for key, items in durations.items():
+        gk = key[0]
+        if len(items) < 2 or groups[gk].kind not in SYMMETRIC_KINDS:
+            continue
+        ts = created.get(key, ())
+        if ts:
+            lo_hi = span.setdefault(gk, [min(ts), max(ts)])
+            lo_hi[0], lo_hi[1] = min(lo_hi[0], *ts), max(lo_hi[1], *ts)
+        for r, _ in items:
+            n[(r, gk)] += 1
+            p0[(r, gk)] += 1.0 / len(items)
+        ranked = sorted(items, key=lambda x: x[1])
+        (r0, d0), (_, d1) = ranked[0], ranked[1]
+        if d0 <= (1.0 - min_score) * d1:
+            late[(r0, gk)] += 1
+            extra[(r0, gk)] += statistics.median(d for r, d in items if r != r0) - d0
+    out = []
+    for (r, g), k in late.items():
+        total = n[(r, g)]
+        lo, hi = span.get(g, (0, 0))
+        seconds = (hi - lo) / 1e9
+        frac = (extra[(r, g)] / 1e3) / seconds if seconds > 0 else 0.0
+        out.append(Lateness(r, g, total, k, frac, _binom_tail(k, total, p0[(r, g)] / total)))
+    return out
+
+
+def slow_ranks(
+    lates: Sequence[Lateness], groups: Mapping[GroupKey, GroupInfo], min_wait_fraction: float
+) -> tuple[tuple[int, ...], dict[int, float]]:
+    """The slow ranks (see the module docstring) and every late rank's strongest wait fraction.
+
+    A rank late in its data-parallel group because a model-parallel peer is slow (its whole replica
+    arrives late) is explained by that peer, flagged in the tighter group, and is not named."""
+    scores: dict[int, float] = {}
+    flagged: dict[int, set[str]] = defaultdict(set)
+    for x in lates:
+        scores[x.rank] = max(scores.get(x.rank, 0.0), round(x.wait_fraction, 4))
+        if x.late >= _MIN_LATE and x.p_value <= _MAX_P and x.wait_fraction >= min_wait_fraction:
+            flagged[x.rank].add(groups[x.group].kind)
+    tight = {r for r, kinds in flagged.items() if kinds - {"dp"}}
+    replica: dict[int, set[int]] = defaultdict(set)  # rank -> ranks it shares a model-parallel group with
+    if len(tight) < len(flagged):
+        for info in groups.values():
+            if info.kind not in ("dp", "world", "other") and tight & set(info.ranks):
+                for r in info.ranks:
+                    replica[r].update(info.ranks)
+    slow = {r for r in flagged if r in tight or not (replica.get(r, set()) & tight)}
+    return tuple(sorted(slow)), scores
 
 
 def mismatches(

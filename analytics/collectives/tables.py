@@ -2,8 +2,12 @@
 
 Entries are aligned by ``collective_seq_id`` (absolute, so wrapped ring buffers and missing ranks need
 no record-id alignment): each member's last enqueued, started and completed collective, the signature
-of each collective (op, sizes, dtypes), the unfinished entries of each rank, p2p ops pending per
-(src, dst) and the kernel durations recorded.
+of each collective (op, sizes, dtypes; kept only where members disagree), the unfinished entries of each
+rank, the p2p ops still open per (src, dst) and the kernel durations recorded.
+
+What "started" means depends on what the backend records (:func:`start_semantics`): NCCL with timing
+moves an entry to ``started`` when its kernel begins; NCCL without timing and gloo do not, and then the
+last op a rank *enqueued* is the best that is known.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ Sizes = tuple[Shapes, Shapes]
 Signature = tuple[str, Sizes | None, tuple[str, ...], tuple[str, ...]]
 """(op, (input sizes, output sizes) or None for variable-size ops, input dtypes, output dtypes)"""
 P2PKey = tuple[GroupKey, int, int, str]  # (group, global src, global dst, op)
-DurationKey = tuple[object, ...]  # (group, seq) for collectives, (group, -i, src, dst) for paired p2p
+DurationKey = tuple[GroupKey, int]  # (group, collective seq)
 
 
 def tracks_state(d: FRDump) -> bool:
@@ -107,63 +111,112 @@ class ProgressTables:
     enq: defaultdict[GroupKey, dict[int, int]] = field(default_factory=_seq_map)  # last enqueued seq
     comp: defaultdict[GroupKey, dict[int, int]] = field(default_factory=_seq_map)  # last completed seq
     started: defaultdict[GroupKey, dict[int, int]] = field(default_factory=_seq_map)  # last started seq
+    starts: dict[int, bool] = field(default_factory=dict)  # rank -> its dump records starts
+    tracks: dict[int, bool] = field(default_factory=dict)  # rank -> its backend records states (not gloo)
     sigs: defaultdict[tuple[GroupKey, int], defaultdict[tuple[Signature, ...], list[int]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
+    """Only the collectives whose members disagree: signature -> the ranks that issued it."""
     ops_at: dict[tuple[GroupKey, int], str] = field(default_factory=dict)  # profiling name per collective
     durations: defaultdict[DurationKey, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
+    created_at: defaultdict[DurationKey, list[int]] = field(default_factory=lambda: defaultdict(list))
     pending: defaultdict[int, list[tuple[GroupKey, FREntry]]] = field(default_factory=lambda: defaultdict(list))
-    p2p_pending: defaultdict[P2PKey, int] = field(default_factory=lambda: defaultdict(int))
-    p2p_timed: defaultdict[P2PKey, list[tuple[int, float]]] = field(default_factory=lambda: defaultdict(list))
+    p2p_open: defaultdict[P2PKey, list[tuple[int, bool]]] = field(default_factory=lambda: defaultdict(list))
+    """Open (not completed) p2p ops per (group, src, dst, op): (rank, in state ``started``) of each."""
     n_entries: int = 0
 
+    def reached(self, g: GroupKey, m: int, seq: int) -> bool:
+        """Whether dumped member ``m`` started collective ``seq`` of ``g`` (enqueued, where starts are
+        not recorded)."""
+        table = self.started if self.starts.get(m) else self.enq
+        return table[g].get(m, 0) >= seq or self.comp[g].get(m, 0) >= seq
 
-def _status(t: ProgressTables, d: FRDump, r: int, k: Mapping[str, GroupKey]) -> None:
-    """A rank's pg_status (last enqueued/started/completed per group), and zeros for groups it knows."""
+
+def _status(t: ProgressTables, d: FRDump, r: int, k: Mapping[str, GroupKey], p2p_groups: set[str], seen: _Seen) -> None:
+    """A rank's counters per group: the largest of what its entries show and its pg_status says (groups that
+    carry send/recv on this rank excepted: their pg_status counters may be p2p sequence ids)."""
+    enq, comp, started = seen
     for n, st in d.pg_status.items():
-        if n in k and st.last_enqueued is not None:
-            t.enq[k[n]][r] = max(t.enq[k[n]].get(r, 0), st.last_enqueued)
-        if n in k and st.last_completed is not None:
-            t.comp[k[n]][r] = max(t.comp[k[n]].get(r, 0), st.last_completed)
-        if n in k and st.last_started is not None:
-            t.started[k[n]][r] = max(t.started[k[n]].get(r, 0), st.last_started)
-    for n in k:
-        t.enq[k[n]].setdefault(r, 0)
-        t.comp[k[n]].setdefault(r, 0)
+        if n not in k or n in p2p_groups:
+            continue
+        if st.last_enqueued is not None and st.last_enqueued > enq.get(n, 0):
+            enq[n] = st.last_enqueued
+        if st.last_completed is not None and st.last_completed > comp.get(n, 0):
+            comp[n] = st.last_completed
+        if st.last_started is not None and st.last_started > started.get(n, 0):
+            started[n] = st.last_started
+    for n, g in k.items():
+        t.enq[g][r] = enq.get(n, 0)
+        t.comp[g][r] = comp.get(n, 0)
+        t.started[g][r] = started.get(n, 0)
 
 
-def _p2p(t: ProgressTables, r: int, g: GroupKey, e: FREntry, info: GroupInfo, done: bool) -> None:
-    s, d = global_rank(info, e.src), global_rank(info, e.dst)
-    if not done:
-        t.pending[r].append((g, e))
-        if s is not None and d is not None:
-            t.p2p_pending[(g, s, d, e.op)] += 1
-    elif e.duration_ms is not None and s is not None and d is not None:
-        t.p2p_timed[(g, s, d, e.op)].append((r, e.duration_ms))
+_Seen = tuple[dict[str, int], dict[str, int], dict[str, int]]  # per pg name: last enqueued, completed, started
 
 
-def _collective(
-    t: ProgressTables,
-    r: int,
-    g: GroupKey,
-    e: FREntry,
-    done: bool,
-    rank_sigs: defaultdict[tuple[GroupKey, int], list[Signature]],
-) -> None:
-    seq = e.collective_seq_id
-    if seq > t.enq[g][r]:
-        t.enq[g][r] = seq
-    if done and seq > t.comp[g][r]:
-        t.comp[g][r] = seq
-    if (done or e.state == "started") and seq > t.started[g].get(r, 0):
-        t.started[g][r] = seq
-    if e.op not in MARKER_OPS:
-        rank_sigs[(g, seq)].append(signature(e))
-        t.ops_at.setdefault((g, seq), e.profiling_name)
-    if not done:
-        t.pending[r].append((g, e))
-    elif e.duration_ms is not None:
-        t.durations[(g, seq)].append((r, e.duration_ms))
+def _rank_pass(
+    t: ProgressTables, r: int, d: FRDump, k: Mapping[str, GroupKey], groups: Mapping[GroupKey, GroupInfo]
+) -> tuple[_Seen, set[str], dict[tuple[GroupKey, int], list[Signature]]]:
+    """One pass over a rank's entries (hot: every entry of every rank)."""
+    tracks = t.tracks[r]
+    saw_start = any(st.last_started is not None and st.last_started >= 0 for st in d.pg_status.values())
+    enq: dict[str, int] = {}
+    comp: dict[str, int] = {}
+    started: dict[str, int] = {}
+    p2p_groups: set[str] = set()
+    sigs: dict[tuple[GroupKey, int], list[Signature]] = {}
+    pending = t.pending[r]
+    durations, created_at, ops_at = t.durations, t.created_at, t.ops_at
+    for e in d.entries:
+        n = e.pg_name
+        state = e.state
+        done = state == "completed" or (e.retired and not tracks)
+        if not saw_start and (state == "started" or e.time_discovered_started_ns):
+            saw_start = True
+        if e.is_p2p:
+            p2p_groups.add(n)
+            if not done:
+                g = k[n]
+                pending.append((g, e))
+                info = groups[g]
+                src, dst = global_rank(info, e.src), global_rank(info, e.dst)
+                if src is not None and dst is not None:
+                    t.p2p_open[(g, src, dst, e.op)].append((r, state == "started"))
+            continue
+        seq = e.collective_seq_id
+        if seq > enq.get(n, 0):
+            enq[n] = seq
+        if done:
+            if seq > comp.get(n, 0):
+                comp[n] = seq
+            if seq > started.get(n, 0):
+                started[n] = seq
+        elif state == "started" and seq > started.get(n, 0):
+            started[n] = seq
+        g = k[n]
+        key = (g, seq)
+        op = e.op
+        if op not in MARKER_OPS:
+            sig = (
+                op,
+                None if op in VARIABLE_SIZE_OPS else (e.input_sizes, e.output_sizes),
+                e.input_dtypes,
+                e.output_dtypes,
+            )
+            if key in sigs:
+                sigs[key].append(sig)
+            else:
+                sigs[key] = [sig]
+                if key not in ops_at:
+                    ops_at[key] = e.profiling_name
+        if not done:
+            pending.append((g, e))
+        elif e.duration_ms is not None:
+            durations[key].append((r, e.duration_ms))
+            if e.time_created_ns:
+                created_at[key].append(e.time_created_ns)
+    t.starts[r] = tracks and saw_start
+    return (enq, comp, started), p2p_groups, sigs
 
 
 def build_tables(
@@ -171,19 +224,24 @@ def build_tables(
 ) -> ProgressTables:
     """One pass over every rank's entries."""
     t = ProgressTables()
+    first: dict[tuple[GroupKey, int], tuple[tuple[Signature, ...], list[int]]] = {}
     for r, d in by_rank.items():
         k = keys[r]
         tracks = tracks_state(d)
-        rank_sigs: defaultdict[tuple[GroupKey, int], list[Signature]] = defaultdict(list)
-        _status(t, d, r, k)
-        for e in d.entries:
-            t.n_entries += 1
-            g = k[e.pg_name]
-            done = is_done(e, tracks)
-            if e.is_p2p:
-                _p2p(t, r, g, e, groups[g], done)
+        t.tracks[r] = tracks
+        t.n_entries += len(d.entries)
+        seen, p2p_groups, sigs = _rank_pass(t, r, d, k, groups)
+        _status(t, d, r, k, p2p_groups, seen)
+        for key, sig_list in sigs.items():  # most collectives agree: keep one signature and its ranks
+            sig = tuple(sig_list)
+            cur = first.get(key)
+            if cur is None:
+                first[key] = (sig, [r])
+            elif cur[0] == sig:
+                cur[1].append(r)
             else:
-                _collective(t, r, g, e, done, rank_sigs)
-        for gs, sig in rank_sigs.items():
-            t.sigs[gs][tuple(sig)].append(r)
+                t.sigs[key][sig].append(r)
+    for key in list(t.sigs):
+        sig, ranks = first[key]
+        t.sigs[key][sig].extend(ranks)
     return t

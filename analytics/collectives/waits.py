@@ -1,16 +1,22 @@
 """Who waits for whom, and which groups stalled (the wavefront of a Flight Recorder analysis).
 
-Every rank stuck in an unfinished op *waits for* the members missing from it (or its p2p peer when the
-matching send/recv was never posted); following these waits across groups ends at ranks that wait for
-nobody: the culprits. A group stalls where not every member reached one collective.
+Stream-order semantics (NCCL runs each communicator's ops in order on its stream): a rank *waits in*
+the ops it started and that did not complete (gloo tracks no state: the ops it enqueued and that did
+not retire; NCCL without timing: the first unfinished op of each group, the only one that can run).
+A started collective waits for the members that have not started it (gloo: not enqueued); a started
+send/recv waits for its peer when the peer has not started the matching op (gloo: not posted). An op
+scheduled behind another adds no edge: its blocker is the rank's own head op. Following the waits
+across groups ends at ranks that wait for nobody: the sinks. A member without a dump that others wait
+for is a sink like a live one. A group stalls where not every member reached one collective.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from rankscope.analytics.collectives.clock import Clock, Timing
 from rankscope.analytics.collectives.groups import KIND_ORDER, GroupInfo, GroupKey
 from rankscope.analytics.collectives.result import GroupStall
 from rankscope.analytics.collectives.tables import ProgressTables, global_rank
@@ -19,70 +25,134 @@ from rankscope.datasets.domain.flight_recorder import FRDump, FREntry
 P2PWait = tuple[GroupKey, int, int, str]  # (group, waiting rank, peer it waits for, its op)
 
 
-class MissingAt:
-    """(dumped members that never enqueued ``seq`` of group ``g``, members without a dump), cached."""
+@dataclass(frozen=True)
+class Wait:
+    """One op a rank waits in: whom it waits for, and for how long."""
 
-    def __init__(
-        self, tables: ProgressTables, groups: Mapping[GroupKey, GroupInfo], by_rank: Mapping[int, FRDump]
-    ) -> None:
-        self._t, self._groups, self._by_rank = tables, groups, by_rank
-        self._cache: dict[tuple[GroupKey, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    rank: int
+    group: GroupKey
+    entry: FREntry
+    blockers: tuple[int, ...]  # dumped members (or the peer) that have not started it
+    no_dump: tuple[int, ...]  # members (or the peer) that left no dump
+    timing: Timing
 
-    def __call__(self, g: GroupKey, seq: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        hit = self._cache.get((g, seq))
-        if hit is None:
-            e = self._t.enq[g]
-            members = self._groups[g].ranks
-            hit = (
-                tuple(m for m in members if m in self._by_rank and e.get(m, 0) < seq),  # absent: never used it
-                tuple(m for m in members if m not in self._by_rank),
-            )
-            self._cache[(g, seq)] = hit
-        return hit
+    @property
+    def waited_for(self) -> tuple[int, ...]:
+        """A dumped member known to be behind explains the wait before one whose state is unknown."""
+        return self.blockers or self.no_dump
 
 
 @dataclass
 class WaitGraph:
-    """Each stuck rank's waits; ``waits`` keeps its most specific one (for reports)."""
+    """Every rank's waits; ``edges`` is whom each rank waits for (over all its waits)."""
 
-    waits: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    all_sources: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
-    stuck: defaultdict[tuple[GroupKey, int], list[int]] = field(default_factory=lambda: defaultdict(list))
+    waits: dict[int, list[Wait]] = field(default_factory=dict)
+    edges: dict[int, set[int]] = field(default_factory=dict)
     p2p_waits: list[P2PWait] = field(default_factory=list)
 
+    def all_waits(self) -> Iterable[Wait]:
+        for ws in self.waits.values():
+            yield from ws
 
-def _p2p_source(t: ProgressTables, r: int, g: GroupKey, e: FREntry, info: GroupInfo) -> int | None:
-    """The peer a rank stuck in a send/recv waits for, when the matching op was never posted."""
+    def most_specific(self) -> dict[int, tuple[int, ...]]:
+        """Per waiting rank, the smallest set it waits for (for reports)."""
+        out = {}
+        for r, ws in self.waits.items():
+            sets = [w.waited_for for w in ws if w.waited_for]
+            if sets:
+                out[r] = min(sets, key=len)
+        return out
+
+    def sinks_from(self, start: Iterable[Wait]) -> tuple[tuple[int, ...], set[int]]:
+        """The ranks the waits starting at ``start`` end at (waited for, waiting for nobody), and every
+        rank reached on the way."""
+        seen: set[int] = set()
+        todo = [t for w in start for t in w.waited_for]
+        sinks: set[int] = set()
+        while todo:
+            x = todo.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            nxt = self.edges.get(x)
+            if nxt:
+                todo.extend(nxt)
+            else:
+                sinks.add(x)
+        return tuple(sorted(sinks)), seen
+
+
+def _heads(items: list[tuple[GroupKey, FREntry]], starts: bool, tracks: bool) -> list[tuple[GroupKey, FREntry]]:
+    """The unfinished ops a rank waits in (see the module docstring)."""
+    if starts:
+        return [(g, e) for g, e in items if e.state == "started"]
+    if not tracks:  # gloo: every op it enqueued and that did not retire
+        return items
+    first: dict[GroupKey, FREntry] = {}
+    out = []
+    for g, e in items:
+        if e.is_p2p:
+            out.append((g, e))
+        elif g not in first:
+            first[g] = e
+            out.append((g, e))
+    return out
+
+
+def _p2p_wait(
+    t: ProgressTables, r: int, g: GroupKey, e: FREntry, info: GroupInfo, dumped: Mapping[int, FRDump]
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(blockers, no-dump) of a send/recv, or None when its peer is unknown."""
     s, d = global_rank(info, e.src), global_rank(info, e.dst)
     peer = d if e.op == "send" else s
-    if peer is None or peer == r:
+    if peer is None or peer == r or s is None or d is None:
         return None
+    if peer not in dumped:
+        return (), (peer,)
     other = "recv" if e.op == "send" else "send"
-    posted = t.p2p_pending.get((g, s, d, other), 0) if s is not None and d is not None else 0
-    return peer if posted == 0 else None
+    peer_starts = t.starts.get(peer, False)  # without recorded starts, a posted op is the best known
+    if any(started or not peer_starts for rank, started in t.p2p_open.get((g, s, d, other), ()) if rank == peer):
+        return (), ()  # both sides in the transfer: stuck inside it, nobody to wait for
+    return (peer,), ()
 
 
-def wait_graph(t: ProgressTables, groups: Mapping[GroupKey, GroupInfo], missing_at: MissingAt) -> WaitGraph:
-    """Each stuck rank -> the members missing from its op (tuples shared per op)."""
+def wait_graph(
+    t: ProgressTables,
+    groups: Mapping[GroupKey, GroupInfo],
+    by_rank: Mapping[int, FRDump],
+    clock: Clock,
+) -> WaitGraph:
+    """Each rank's waits and whom they wait for (member tuples shared per collective)."""
     out = WaitGraph()
+    missing: dict[tuple[GroupKey, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for r, items in t.pending.items():
-        sources: list[tuple[int, ...]] = []
-        for g, e in items:
+        ws: list[Wait] = []
+        for g, e in _heads(items, t.starts.get(r, False), t.tracks.get(r, True)):
             if e.is_p2p:
-                peer = _p2p_source(t, r, g, e, groups[g])
-                if peer is not None:
-                    sources.append((peer,))
+                found = _p2p_wait(t, r, g, e, groups[g], by_rank)
+                if found is None:
+                    continue
+                blockers, nodump = found
+                for peer in blockers + nodump:
                     out.p2p_waits.append((g, r, peer, e.op))
-                continue
-            if e.collective_seq_id <= t.comp[g].get(r, 0):
-                continue  # pg_status says it completed (the entry was dumped before the watchdog saw it)
-            out.stuck[(g, e.collective_seq_id)].append(r)
-            miss, nodump = missing_at(g, e.collective_seq_id)
-            if miss or nodump:  # a dumped member known to be missing explains the wait before an unknown one
-                sources.append(miss or nodump)
-        if sources:
-            out.all_sources[r] = sources
-            out.waits[r] = min(sources, key=len)
+            else:
+                seq = e.collective_seq_id
+                if seq <= t.comp[g].get(r, 0):
+                    continue  # pg_status says it completed (the entry was dumped before the watchdog saw it)
+                key = (g, seq)
+                if key not in missing:
+                    members = groups[g].ranks
+                    missing[key] = (
+                        tuple(m for m in members if m in by_rank and not t.reached(g, m, seq)),
+                        tuple(m for m in members if m not in by_rank),
+                    )
+                blockers, nodump = missing[key]
+            ws.append(Wait(r, g, e, blockers, nodump, clock.timing(r, g, e)))
+        if ws:
+            out.waits[r] = ws
+            targets = {x for w in ws for x in w.waited_for}
+            if targets:
+                out.edges[r] = targets
     return out
 
 
@@ -90,28 +160,27 @@ def group_stalls(
     t: ProgressTables,
     groups: Mapping[GroupKey, GroupInfo],
     by_rank: Mapping[int, FRDump],
-    stuck: Mapping[tuple[GroupKey, int], list[int]],
-    missing_at: MissingAt,
+    graph: WaitGraph,
 ) -> list[GroupStall]:
     """Groups whose members did not all reach a collective (or are stuck in one), model-parallel first."""
+    waiting: dict[GroupKey, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for w in graph.all_waits():
+        if not w.entry.is_p2p:
+            waiting[w.group][w.entry.collective_seq_id].append(w.rank)
     stalls = []
-    stuck_by_group: dict[GroupKey, list[int]] = defaultdict(list)
-    for gg, sq in stuck:
-        stuck_by_group[gg].append(sq)
     for g, e in t.enq.items():
         info = groups[g]
-        if not e:
+        dumped = [m for m in info.ranks if m in by_rank]
+        if not e or not dumped:
             continue
-        lo = min(e.get(m, 0) for m in info.ranks if m in by_rank)
-        hi = max(e.values())
-        seq = lo + 1 if lo < hi else None
-        if seq is None:
-            if g not in stuck_by_group:
+        if g in waiting:
+            seq = min(waiting[g])
+        else:
+            lo, hi = min(e.get(m, 0) for m in dumped), max(e.values())
+            if lo >= hi:
                 continue
-            seq = min(stuck_by_group[g])
-        miss, nodump = missing_at(g, seq)
+            seq = lo + 1
         st_g, co_g = t.started[g], t.comp[g]
-        progress = {m: (e.get(m, 0), st_g.get(m, 0), co_g.get(m, 0)) for m in info.ranks if m in by_rank}
         stalls.append(
             GroupStall(
                 info.name,
@@ -121,12 +190,44 @@ def group_stalls(
                 seq,
                 t.ops_at.get((g, seq), ""),
                 info.ranks,
-                miss,
-                nodump,
-                tuple(sorted(stuck.get((g, seq), ()))),
+                tuple(m for m in dumped if not t.reached(g, m, seq)),
+                tuple(m for m in info.ranks if m not in by_rank),
+                tuple(sorted(waiting.get(g, {}).get(seq, ()))),
                 info.source,
-                progress,
+                {m: (e.get(m, 0), st_g.get(m, 0), co_g.get(m, 0)) for m in dumped},
+                starts=all(t.starts.get(m, False) for m in dumped),
             )
         )
     stalls.sort(key=lambda s: (KIND_ORDER.get(s.kind, 5), len(s.members), s.pg))
     return stalls
+
+
+SKEW_NS = 10_000_000
+"""Two ranks' last activities closer than this are not ordered (clocks of different machines drift)."""
+
+
+def unrecorded_p2p_victims(
+    graph: WaitGraph,
+    sinks: tuple[int, ...],
+    stuck: Collection[int],
+    no_dump: Collection[int],
+    last_active: Mapping[int, int],
+    neighbors: Callable[[int], tuple[int, ...]],
+) -> dict[int, int]:
+    """Sinks most likely blocked in a send/recv the dumps cannot show (gloo records no p2p): sink -> the
+    adjacent pipeline stage it waits for.
+
+    A live sink with no op in flight went quiet at its last recorded activity. If an adjacent pipeline stage
+    was already stuck then (a sink, or a rank in an overdue wait, quiet since earlier), the sink is most
+    likely blocked sending to or receiving from it: a rank cannot be blocked by a neighbour that was still
+    running when it went quiet. Never returns every sink."""
+    stopped = set(sinks) | set(stuck)
+    victims: dict[int, int] = {}
+    for b in sinks:
+        if b in no_dump or b in graph.waits or b not in last_active:
+            continue
+        for p in neighbors(b):
+            if p in stopped and p in last_active and last_active[p] < last_active[b] - SKEW_NS:
+                victims[b] = p
+                break
+    return victims if len(victims) < len(sinks) else {}

@@ -8,8 +8,9 @@ rolling median of its ratio stays above ``min_slowdown_ratio`` (1.25, about NVRx
 the shift is significant against the peers' noise; one noisy step blames no one.
 
 Only compute ops blame a rank: in a collective (all-reduce, send/recv, barrier, ...) the ranks that
-wait longest are the straggler's victims. Slowness that is not one machine's is reported as
-imbalance, never blamed: a whole pipeline stage
+wait longest are the straggler's victims, and a whole step's wall time (``step``, the hook's
+``log_step``) is the slowest rank's on every rank of a synchronous job. Slowness that is not one
+machine's is reported as imbalance, never blamed: a whole pipeline stage
 slower than the other stages, a whole replica slower at every stage (its data), every worker slower
 together (a job-wide change), or slow steps that move between replicas (data imbalance).
 """
@@ -25,6 +26,7 @@ import polars as pl
 
 from rankscope.analytics.performance.episodes import Episode, episodes, noise
 from rankscope.analytics.performance.timings import (
+    WALL_OPS,
     check_timings,
     group_reference,
     is_comm_op,
@@ -148,7 +150,7 @@ class _Peers:
     stage_sizes: np.ndarray
     gid: np.ndarray  # peer group per rank
     peer_kind: str
-    compute_ops: list[str]  # only compute ops blame a rank (all ops when only comm ops were timed)
+    compute_ops: list[str]  # only compute ops blame a rank (comm ops when only those were timed; never wall times)
 
 
 def _peers(df: pl.DataFrame, topo: Topology) -> _Peers:
@@ -160,7 +162,8 @@ def _peers(df: pl.DataFrame, topo: Topology) -> _Peers:
     peers_ok = stage_sizes.min() >= 3
     gid = pp if peers_ok else np.zeros(topo.world_size, dtype=np.int64)
     peer_kind = "same pipeline stage across replicas" if peers_ok and n_pp > 1 else "all ranks"
-    compute_ops = [op for op in mats if not is_comm_op(op)] or list(mats)
+    own = [op for op in mats if op not in WALL_OPS]  # a whole step's wall time includes the waits: blames no one
+    compute_ops = [op for op in own if not is_comm_op(op)] or own
     return _Peers(topo, steps, mats, start, pp, n_pp, dp, stage_sizes, gid, peer_kind, compute_ops)
 
 
@@ -357,7 +360,7 @@ def find_stragglers(
     p = _peers(df, topology_for(df, topology, notes))
     slow_ranks, imbalances = _blame(p, *_rank_episodes(p, cfg))
     total = sum_ops(list(p.mats.values()))  # steps x ranks, all ops (what the job waits for)
-    busy = sum_ops([p.mats[op] for op in p.compute_ops])  # the work itself, without waiting for others
+    busy = sum_ops([p.mats[op] for op in p.compute_ops]) if p.compute_ops else total  # the work, without waits
     if p.n_pp > 1:
         imbalances += _stage_imbalance(p, cfg, busy, {s.rank for s in slow_ranks})
     # with a blamed machine, everyone else waiting for it in collectives is its consequence, not a cause

@@ -41,6 +41,12 @@ COMM_WORDS = (
 """Ops that wait for other ranks: a rank slow in them is a victim of a straggler, not the straggler."""
 
 
+WALL_OPS = frozenset({"step"})
+"""Whole-step wall times (the hook's ``log_step``, the agent's ``timings``): they include every wait, so in
+synchronous training each rank's step takes as long as the slowest rank's. They show that the job slowed,
+never which rank slowed it."""
+
+
 def is_comm_op(op: str) -> bool:
     """True for collective / point-to-point / wait ops (by name)."""
     low = op.lower()

@@ -3,7 +3,8 @@
 Processes of one role in one snapshot are grouped by the signature of their main thread. The
 largest cluster is healthy, and so is every cluster at least ``dominance`` times its size (jobs
 legitimately sit in a few states at once, e.g. one per pipeline stage); the rest are outliers.
-Failed dumps are a cluster of their own and never healthy.
+Failed dumps, when given, are a cluster of their own and never healthy (the snapshot analysis never gives
+them: a failed capture is no evidence, see :mod:`.collection`).
 """
 
 from __future__ import annotations

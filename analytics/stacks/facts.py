@@ -1,4 +1,10 @@
-"""Stack facts: per snapshot, the clusters and outliers (:mod:`.snapshot`), and across snapshots, progress."""
+"""Stack facts: per snapshot, the clusters and outliers (:mod:`.snapshot`), and across snapshots, progress.
+
+Progress is read from the ranks that *wait*. In a hang no collective completes, so a rank blocked in a
+wait at one snapshot is in the very same wait (the same call site, line for line) at the next; a rank
+that left its wait proves that a collective or transfer completed in between. Ranks running their own
+code say nothing either way (a busy culprit spinning in a loop moves without the job moving).
+"""
 
 from __future__ import annotations
 
@@ -6,54 +12,107 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rankscope.analytics.stacks.frames import signature
+import numpy as np
+
+from rankscope.analytics.stacks.frames import WAIT_STATES, classify, frame_key
 from rankscope.analytics.stacks.snapshot import SnapshotAnalysis, analyze_snapshot
 from rankscope.config import Limits, StackConfig
-from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.datasets.domain.stacks import ProcStacks, is_launcher_frame
 from rankscope.datasets.domain.topology import Topology
+
+NOISE_GUARD = 2
+"""Waiters that must leave their wait between two snapshots to count as progress (one in small jobs): a
+single rank can leave a wait without any collective completing (a timeout, a mis-read stack)."""
 
 
 @dataclass(frozen=True)
 class Progress:
-    """How many ranks' stacks changed between consecutive snapshots."""
+    """Per pair of consecutive snapshots: how many ranks waited at the first, and how many of those were
+    released (no longer in that wait) at the second."""
 
     n_snapshots: int
-    compared: int  # rank-pairs compared
-    changed: int
+    waiters: tuple[int, ...]
+    released: tuple[int, ...]
+    guard: int = NOISE_GUARD
 
     @property
-    def fraction_changed(self) -> float:
-        return self.changed / self.compared if self.compared else 0.0
+    def pairs(self) -> int:
+        return len(self.released)
+
+    @property
+    def moving_pairs(self) -> int:
+        return sum(1 for r in self.released if r >= self.guard)
 
     @property
     def progressing(self) -> bool:
-        return self.compared > 0 and self.fraction_changed > 0.5
+        """Waiters released in at least half of the pairs, the last one included."""
+        return self.pairs > 0 and 2 * self.moving_pairs >= self.pairs and self.released[-1] >= self.guard
+
+    @property
+    def frozen(self) -> bool:
+        """No waiter released between the last two snapshots."""
+        return self.pairs > 0 and self.waiters[-1] > 0 and self.released[-1] == 0
+
+    @property
+    def frozen_since(self) -> int:
+        """The index of the first snapshot of the frozen tail (0 when frozen throughout)."""
+        i = self.pairs
+        while i > 0 and self.released[i - 1] == 0:
+            i -= 1
+        return i
+
+    def words(self) -> str:
+        pairs = ", ".join(f"{r}/{w}" for r, w in zip(self.released, self.waiters))
+        return (
+            f"{self.n_snapshots} snapshots: waiters released between consecutive snapshots (released/waiting): {pairs}"
+        )
 
 
-def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]]) -> Progress:
-    """Compare each trainer's main-thread stack (with lines) across consecutive snapshots."""
+def _wait_key(p: ProcStacks, cache: dict[int, tuple[str, tuple[str, ...]]]) -> tuple[str, tuple[str, ...]]:
+    """The state of ``p``'s main thread and, for a wait, its call site: the frames from the one that decided
+    the wait outward, with lines (a rank polling inside one wait keeps its key)."""
+    frames = p.main
+    hit = cache.get(id(frames))
+    if hit is None:
+        state, i = classify(frames)
+        key = tuple(frame_key(f, lines=True) for f in frames[max(i, 0) :] if not is_launcher_frame(f))
+        hit = cache[id(frames)] = (state, key)
+    return hit
+
+
+def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | None = None) -> Progress:
+    """Waiters released between consecutive snapshots (trainers with a usable stack in both)."""
     snaps = sorted(by_snapshot)
-    prev: dict[int, tuple[str, ...]] | None = None
-    compared = changed = 0
+    cache: dict[int, tuple[str, tuple[str, ...]]] = {}
+    prev: dict[int, tuple[str, tuple[str, ...]]] | None = None
+    waiters: list[int] = []
+    released: list[int] = []
+    world = 0
     for s in snaps:
         cur = {
-            p.rank: signature(p.main, lines=True)
+            p.rank: _wait_key(p, cache)
             for p in by_snapshot[s]
-            if p.role == "trainer" and p.rank is not None and p.status not in ("failed", "cut")
+            if p.role == "trainer" and p.rank is not None and p.status not in ("failed", "cut") and p.main
         }
+        world = max(world, len(cur))
         if prev is not None:
-            for r, sig in cur.items():
-                if r in prev:
-                    compared += 1
-                    changed += sig != prev[r]
+            w = n = 0
+            for r, (state, key) in prev.items():
+                if state not in WAIT_STATES or r not in cur:
+                    continue
+                w += 1
+                n += cur[r] != (state, key)
+            waiters.append(w)
+            released.append(n)
         prev = cur
-    return Progress(len(snaps), compared, changed)
+    g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
+    return Progress(len(snaps), tuple(waiters), tuple(released), g)
 
 
 @dataclass(frozen=True)
 class StackFacts:
     """What the stacks of one job say before any decision: progress across snapshots and the analysis of
-    each snapshot that matters (every snapshot of a progressing job, else the last one)."""
+    every snapshot (the rounds of a fail-slow vote; the last one for a hang)."""
 
     analyses: tuple[SnapshotAnalysis, ...]
     progress: Progress | None  # None with a single snapshot
@@ -63,18 +122,28 @@ class StackFacts:
 
 
 def facts(
-    procs: Sequence[ProcStacks], topology: Topology, *, config: StackConfig | None = None, limits: Limits | None = None
+    procs: Sequence[ProcStacks],
+    topology: Topology,
+    *,
+    config: StackConfig | None = None,
+    limits: Limits | None = None,
+    expected: Sequence[int] | np.ndarray | None = None,
 ) -> StackFacts:
-    """Split ``procs`` by snapshot, measure progress, and analyze the snapshots the verdict needs."""
+    """Split ``procs`` by snapshot, measure progress, and analyze every snapshot.
+
+    ``expected``: ranks known to exist from a source independent of the dumps (see
+    :func:`~rankscope.analytics.stacks.snapshot.analyze_snapshot`).
+    """
     cfg = config or StackConfig()
     by_snap: dict[int, list[ProcStacks]] = defaultdict(list)
     for p in procs:
         by_snap[p.snapshot].append(p)
     snaps = sorted(by_snap)
     prog = progress(by_snap) if len(snaps) > 1 else None
-    wanted = snaps if prog is not None and prog.progressing else snaps[-1:]
     analyses = tuple(
-        analyze_snapshot(by_snap[s], topology, snapshot=s, lines=cfg.lines, dominance=cfg.dominance_fraction)
-        for s in wanted
+        analyze_snapshot(
+            by_snap[s], topology, snapshot=s, lines=cfg.lines, dominance=cfg.dominance_fraction, expected=expected
+        )
+        for s in snaps
     )
     return StackFacts(analyses, prog, len(snaps), cfg, limits or Limits())

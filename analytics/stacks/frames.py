@@ -204,29 +204,118 @@ IDLE_LEAVES = frozenset(
 )
 
 
+STARTUP_FUNCTIONS = frozenset(
+    {
+        "init_process_group",
+        "_new_process_group_helper",
+        "_store_based_barrier",
+        "_create_c10d_store",
+        "_env_rendezvous_handler",
+        "_tcp_rendezvous_handler",
+        "_rendezvous_helper",
+        "rendezvous",
+        "next_rendezvous",
+        "initialize_model_parallel",
+        "init_device_mesh",
+    }
+)
+"""Frames of a process that is still starting: joining the process group or building its groups."""
+_IMPORT_FILES = ("importlib._bootstrap", "importlib/_bootstrap")
+
+STATES = (
+    "compute",
+    "io",
+    "idle",
+    "collective",
+    "p2p",
+    "dataloader-wait",
+    "checkpoint-wait",
+    "device-wait",
+    "backward",
+    "startup",
+    "empty",
+)
+"""Every state :func:`classify` returns."""
+PEER_WAIT_STATES = frozenset({"collective", "p2p"})
+"""Waiting on other ranks: a collective or a pipeline transfer."""
+WAIT_STATES = PEER_WAIT_STATES | {"dataloader-wait", "checkpoint-wait", "device-wait", "backward"}
+"""Blocked waiting on someone else (peers, its own DataLoader / checkpoint process, its GPU), or possibly so
+(``backward``: DDP's gradient all-reduce runs inside the autograd engine, so a DDP job stuck on one rank
+shows every other rank in ``backward``): what the majority of a stuck job is doing (with NCCL, ranks block in
+the next device sync after a hung collective)."""
+OWN_WORK_STATES = frozenset({"compute", "io", "idle", "dataloader-wait", "checkpoint-wait", "device-wait", "backward"})
+"""Not waiting on a peer: running its own code, its own I/O, a local sleep, a wait on its own child or its
+own GPU. While its parallel group waits in a collective, the others wait for such a rank."""
+DEVICE_WAIT = frozenset({"synchronize", "wait_event", "wait_stream"})
+AUTOGRAD_ENGINE = frozenset({"_engine_run_backward", "run_backward"})
+
+
 def _is_dist(file: str) -> bool:
     return "distributed" in file or "megatron/core" in file or "c10d" in file or "parallel" in file
+
+
+def _is_c10d_wait(fn: str, file: str) -> bool:
+    """``Work.wait`` of an async collective (``dist.all_reduce(..., async_op=True).wait()``, DDP/FSDP and
+    Megatron's gradient sync): py-spy shows it as ``wait`` in ``distributed_c10d.py`` or ``c10d``."""
+    return fn in ("wait", "_wait", "wait_all", "block_current_stream") and (
+        "distributed_c10d" in file or "/c10d" in file or "_functional_collectives" in file
+    )
+
+
+def is_startup(frames: Sequence[FrameLike]) -> tuple[bool, int]:
+    """Whether the process is still starting, and the frame that says so (-1 if not): joining the process
+    group or building its parallel groups (definite), or importing modules (``importing``: the caller checks
+    that no training wait sits below the import)."""
+    importing = -1
+    for i in range(len(frames) - 1, -1, -1):  # outermost first: start-up frames sit outside any step
+        f = frames[i]
+        if f.function.rsplit(".", 1)[-1] in STARTUP_FUNCTIONS:
+            return True, i
+        if (
+            importing < 0
+            and f.function in ("_find_and_load", "_gcd_import")
+            and any(x in f.file for x in _IMPORT_FILES)
+        ):
+            importing = i
+    return False, importing
 
 
 def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str, int]:
     """The state of an innermost-first stack and the index of the frame that decided it.
 
-    States: ``collective``, ``p2p``, ``dataloader-wait``, ``checkpoint-wait``, ``io``, ``idle``,
-    ``compute`` (anything else: the process is running its own code), ``empty``.
+    States (:data:`STATES`): ``collective``, ``p2p``, ``dataloader-wait``, ``checkpoint-wait``,
+    ``device-wait`` (``torch.cuda.synchronize`` and kin: waiting on its own GPU), ``backward`` (inside
+    the autograd engine: computing, or waiting in DDP's gradient all-reduce), ``io``, ``idle``,
+    ``startup`` (importing modules or joining the process group, before training), ``compute``
+    (anything else: the process is running its own code), ``empty``.
     """
     if not frames:
         return "empty", -1
+    importing = -1
+    if role == "trainer":
+        definite, importing = is_startup(frames)
+        if definite:
+            return "startup", importing
     for i, f in enumerate(frames):
         fn = f.function.rsplit(".", 1)[-1]
         if fn in P2P_OPS and (_is_dist(f.file) or fn.startswith(("send_", "recv_"))):
             return "p2p", i
         if fn in COLLECTIVE_OPS and _is_dist(f.file):
             return "collective", i
+        if _is_c10d_wait(fn, f.file):
+            return "collective", i
         if fn in DATALOADER_WAIT and "utils/data" in f.file.replace("\\", "/"):
             return "dataloader-wait", i
         if fn in CHECKPOINT_WAIT:
             return "checkpoint-wait", i
+    if importing >= 0:  # module-level code being imported, no training wait below it: still starting
+        return "startup", importing
+    for i, f in enumerate(frames[:4]):  # in the autograd engine (C++: backward kernels, DDP's all-reduce hooks)
+        if f.function.rsplit(".", 1)[-1] in AUTOGRAD_ENGINE and "autograd" in f.file:
+            return "backward", i
     leaf = frames[0].function.rsplit(".", 1)[-1]
+    if leaf in DEVICE_WAIT and "torch/cuda" in frames[0].file.replace("\\", "/"):
+        return "device-wait", 0
     if leaf in IO_LEAVES:
         return "io", 0
     # a few frames of I/O under a user frame (e.g. numpy read -> fromfile) still count as I/O

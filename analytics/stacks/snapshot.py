@@ -1,9 +1,11 @@
 """One snapshot's stack facts: clusters of every role, the outlier ranks, and why each is suspect.
 
-ByteRobust's aggregation analysis, step by step: split processes by role (:func:`split_roles`),
-cluster the trainers (the dominant clusters are healthy), give each outlier rank a finding, cluster
-each child role among its own kind (a stuck dataloader or checkpoint process makes its rank suspect),
-and note busy non-main threads. Findings are scored by how likely the rank is the root rather than a
+ByteRobust's aggregation analysis, step by step: split processes by role (:func:`split_roles`; captures
+that failed are set apart as collection problems), cluster the trainers (the dominant clusters are
+healthy), give each outlier rank a finding, give a missing rank (known to exist, no live process) a
+finding when its parallel group waits for it, cluster each child role among its own kind (a stuck
+dataloader or checkpoint process makes its rank suspect unless the rank itself is healthy), and note
+busy non-main threads. Findings are scored by how likely the rank is the root rather than a
 victim (:data:`SCORES`); :mod:`.culprits` and :mod:`rankscope.analytics.faultdomain` take it from there.
 """
 
@@ -11,31 +13,36 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from rankscope.analytics.faultdomain import waited_for
 from rankscope.analytics.stacks.clustering import Cluster, cluster
-from rankscope.analytics.stacks.frames import classify, display
+from rankscope.analytics.stacks.collection import CaptureProblem, capture_problem
+from rankscope.analytics.stacks.frames import STATES, WAIT_STATES, classify, display
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import Topology
 
 CHILD_ROLES = ("dataloader", "checkpoint", "other")
+STATE_CODE = {st: i for i, st in enumerate(STATES)}
+"""Each main-thread state as a small integer (:attr:`SnapshotAnalysis.states`); -1 is no usable stack."""
+NO_STACK = -1
+_RUNNING_CODES = np.array([STATE_CODE[s] for s in ("compute", "io", "idle")], dtype=np.int8)
 
 # How strongly each observation points at a rank being the root cause (1 = certain).
 SCORES = {
     "missing-dump": 1.0,
     "child-stuck": 0.95,
-    "failed-dump": 0.9,
     "not-in-collective": 0.9,
     "local-wait": 0.8,
     "waits-on-dataloader": 0.7,
     "waits-on-checkpoint": 0.7,
+    "waits-on-device": 0.8,
     "child-outlier": 0.5,
     "collective-wait": 0.25,
     "p2p-wait": 0.2,
 }
-BUSY_STATES = frozenset({"compute", "io", "empty"})
 
 
 @dataclass(frozen=True)
@@ -51,20 +58,27 @@ class Finding:
         return SCORES[self.kind]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SnapshotAnalysis:
-    """One snapshot: clusters of every role, outliers, missing ranks and per-rank findings."""
+    """One snapshot: clusters of every role, outliers, missing ranks and per-rank findings.
+
+    Captures that failed (py-spy's error output, an empty file, a dump cut off as the process was
+    stopped) are no evidence: they are not clustered and give no finding; they are listed in
+    ``problems``. ``missing_ranks`` are ranks known to exist with no live process to dump (no dump,
+    or py-spy found the process gone); only those whose parallel group waits for them are findings.
+    """
 
     snapshot: int
     clusters: tuple[Cluster, ...]
-    n_trainers: int
+    n_trainers: int  # trainers with a usable stack
     healthy_trainers: int
     outlier_ranks: tuple[int, ...]
     missing_ranks: tuple[int, ...]
     findings: tuple[Finding, ...]  # best finding per outlier rank
-    busy_ranks: tuple[int, ...] = ()  # trainers running their own code (not waiting), healthy or not
     thread_notes: tuple[tuple[int, str], ...] = ()  # (rank, words) for busy non-main threads of outliers
     cut: tuple[int, ...] = ()  # ranks whose dump was cut off as they died: present, no evidence
+    problems: tuple[CaptureProblem, ...] = ()  # captures that gave no evidence (failed, empty, cut)
+    states: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))  # per rank, STATE_CODE or -1
 
     @property
     def dominant_fraction(self) -> float:
@@ -74,6 +88,44 @@ class SnapshotAnalysis:
     def best(self) -> dict[int, Finding]:
         return {f.rank: f for f in self.findings}
 
+    def state_of(self, rank: int) -> str | None:
+        """The main-thread state of ``rank``, or None without a usable stack."""
+        if not 0 <= rank < self.states.size or self.states[rank] < 0:
+            return None
+        return STATES[int(self.states[rank])]
+
+    def dominant_states(self) -> dict[str, int]:
+        """Ranks per state in the healthy (dominant) trainer clusters; every trainer when none is healthy."""
+        out: dict[str, int] = {}
+        healthy = [c for c in self.clusters if c.role == "trainer" and c.healthy]
+        for c in healthy or [c for c in self.clusters if c.role == "trainer"]:
+            out[c.state] = out.get(c.state, 0) + c.size
+        return out
+
+    @property
+    def blocked_fraction(self) -> float:
+        """The share of the dominant ranks blocked in a wait (collective, p2p, their DataLoader or checkpoint
+        writer). A stuck job is one whose majority waits; a majority running its own code was not stuck."""
+        dom = self.dominant_states()
+        total = sum(dom.values())
+        return sum(n for st, n in dom.items() if st in WAIT_STATES) / total if total else 0.0
+
+    @property
+    def running_fraction(self) -> float:
+        """The share of all trainers with a stack that run their own code (compute, I/O, a local sleep). A hang
+        spreads: within seconds every rank that depends on the stuck one blocks, so a stuck job leaves few
+        ranks running; a running job caught at one instant leaves many."""
+        if not self.n_trainers:
+            return 0.0
+        return int(np.count_nonzero(np.isin(self.states, _RUNNING_CODES))) / self.n_trainers
+
+    @property
+    def startup_fraction(self) -> float:
+        """The share of trainers with a stack that are still starting (importing, joining the process group)."""
+        if not self.n_trainers:
+            return 0.0
+        return int(np.count_nonzero(self.states == STATE_CODE["startup"])) / self.n_trainers
+
 
 _STATE_KIND = {
     "compute": "not-in-collective",
@@ -82,9 +134,11 @@ _STATE_KIND = {
     "idle": "local-wait",
     "dataloader-wait": "waits-on-dataloader",
     "checkpoint-wait": "waits-on-checkpoint",
+    "device-wait": "waits-on-device",
+    "backward": "not-in-collective",
     "collective": "collective-wait",
     "p2p": "p2p-wait",
-    "failed": "failed-dump",
+    "startup": "not-in-collective",
 }
 
 
@@ -93,41 +147,55 @@ _DETAIL = {
     "local-wait": "blocked locally, not in a collective: in {}",
     "waits-on-dataloader": "main thread waits on its dataloader: in {}",
     "waits-on-checkpoint": "main thread waits on its checkpoint writer: in {}",
+    "waits-on-device": "main thread waits on its GPU, not in a collective: in {}",
     "collective-wait": "waits in a collective the healthy ranks are not in: {}",
     "p2p-wait": "waits in a pipeline send/recv: {}",
-    "failed-dump": "stack capture failed: {}",
 }
 
 
 @dataclass(frozen=True)
 class _Roles:
-    """One snapshot's processes by role: one trainer per rank, cut trainers apart, children by role."""
+    """One snapshot's processes by role: one trainer per rank with a usable stack, children by role, and
+    the captures that gave no evidence."""
 
     trainers: list[ProcStacks]
     children: dict[str, list[ProcStacks]]
-    seen: set[int]
+    seen: set[int]  # trainer ranks with any dump, usable or not
     cut: list[int]
+    problems: list[CaptureProblem]
+    gone: list[int]  # trainer ranks whose process was gone (or its listed dump absent) when captured
 
 
 def split_roles(procs: Sequence[ProcStacks]) -> _Roles:
-    """The first process of each trainer rank; a trainer whose dump was cut as it died is present but
-    neither healthy nor an outlier (``cut``); children by role."""
+    """The first process of each trainer rank; captures that gave no evidence (failed, empty, cut off as the
+    process died) are kept apart with why; children by role (a child without a usable stack is dropped)."""
     trainers: list[ProcStacks] = []
     seen: set[int] = set()
     children: dict[str, list[ProcStacks]] = defaultdict(list)
     cut: list[int] = []
+    problems: list[CaptureProblem] = []
+    gone: list[int] = []
     for p in procs:
         if p.role != "trainer":
+            if p.status in ("failed", "cut"):
+                if p.status == "failed":
+                    problems.append(capture_problem(p))
+                continue
             children[p.role if p.role in CHILD_ROLES else "other"].append(p)
             continue
         if p.rank is None or p.rank in seen:
             continue
         seen.add(p.rank)
-        if p.status == "cut":
-            cut.append(p.rank)
+        if p.status in ("failed", "cut"):
+            prob = capture_problem(p)
+            problems.append(prob)
+            if p.status == "cut":
+                cut.append(p.rank)
+            elif prob.gone:
+                gone.append(p.rank)
         else:
             trainers.append(p)
-    return _Roles(trainers, children, seen, cut)
+    return _Roles(trainers, children, seen, cut, problems, gone)
 
 
 class _Findings(dict[int, Finding]):
@@ -154,7 +222,7 @@ def _trainer_findings(clusters: Sequence[Cluster], findings: _Findings) -> int:
 
 def _child_findings(
     children: dict[str, list[ProcStacks]],
-    world: int,
+    healthy_rank: np.ndarray,
     *,
     lines: bool,
     dominance: float,
@@ -162,8 +230,11 @@ def _child_findings(
     replica_of: np.ndarray | None,
     findings: _Findings,
 ) -> list[Cluster]:
-    """Cluster each child role among its own kind; a stuck or odd child makes its trainer rank suspect."""
+    """Cluster each child role among its own kind; a stuck or odd child makes its trainer rank suspect, unless
+    the trainer itself is in a healthy state (a DataLoader worker reading ahead, a checkpoint writer saving
+    while training goes on: not what the job waits for)."""
     out: list[Cluster] = []
+    world = healthy_rank.size
     for role in CHILD_ROLES:
         kids = children.get(role)
         if not kids:
@@ -173,10 +244,10 @@ def _child_findings(
         )
         out.extend(cc)
         for c in (c for c in cc if not c.healthy):
-            stuck = c.state in ("io", "compute", "failed")
+            stuck = c.state in ("io", "compute")
             for i in c.members:
                 p = kids[i]
-                if p.rank is None or not 0 <= p.rank < world:
+                if p.rank is None or not 0 <= p.rank < world or healthy_rank[p.rank]:
                     continue
                 if stuck:
                     findings.add(
@@ -208,24 +279,68 @@ def _thread_notes(outliers: Sequence[int], trainers: Sequence[ProcStacks]) -> tu
     return tuple(notes)
 
 
+def _states(clusters: Sequence[Cluster], world: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank: its main thread's state code (-1 without a usable stack) and whether it is healthy."""
+    states = np.full(world, NO_STACK, dtype=np.int8)
+    healthy = np.zeros(world, dtype=bool)
+    for c in clusters:
+        if c.role != "trainer" or not c.ranks:
+            continue
+        r = np.asarray(c.ranks, dtype=np.int64)
+        r = r[(r >= 0) & (r < world)]
+        states[r] = STATE_CODE.get(c.state, STATE_CODE["compute"])
+        if c.healthy:
+            healthy[r] = True
+    return states, healthy
+
+
 def analyze_snapshot(
-    procs: Sequence[ProcStacks], topology: Topology, *, snapshot: int = 0, lines: bool = False, dominance: float = 0.5
+    procs: Sequence[ProcStacks],
+    topology: Topology,
+    *,
+    snapshot: int = 0,
+    lines: bool = False,
+    dominance: float = 0.5,
+    expected: Sequence[int] | np.ndarray | None = None,
 ) -> SnapshotAnalysis:
-    """Cluster one snapshot and explain every outlier rank."""
+    """Cluster one snapshot and explain every outlier rank.
+
+    ``expected``: the ranks known to exist from a source independent of the dumps (the layout's world, a
+    manifest, the hook's identities, Flight Recorder); every rank of the topology when not given. A rank
+    of it without a live process to dump is *missing*; it is a finding only when its parallel group waits
+    for it (a gap in the dumps alone is a collection problem, not evidence).
+    """
     roles = split_roles(procs)
+    world = topology.world_size
     replica_of = topology.coords["dp"] if topology.sizes["dp"] > 1 else None
     clusters = cluster(roles.trainers, role="trainer", lines=lines, dominance=dominance, replica_of=replica_of)
     findings = _Findings()
     healthy = _trainer_findings(clusters, findings)
-    missing = np.setdiff1d(topology.ranks, np.fromiter(roles.seen, dtype=np.int64, count=len(roles.seen)))
-    for r in missing.tolist():
-        findings.add(
-            Finding(int(r), "missing-dump", "no stack dump for this rank (process crashed, exited, or unreachable)")
+    states, healthy_rank = _states(clusters, world)
+    known = topology.ranks if expected is None else np.asarray(expected, dtype=np.int64)
+    known = known[(known >= 0) & (known < world)]
+    gone = set(roles.gone)
+    dumped = np.fromiter((r for r in roles.seen if r not in gone), dtype=np.int64, count=len(roles.seen) - len(gone))
+    missing = np.setdiff1d(known, dumped)
+    if missing.size:
+        waits = waited_for(
+            missing, states >= 0, states == STATE_CODE["collective"], states == STATE_CODE["p2p"], topology
         )
+        for r, why in zip(missing.tolist(), waits):
+            if why:
+                was_gone = r in gone
+                findings.add(
+                    Finding(
+                        int(r),
+                        "missing-dump",
+                        ("its process was gone when captured" if was_gone else "no stack dump for this rank")
+                        + f" (crashed, exited, or unreachable), and {why}",
+                    )
+                )
     clusters.extend(
         _child_findings(
             roles.children,
-            topology.world_size,
+            healthy_rank,
             lines=lines,
             dominance=dominance,
             start_id=len(clusters),
@@ -234,7 +349,6 @@ def analyze_snapshot(
         )
     )
     outliers = tuple(sorted(findings))
-    busy = tuple(sorted(r for c in clusters if c.role == "trainer" and c.state in BUSY_STATES for r in c.ranks))
     return SnapshotAnalysis(
         snapshot,
         tuple(clusters),
@@ -243,7 +357,8 @@ def analyze_snapshot(
         outliers,
         tuple(int(r) for r in missing.tolist()),
         tuple(findings[r] for r in outliers),
-        busy,
         _thread_notes(outliers, roles.trainers),
         tuple(sorted(roles.cut)),
+        tuple(roles.problems),
+        states,
     )

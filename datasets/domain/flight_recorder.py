@@ -53,18 +53,33 @@ class PGInfo:
     ranks: tuple[int, ...] | None
 
 
-@dataclass(frozen=True)
-class PGStatus:
-    """A rank's ``pg_status`` for one group: the last enqueued/started/completed collective seq ids."""
+class PGStatus(NamedTuple):
+    """A rank's ``pg_status`` for one group: the last enqueued/started/completed op's sequence id.
+
+    PyTorch keys ``pg_status`` by **pg_id** (``FlightRecorder::getPgStatusJson``); the reader files it
+    under the group's name, translated through the dump's own entries, and keeps the id here. On a group
+    that carries send/recv the counters may be p2p sequence ids: never compare them with collective ones.
+    """
 
     last_enqueued: int | None
     last_started: int | None
     last_completed: int | None
+    pg_id: str = ""
+
+
+DUMP_TIME_KEY = "rankscope_dump_time_ns"
+"""The top-level key the rankscope hook adds to the dumps it writes: when the dump was taken (epoch ns)."""
 
 
 @dataclass(frozen=True)
 class FRDump:
-    """One rank's Flight Recorder dump."""
+    """One rank's Flight Recorder dump.
+
+    ``pg_status`` is keyed by pg name (see :class:`PGStatus`). ``dump_time_ns`` is when the dump was
+    taken, where a collector recorded it (the hook's :data:`DUMP_TIME_KEY`, the agent's capture time);
+    FR itself records no dump time. ``capture`` orders several captures of one job (a larger number is
+    later: snapshot folders, the agent's captures). ``notes`` are what the reader dropped and why.
+    """
 
     rank: int
     entries: tuple[FREntry, ...]
@@ -74,6 +89,9 @@ class FRDump:
     comm_lib_version: str = ""
     source_file: str = ""
     source_format: str = ""  # fr-pickle | fr-json | store
+    dump_time_ns: int | None = None
+    capture: int = 0
+    notes: tuple[str, ...] = ()
 
     @property
     def backend(self) -> str:

@@ -38,3 +38,6 @@ class Inputs:
     assumed_ranks: tuple[int, ...] = ()
     """Ranks whose global number was assumed (sibling trainers numbered by pid, local ranks mapped by host
     order): their machine is exact, their parallel group only if the assumption holds."""
+    # snapshot -> the latest it can have been taken (a stack file's modification time: copying only makes it
+    # later, so it proves a job progressed up to a stop, never that it hung)
+    snapshot_latest: Mapping[int, float] = field(default_factory=dict)

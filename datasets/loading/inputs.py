@@ -20,6 +20,7 @@ from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_ord
 from rankscope.datasets.loading.names import infer_topology, inferred_nodes, inferred_note
 from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events
+from rankscope.datasets.readers.rundir_rounds import stack_rounds
 from rankscope.datasets.store import is_store
 from rankscope.spine import InputError, LayoutError, paused_gc
 
@@ -38,7 +39,9 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
     dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node)
     g = gpus_per_node or 8
     src = read_sources(dd, gpus_per_node=gpus_per_node)
-    procs = src.procs
+    round_notes: list[str] = []
+    rounds = stack_rounds(src.procs, root, round_notes)  # the hook's run directory: every dump is a round
+    procs = rounds.procs
     names = src.names
     world_ranks = sorted(
         {p.rank for p in procs if p.rank is not None}
@@ -46,7 +49,7 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
         | {e.rank for e in src.exits}
         | (set(src.logs.ranks) if src.logs is not None else set())
     )
-    notes: list[str] = list(src.notes)
+    notes: list[str] = list(src.notes) + round_notes
     topo: Topology | None
     coords = _hook_coords(dd, world_ranks, notes) if layout is None else None
     world = layout.world_size if layout is not None else max(world_ranks, default=-1) + 1
@@ -92,6 +95,8 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
         str(root),
         exits=tuple(src.exits),
         logs=src.logs,
+        snapshot_times=rounds.times,
+        snapshot_latest=rounds.latest,
         expected_ranks=expected,
         inferred_nodes=inferred,
         source_files=_source_files(dd, procs, src.fr),
@@ -167,7 +172,7 @@ def _from_store(
     from rankscope.datasets.store.store import Store
 
     store = Store(root)
-    evidence = ("stacks", "collectives", "metrics", "timings")
+    evidence = ("stacks", "collectives", "fr_dumps", "metrics", "timings")
     # a named job is looked up in its own partitions: listing every job of a 10,000-job store for each
     # diagnosis made a batch over it quadratic
     if job is not None and any(store.files(t, job=job) for t in evidence):
@@ -197,8 +202,12 @@ def _from_store(
     )
     procs, snapshot_times, notes = chosen.procs, chosen.snapshot_times, list(chosen.notes)
     topo_df = _own_topology(store.read("topology", job=job), chosen.ingest_id)
-    fr: list[Any] = []
-    if store.files("collectives", job=job):
+    from rankscope.datasets.readers.fr_store import read_fr_captures
+
+    since = min(snapshot_times.values()) - series_gap_seconds if snapshot_times else None
+    fr, fr_notes, fr_nodes = read_fr_captures(store, job, not_before=since)  # the agent's raw captures
+    notes += fr_notes
+    if not fr and store.files("collectives", job=job):  # ingested dump directories
         from rankscope.datasets.readers.fr_table import fr_from_table
 
         rows = store.read_arrow("collectives", job=job)
@@ -214,6 +223,7 @@ def _from_store(
         topo = Topology.from_table(topo_df["rank"].to_list(), topo_df["node"].to_list(), coords=coords or None)
     else:
         ranks, nodes = _ranks_and_nodes(procs)
+        nodes = {**fr_nodes, **nodes}
         ranks = sorted(set(ranks) | {d.rank for d in fr if d.rank is not None})
         if ranks:
             topo, inferred = infer_topology(ranks, nodes, layout=layout, gpus_per_node=gpus_per_node, where=str(root))

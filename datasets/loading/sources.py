@@ -8,7 +8,7 @@ pickle that names code is the exception: it is refused outright (the input may h
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from rankscope.datasets.domain.stacks import ProcStacks, from_dump
 from rankscope.datasets.loading.names import Names
 from rankscope.datasets.readers.dumpdir import DumpDir, from_dump_dir
 from rankscope.datasets.readers.exits import read_exit_records
-from rankscope.spine import InputError, ParseError
+from rankscope.spine import InputError, ParseError, paused_gc
 
 
 @dataclass
@@ -65,10 +65,14 @@ def _table_errors(src: Sources) -> list[str]:
 
 
 def _read_fr(dd: DumpDir, src: Sources) -> list[FRDump]:
-    """One Flight Recorder dump per rank (one name family when a rank was dumped in several formats); a
-    bad dump is a note. Machine names come from each file's manifest row or host folder."""
+    """One Flight Recorder dump per rank and snapshot (one name family when a rank was dumped in several
+    formats); a bad dump is a note. A dump's snapshot (``snapshot-N/``, a manifest's column) is its capture:
+    the analysis diagnoses the latest and compares it with the one before. Machine names come from each
+    file's manifest row or host folder."""
     if not dd.fr_files:
         return []
+    import gc
+
     from rankscope.datasets.readers.flight_recorder import read_fr_file
     from rankscope.datasets.readers.fr_files import select_fr_files
 
@@ -78,26 +82,36 @@ def _read_fr(dd: DumpDir, src: Sources) -> list[FRDump]:
             f"Flight Recorder: read {len(chosen)} of {len(dd.fr_files)} dump files (one per rank; the other "
             "files are the same ranks in another format)"
         )
-    out: dict[int, FRDump] = {}
+    out: dict[tuple[int, int], FRDump] = {}
     bad: list[str] = []
-    for p in chosen:
-        ident = dd.fr_identities.get(str(p))
-        try:
-            d = read_fr_file(p, rank=ident.rank if ident is not None and ident.source("rank") == "manifest" else None)
-        except ParseError as exc:
-            if "refused pickle" in str(exc):
-                raise  # code in a pickle: refuse the whole input, never skip past it
-            bad.append(str(exc))
-            continue
-        if d.rank in out:
-            bad.append(f"{p}: a second dump of rank {d.rank} (kept {out[d.rank].source_file})")
-            continue
-        out[d.rank] = d
-        if ident is not None and ident.node is not None:
-            src.names.add(d.rank, ident.node, ident.sources.get("node", "host-folder"))
+    with paused_gc():
+        for p in chosen:
+            ident = dd.fr_identities.get(str(p))
+            manifest_rank = ident is not None and ident.source("rank") == "manifest"
+            try:
+                d = read_fr_file(p, rank=ident.rank if manifest_rank and ident is not None else None)
+            except ParseError as exc:
+                if "refused pickle" in str(exc):
+                    raise  # code in a pickle: refuse the whole input, never skip past it
+                bad.append(str(exc))
+                continue
+            key = (ident.snapshot if ident is not None else 0, d.rank)
+            if key in out:
+                bad.append(f"{p}: a second dump of rank {d.rank} (kept {out[key].source_file})")
+                continue
+            out[key] = replace(d, capture=key[0])
+            if ident is not None and ident.node is not None:
+                src.names.add(d.rank, ident.node, ident.sources.get("node", "host-folder"))
+        gc.freeze()  # the parsed dumps are acyclic and live for the whole analysis (see read_fr_files)
     if bad:
         src.notes.append(f"{len(bad)} Flight Recorder file(s) skipped: {bad[0]}" + (" ..." if len(bad) > 1 else ""))
-    return sorted(out.values(), key=lambda d: d.rank)
+    snapshots = sorted({snap for snap, _ in out})
+    if len(snapshots) > 1:
+        src.notes.append(
+            f"Flight Recorder dumps of {len(snapshots)} snapshots: snapshot {snapshots[-1]} is diagnosed, "
+            f"snapshot {snapshots[-2]} tells whether the job moved in between"
+        )
+    return sorted(out.values(), key=lambda d: (d.capture, d.rank))
 
 
 def _read_hook_fr(files: Sequence[tuple[Path, int]], notes: list[str]) -> list[FRDump]:

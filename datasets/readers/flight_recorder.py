@@ -4,12 +4,16 @@ FR dumps are untrusted input, so pickles go through :class:`SafeUnpickler`, whic
 containers and scalars: a pickle that names any other global is refused before anything runs.
 Every field of the format (``version``, ``pg_config``, ``pg_status``, ``entries``) is read, with
 defaults for fields older or newer versions lack; a file no version explains is a :class:`ParseError`.
+
+``pg_status`` is keyed by **pg_id** in PyTorch (``FlightRecorder::getPgStatusJson``) while
+``pg_config`` and the entries name groups by pg name: the reader translates each id through the
+dump's own entries (``pg_id`` -> ``process_group[0]``) and drops an id no entry names (its group's
+entries left the ring buffer), with a note when its counters said something.
 """
 
 from __future__ import annotations
 
-import ast
-import json
+import gc
 import operator
 import os
 import re
@@ -18,9 +22,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from rankscope.datasets.domain.flight_recorder import FRDump, FREntry, PGInfo, PGStatus
+from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry
 from rankscope.datasets.domain.stacks import Frame
-from rankscope.datasets.readers.fr_files import is_fr_file, load_raw, rank_from_name, select_fr_files
+from rankscope.datasets.readers.fr_files import (
+    SNIFF_BYTES,
+    is_fr_bytes,
+    load_raw,
+    rank_from_name,
+    read_bytes,
+    select_fr_files,
+)
+from rankscope.datasets.readers.fr_groups import opt_int as _opt_int
+from rankscope.datasets.readers.fr_groups import pg_config as _pg_config
+from rankscope.datasets.readers.fr_groups import pg_status as _pg_status
 from rankscope.spine import InputError, ParseError, paused_gc, progress
 
 _P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
@@ -47,29 +61,36 @@ def parse_dump(
         entries_raw = []
     if not isinstance(entries_raw, (list, tuple)):
         raise ParseError(path, f"'entries' is a {type(entries_raw).__name__}, not a list")
-    entries = []
     frame_cache: dict[int, tuple[Frame, ...]] = {}
-    for i, e in enumerate(entries_raw):
-        if type(e) is not dict and not isinstance(e, Mapping):
-            raise ParseError(path, f"entry {i} is a {type(e).__name__}, not a dict")
-        try:
-            entries.append(_entry(e, frame_cache))
-        except (TypeError, ValueError, KeyError) as exc:
-            raise ParseError(path, f"entry {i}: {exc}") from None
+    try:  # the hot path: one comprehension; a bad entry is found again below to name it
+        entries = [_entry(e, frame_cache) for e in entries_raw]
+    except (TypeError, ValueError, KeyError, AttributeError):
+        entries = []
+        for i, e in enumerate(entries_raw):
+            if type(e) is not dict and not isinstance(e, Mapping):
+                raise ParseError(path, f"entry {i} is a {type(e).__name__}, not a dict") from None
+            try:
+                entries.append(_entry(e, frame_cache))
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                raise ParseError(path, f"entry {i}: {exc}") from None
+    notes: list[str] = []
     try:
         pg_config = _pg_config(raw.get("pg_config"))
-        pg_status = _pg_status(raw.get("pg_status"))
+        pg_status = _pg_status(raw.get("pg_status"), {e.pg_id: e.pg_name for e in entries}, notes)
+        dump_time = _opt_int(raw.get(DUMP_TIME_KEY))
     except (TypeError, ValueError, SyntaxError) as exc:
-        raise ParseError(path, f"bad pg_config/pg_status: {exc}") from None
+        raise ParseError(path, f"bad pg_config/pg_status/{DUMP_TIME_KEY}: {exc}") from None
     return FRDump(
         rank=int(rank),
         entries=tuple(entries),
         version=str(raw.get("version", "") or ""),
         pg_config=pg_config,
         pg_status=pg_status,
-        comm_lib_version=str(raw.get("comm_lib_version", "") or ""),
+        comm_lib_version=str(raw.get("comm_lib_version", "") or raw.get("nccl_version", "") or ""),
         source_file=path,
         source_format=source_format,
+        dump_time_ns=dump_time if dump_time is not None and dump_time > 0 else None,
+        notes=tuple(f"rank {int(rank)}: {n}" for n in notes),
     )
 
 
@@ -92,19 +113,40 @@ def read_fr_dir(path: str | os.PathLike[str], *, prefix: str | None = None) -> l
             for n in sorted(filenames)
             if not n.startswith(".") and rank_from_name(n) is not None
         ]
-    paths = [p for p in paths if is_fr_file(p)]
-    if not paths:
-        raise InputError(f"{root}: no Flight Recorder dumps (files named <prefix><rank>)")
-    return read_fr_files(paths, prefix=prefix)
+    while paths:  # the chosen family's files are sniffed as they are read (one open each)
+        dumps, not_fr = _read(select_fr_files(paths, prefix=prefix), freeze=True, skip_non_fr=True)
+        if dumps:
+            return dumps
+        paths = [p for p in paths if p not in set(not_fr)]
+    raise InputError(f"{root}: no Flight Recorder dumps (files named <prefix><rank>)")
 
 
-def read_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None = None) -> list[FRDump]:
-    """The dumps of :func:`select_fr_files`, sorted by rank; a rank seen twice is an :class:`InputError`."""
+def read_fr_files(
+    paths: Sequence[str | os.PathLike[str]], *, prefix: str | None = None, freeze: bool = True
+) -> list[FRDump]:
+    """The dumps of :func:`select_fr_files`, sorted by rank; a rank seen twice is an :class:`InputError`.
+
+    ``freeze``: the parsed dumps (millions of small tuples at scale, all acyclic, alive for the whole
+    analysis) are moved out of the cyclic collector's sight with ``gc.freeze()``, which would otherwise scan
+    them all again on its next run; refcounting still frees them. A long-lived process that reads dumps
+    again and again can pass ``freeze=False``.
+    """
+    return _read(select_fr_files(paths, prefix=prefix), freeze=freeze, skip_non_fr=False)[0]
+
+
+def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[list[FRDump], list[str]]:
+    """(the dumps of ``paths`` sorted by rank, the paths skipped as not FR dumps when ``skip_non_fr``)."""
     seen: dict[int, str] = {}
     dumps = []
+    skipped = []
     with paused_gc():
-        for p in progress(select_fr_files(paths, prefix=prefix), "reading Flight Recorder dumps"):
-            d = read_fr_file(p)
+        for p in progress(paths, "reading Flight Recorder dumps"):
+            data = read_bytes(p)
+            if skip_non_fr and not is_fr_bytes(data[:SNIFF_BYTES]):
+                skipped.append(p)
+                continue
+            raw, fmt = load_raw(p, data)
+            d = parse_dump(raw, path=str(p), source_format=fmt)
             if d.rank in seen:
                 raise InputError(
                     f"rank {d.rank} has two Flight Recorder dumps, {seen[d.rank]} and {p}; "
@@ -112,7 +154,9 @@ def read_fr_files(paths: Sequence[str | os.PathLike[str]], *, prefix: str | None
                 )
             seen[d.rank] = str(p)
             dumps.append(d)
-    return sorted(dumps, key=lambda d: d.rank)
+        if freeze and dumps:
+            gc.freeze()
+    return sorted(dumps, key=lambda d: d.rank), skipped
 
 
 # -- field parsing ----------------------------------------------------------------------------
@@ -128,12 +172,6 @@ def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
         src, dst = (a, b) if m.group(3) == "->" else (b, a)
         return backend, m.group(1), src, dst
     return backend, rest.split(" ", 1)[0] if rest else "", None, None
-
-
-def _opt_int(v: Any) -> int | None:
-    if v is None or v == "":
-        return None
-    return int(v)
 
 
 def shapes(v: Any) -> tuple[tuple[int, ...], ...]:
@@ -171,10 +209,6 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
 _new_entry = tuple.__new__
 
 
-def _int(v: Any) -> int | None:
-    return v if v.__class__ is int else _opt_int(v)
-
-
 _MODERN = operator.itemgetter(
     "record_id",
     "pg_id",
@@ -198,8 +232,15 @@ _MODERN = operator.itemgetter(
 """The keys every entry has since FR format 2.x, fetched in one C call (the loader's hot path)."""
 
 
+_SPLIT: dict[str, tuple[str, str, int | None, int | None]] = {}
+_PG_ID: dict[object, str] = {}
+_INT = int
+_NONE = type(None)
+
+
 def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
-    """One raw FR record -> :class:`FREntry` (hot: called once per record of every rank)."""
+    """One raw FR record -> :class:`FREntry` (hot: called once per record of every rank). The fast path takes
+    the values as PyTorch writes them (ints, strings, lists); anything else goes the tolerant way."""
     try:
         (
             record_id,
@@ -221,37 +262,53 @@ def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> F
             tmo,
             is_p2p,
         ) = _MODERN(e)
-    except KeyError:
+    except (KeyError, TypeError):
         return _entry_tolerant(e, frame_cache)
-    if pname.__class__ is not str or pg.__class__ not in (tuple, list) or len(pg) != 2:
+    if (
+        record_id.__class__ is not _INT
+        or seq.__class__ is not _INT
+        or p2p_seq.__class__ is not _INT
+        or op_id.__class__ is not _INT
+        or pname.__class__ is not str
+        or state.__class__ is not str
+        or pg.__class__ not in (tuple, list)
+        or len(pg) != 2
+        or t0.__class__ not in (_INT, _NONE)
+        or t1.__class__ not in (_INT, _NONE)
+        or t2.__class__ not in (_INT, _NONE)
+        or tmo.__class__ not in (_INT, _NONE)
+    ):
         return _entry_tolerant(e, frame_cache)
-    backend, op, src, dst = split_profiling_name(pname)
+    split = _SPLIT.get(pname)
+    if split is None:
+        split = _SPLIT[pname] = split_profiling_name(pname)
+    pid = _PG_ID.get(pg_id)
+    if pid is None:
+        pid = _PG_ID[pg_id] = str(pg_id) if pg_id is not None else ""
+    pg_name, pg_desc = pg
     get = e.get
     duration, frames = get("duration_ms"), get("frames")
-    pg_name, pg_desc = pg
     return _new_entry(
         FREntry,
         (
-            record_id if record_id.__class__ is int else int(record_id),
-            str(pg_id) if pg_id is not None else pg_name,
+            record_id,
+            pid or str(pg_name),
             pg_name if pg_name.__class__ is str else str(pg_name),
             pg_desc if pg_desc.__class__ is str else str(pg_desc),
-            _int(seq) if seq is not None else -1,
-            _int(p2p_seq) if p2p_seq is not None else -1,
-            _int(op_id) if op_id is not None else -1,
+            seq,
+            p2p_seq,
+            op_id,
             pname,
-            backend,
-            op,
+            *split[:2],
             bool(is_p2p),
-            src,
-            dst,
-            state if state.__class__ is str else str(state or ""),
+            *split[2:],
+            state,
             bool(retired),
-            None if t0 is None else _int(t0),
-            None if t1 is None else _int(t1),
-            None if t2 is None else _int(t2),
-            float(duration) if duration is not None else None,
-            None if tmo is None else _int(tmo),
+            t0,
+            t1,
+            t2,
+            None if duration is None else float(duration),
+            tmo,
             shapes(ins) if ins else (),
             tuple(in_dt) if in_dt else (),
             shapes(outs) if outs else (),
@@ -305,54 +362,3 @@ def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ..
         tuple(map(str, out_dt)) if out_dt else (),
         _frames(get("frames"), frame_cache),
     )
-
-
-def _ranks(v: Any) -> tuple[int, ...] | None:
-    if v is None:
-        return None
-    ranks = _ranks_text(v) if isinstance(v, str) else tuple(int(r) for r in v)
-    return ranks or None  # gloo writes '[]' (unknown), never a real empty group
-
-
-@lru_cache(maxsize=4096)
-def _ranks_text(text: str) -> tuple[int, ...]:
-    """``"[0, 1, 2]"`` -> ``(0, 1, 2)``; cached: every member of the default group repeats the same string."""
-    text = text.strip() or "[]"
-    try:
-        v = json.loads(text)
-    except ValueError:
-        v = ast.literal_eval(text)
-    return tuple(int(r) for r in v)
-
-
-def _pg_config(v: Any) -> dict[str, PGInfo]:
-    if not v:
-        return {}
-    if not isinstance(v, Mapping):
-        raise TypeError(f"pg_config is a {type(v).__name__}, not a dict")
-    out = {}
-    for key, cfg in v.items():
-        if not isinstance(cfg, Mapping):
-            continue
-        name = str(cfg.get("name", key) or key)
-        if not name:
-            continue  # gloo's placeholder {'': {'name': '', 'desc': '', 'ranks': '[]'}}: names no group
-        ranks = _ranks(cfg.get("ranks"))
-        out[name] = PGInfo(name=name, desc=str(cfg.get("desc", "") or ""), ranks=ranks)
-    return out
-
-
-def _pg_status(v: Any) -> dict[str, PGStatus]:
-    if not v:
-        return {}
-    if not isinstance(v, Mapping):
-        raise TypeError(f"pg_status is a {type(v).__name__}, not a dict")
-    out = {}
-    for key, st in v.items():
-        if isinstance(st, Mapping):
-            out[str(key)] = PGStatus(
-                _opt_int(st.get("last_enqueued_collective")),
-                _opt_int(st.get("last_started_collective")),
-                _opt_int(st.get("last_completed_collective")),
-            )
-    return out

@@ -81,6 +81,11 @@ def is_fr_file(path: str | os.PathLike[str]) -> bool:
             head = fh.read(SNIFF_BYTES)
     except OSError:
         return False
+    return is_fr_bytes(head)
+
+
+def is_fr_bytes(head: bytes) -> bool:
+    """:func:`is_fr_file` on a file's first :data:`SNIFF_BYTES` bytes."""
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return any(k in head for k in (b"version", b"entries", b"pg_config"))
     text = head.lstrip()
@@ -114,13 +119,20 @@ def _family(path: str | os.PathLike[str]) -> str:
     return f"{m.group(1) if m else stem}#{ext}"
 
 
-def load_raw(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
-    """The decoded top-level dict of an FR file and its format (``fr-pickle`` or ``fr-json``)."""
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """A file's bytes; an unreadable file is a :class:`ParseError` naming it."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            return fh.read()
     except OSError as exc:
         raise ParseError(path, f"unreadable ({exc.strerror or exc})") from None
+
+
+def load_raw(path: str | os.PathLike[str], data: bytes | None = None) -> tuple[dict[str, Any], str]:
+    """The decoded top-level dict of an FR file (its ``data`` when already read) and its format
+    (``fr-pickle`` or ``fr-json``)."""
+    if data is None:
+        data = read_bytes(path)
     if data[:1] == b"\x80":
         fmt = "fr-pickle"
         try:

@@ -31,6 +31,7 @@ def fr_to_rows(dumps: Iterable[FRDump], job: str, node_of: Mapping[int, str] | N
             "node": node,
             "source_file": d.source_file,
             "fr_version": d.version,
+            "dump_time_ns": d.dump_time_ns,
         }
         pgs = dict.fromkeys([*d.pg_config, *d.pg_status, *(e.pg_name for e in d.entries)])
         pg_meta = {}
@@ -42,7 +43,10 @@ def fr_to_rows(dumps: Iterable[FRDump], job: str, node_of: Mapping[int, str] | N
                 "pg_last_started": st.last_started if st else None,
                 "pg_last_completed": st.last_completed if st else None,
             }
-            rows.append({**base, "pg_name": name, "pg_desc": cfg.desc if cfg else None, **pg_meta[name]})
+            pg_id = st.pg_id if st and st.pg_id else None
+            rows.append(
+                {**base, "pg_name": name, "pg_id": pg_id, "pg_desc": cfg.desc if cfg else None, **pg_meta[name]}
+            )
         if not pgs:
             rows.append(dict(base))
         for e in d.entries:
@@ -81,8 +85,8 @@ def fr_to_rows(dumps: Iterable[FRDump], job: str, node_of: Mapping[int, str] | N
 def fr_from_table(table: Any) -> list[FRDump]:
     """The dumps back from rows of the ``collectives`` table (a pyarrow Table or polars DataFrame).
 
-    Rows are grouped by rank; when a rank has rows from several source files (dumps taken at
-    different times) the file with the latest entry wins. Filter by job before calling.
+    Rows are grouped by rank; when a rank has rows from several dumps (source file and dump time) the
+    latest wins (recorded dump time, else the newest entry). Filter by job before calling.
     """
     if hasattr(table, "to_arrow"):
         table = table.to_arrow()
@@ -90,17 +94,17 @@ def fr_from_table(table: Any) -> list[FRDump]:
         raise InputError(f"fr_from_table: expected a pyarrow Table or polars DataFrame, got {type(table).__name__}")
     if table.num_rows and "job" in table.column_names and len(set(table.column("job").to_pylist())) > 1:
         raise InputError("fr_from_table: rows of several jobs; filter by job first")
-    by_file: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    by_file: dict[tuple[int, str, int], list[dict[str, Any]]] = defaultdict(list)
     for row in table.to_pylist():
-        by_file[(int(row["rank"]), row.get("source_file") or "")].append(row)
-    latest: dict[int, tuple[int, str]] = {}
-    for (rank, src), rows in by_file.items():
+        by_file[(int(row["rank"]), row.get("source_file") or "", row.get("dump_time_ns") or 0)].append(row)
+    latest: dict[int, tuple[int, int, str]] = {}
+    for (rank, src, when), rows in by_file.items():
         t = max((r.get("time_created_ns") or 0 for r in rows), default=0)
-        if rank not in latest or (t, src) > latest[rank]:
-            latest[rank] = (t, src)
+        if rank not in latest or (when, t, src) > latest[rank]:
+            latest[rank] = (when, t, src)
     dumps = []
-    for rank, (_, src) in sorted(latest.items()):
-        rows = by_file[(rank, src)]
+    for rank, (when, _, src) in sorted(latest.items()):
+        rows = by_file[(rank, src, when)]
         pg_config: dict[str, PGInfo] = {}
         pg_status: dict[str, PGStatus] = {}
         entries = []
@@ -116,7 +120,10 @@ def fr_from_table(table: Any) -> list[FRDump]:
                     pg_config[name] = PGInfo(name, r.get("pg_desc") or "", ranks)
                 if any(r.get(k) is not None for k in ("pg_last_enqueued", "pg_last_started", "pg_last_completed")):
                     pg_status[name] = PGStatus(
-                        r.get("pg_last_enqueued"), r.get("pg_last_started"), r.get("pg_last_completed")
+                        r.get("pg_last_enqueued"),
+                        r.get("pg_last_started"),
+                        r.get("pg_last_completed"),
+                        r.get("pg_id") or "",
                     )
                 continue
             pname = r.get("profiling_name") or ""
@@ -160,6 +167,7 @@ def fr_from_table(table: Any) -> list[FRDump]:
                 pg_status=pg_status,
                 source_file=src,
                 source_format="store",
+                dump_time_ns=when or None,
             )
         )
     return dumps

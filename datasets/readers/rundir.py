@@ -3,17 +3,21 @@
 ``rankscope.collectors.hook`` leaves, per process, ``pid<PID>.json`` (identity: rank, node, role,
 parallel-group coordinates), ``pid<PID>.stack.txt`` (faulthandler dumps: on request, on SIGTERM,
 on fatal errors), ``pid<PID>.exit.json`` (the uncaught exception), ``pid<PID>.steps.jsonl``
-(``log_step``) and ``pid<PID>.fr.json`` (Flight Recorder). When a hung job is torn down, SIGTERM
-makes every rank write its last stack, so the run directory alone is a dump directory:
+(``log_step``) and ``pid<PID>.fr.json`` (Flight Recorder; ``pid<PID>.fr.pkl`` when torch can only
+pickle it). When a hung job is torn down, SIGTERM makes every rank write its last stack, so the run
+directory alone is a dump directory:
 
-- each process's stack is the exception that ended it, else the **last** faulthandler dump in its
-  stack file; a dump cut off as the process was stopped (no frame, or no main thread: a second
-  SIGTERM while faulthandler wrote), an empty stack file or a stale requested dump is no evidence
-  (status ``cut``), unless a dump the agent requested after the rank's last logged step can stand in
-  (only for ranks that log steps: without them an older dump may be stale);
+- each process's stack at the stop is the exception that ended it, else the **last** faulthandler
+  dump in its stack file; a dump cut off as the process was stopped (no frame, or no main thread: a
+  second SIGTERM while faulthandler wrote), an empty stack file or a stale requested dump is no
+  evidence (status ``cut``), unless a dump the agent requested after the rank's last logged step can
+  stand in (only for ranks that log steps: without them an older dump may be stale);
+- the dumps the agent requested earlier (each after a ``# rankscope: stack requested at <time>``
+  line) are rounds before the stop (:func:`stack_rounds`): progress between them, and a fail-slow vote;
 - ranks, nodes and roles come from the identities (the newest process per rank and role when a
   directory was reused across restarts), and the topology from their coordinates;
-- step records become per-rank ``timings`` (op ``step``) for the fail-slow analysis.
+- step records become per-rank ``timings`` (op ``step``): with the request times and the stack files'
+  modification times they tell a stop while progressing from a hang.
 
 The functions here classify and parse; :mod:`.dumpdir` calls them while it walks a directory.
 """
@@ -178,14 +182,14 @@ def last_faulthandler_dump(
             f"its newest stack dump (requested at {t:.3f}) is older than its last step "
             "or its start, and nothing was written as it stopped: no evidence either way",
         )
-    newest = _usable(chunks[-1], pid, source, main_thread_id)
+    newest = usable(chunks[-1], pid, source, main_thread_id)
     if newest.status != "cut":
         return newest
     for chunk in reversed(chunks[:-1]):
         t = requested_at(chunk)
         if t is None or last() is None or stale(t):  # without steps, an older dump may be stale
             break
-        older = _usable(chunk, pid, source, main_thread_id)
+        older = usable(chunk, pid, source, main_thread_id)
         if older.status != "cut":
             return replace(
                 older,
@@ -195,12 +199,12 @@ def last_faulthandler_dump(
     return newest
 
 
-def _usable(chunk: str, pid: int, source: str, main_thread_id: int | None) -> ProcessDump:
+def usable(chunk: str, pid: int, source: str, main_thread_id: int | None) -> ProcessDump:
     """The dump in ``chunk``, or a ``cut`` dump saying why there is none (no frame, no main thread)."""
     dumps = parse_traceback_text(chunk, source_file=source, main_thread_id=main_thread_id)
-    usable = [d for d in dumps if d.status not in ("failed", "cut")]
-    if usable:
-        return replace(usable[-1], pid=pid, source_file=source)
+    good = [d for d in dumps if d.status not in ("failed", "cut")]
+    if good:
+        return replace(good[-1], pid=pid, source_file=source)
     cut = [d for d in dumps if d.status == "cut"]
     return (
         replace(cut[-1], pid=pid, source_file=source)
@@ -278,6 +282,10 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int, notes: list
     """The processes of a run directory with their rank, node, role and stack (newest per rank and role)."""
     newest: dict[tuple[int, str, int], RunDirProcess] = {}
     no_identity, no_rank, silent_children, identities = [], 0, 0, 0
+    for proc in procs.values():  # torch without _dump_fr_trace_json: the hook pickled its Flight Recorder dump
+        if rf.FR_PICKLE in proc.files and rf.FR not in proc.files:
+            proc.files[rf.FR] = proc.files.pop(rf.FR_PICKLE)
+            proc.rel[rf.FR] = proc.rel.pop(rf.FR_PICKLE)
     for pid, proc in sorted(procs.items()):
         ident = identity(proc.files[rf.IDENTITY]) if rf.IDENTITY in proc.files else None
         if ident is None:

@@ -203,10 +203,30 @@ COLLECTIVES = TableSpec(
             pa.field("pg_last_enqueued", pa.int64()),  # this rank's pg_status for the group
             pa.field("pg_last_started", pa.int64()),
             pa.field("pg_last_completed", pa.int64()),
+            pa.field("dump_time_ns", pa.int64()),  # when the dump was taken, where a collector recorded it
         ]
     ),
     doc="One row per Flight Recorder entry of one rank, plus one metadata row (record_id null) per process "
-    "group of the rank with its pg_config members and pg_status.",
+    "group of the rank with its pg_config members and pg_status (pg_id: its pg_status key).",
+)
+
+FR_DUMPS = TableSpec(
+    "fr_dumps",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("capture_time", TIME, nullable=False),  # when the agent asked for the dump
+            pa.field("rank", pa.int32(), nullable=False),
+            pa.field("node", pa.string()),
+            pa.field("pid", pa.int64()),
+            pa.field("path", pa.string(), nullable=False),  # the raw dump, relative to the store root
+            pa.field("format", pa.string()),  # fr-json | fr-pickle
+            pa.field("size_bytes", pa.int64()),
+            pa.field("sha256", pa.string()),
+        ]
+    ),
+    doc="Index of raw Flight Recorder dumps the agent keeps per capture (the hook's bytes, unparsed, under "
+    "artifacts/fr/); diagnose reads the latest capture through the Flight Recorder reader.",
 )
 
 PROCESSES = TableSpec(
@@ -265,7 +285,7 @@ EVENTS = TableSpec(
             pa.field("message", pa.string()),
             pa.field("labels", pa.string()),
             pa.field("pid", pa.int64()),
-            pa.field("action", pa.string()),  # evict | tolerate | stop-time-check | capture | none
+            pa.field("action", pa.string()),  # evict | drain | tolerate | stop-time-check | capture | none
         ]
     ),
     doc="Health events, each with a severity the recovery policy acts on (see collectors/events.py).",
@@ -290,9 +310,46 @@ TIMINGS = TableSpec(
     doc="Per-rank, per-step operation timings (Megatron timers, log_step, per-op traces).",
 )
 
+ACTIONS = TableSpec(
+    "actions",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("incident", pa.string(), nullable=False),  # the plan's idempotency key, inc-<16 hex>
+            pa.field("ts", TIME, nullable=False),
+            pa.field("who", pa.string()),  # user@host pid N
+            # evict | restart | rollback | stop | tolerate | collect | skip
+            pa.field("what", pa.string(), nullable=False),
+            pa.field("nodes", pa.list_(pa.string())),
+            pa.field("why", pa.string()),
+            pa.field("outcome", pa.string(), nullable=False),  # dry-run | ok | failed | skipped
+            pa.field("backend", pa.string()),  # local | slurm | k8s
+            pa.field("dry_run", pa.bool_(), nullable=False),
+            pa.field("rule", pa.string()),  # the ladder rule that decided
+            pa.field("commands", pa.list_(pa.string())),  # the exact commands / API calls
+            pa.field("detail", pa.string()),
+            pa.field("suspect_nodes", pa.list_(pa.string())),
+        ]
+    ),
+    doc="The recovery executor's append-only audit trail: who did what, when, why, and what came of it.",
+)
+
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
-    for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, PROCESSES, METRICS, EVENTS, TIMINGS, INGESTS, BATCH_RUNS)
+    for spec in (
+        STACKS,
+        TOPOLOGY,
+        VERDICTS,
+        COLLECTIVES,
+        FR_DUMPS,
+        PROCESSES,
+        METRICS,
+        EVENTS,
+        TIMINGS,
+        INGESTS,
+        ACTIONS,
+        BATCH_RUNS,
+    )
 }
 
 

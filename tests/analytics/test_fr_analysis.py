@@ -5,33 +5,129 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from rankscope.analytics import collectives
-from rankscope.datasets.domain.flight_recorder import FRDump, PGInfo
+from rankscope.datasets.domain.flight_recorder import FRDump, FREntry, PGInfo
 from rankscope.datasets.domain.topology import Layout, Topology
-from rankscope.datasets.readers.flight_recorder import read_fr_dir
+from rankscope.datasets.readers.flight_recorder import parse_dump, read_fr_dir, split_profiling_name
 from rankscope.harness.synthetic_fr import generate_fr
 from rankscope.spine import InputError
 
 LAYOUTS = ("tp=2,pp=4,dp=8", "tp=4,pp=2,dp=8", "tp=8,dp=8", "pp=4,dp=16")
 
 
-def test_real_gloo_probe_names_rank_3(probe_dir: Path) -> None:
-    """torchfrtrace crashes on these dumps (gloo leaves pg_config empty); rankscope names rank 3."""
+HUNG = 30.0
+"""Seconds between a synthetic job's last activity and its dumps' recorded capture time: overdue."""
+
+
+def test_real_gloo_probe_without_a_clock_is_inconclusive_and_names_nobody(probe_dir: Path) -> None:
+    """The probe's dumps (``_dump_fr_trace*`` called 2 s into the hang) carry no capture time, and nothing inside
+    them is newer than the stuck all_reduce: no time evidence, so no hang and no machine named; the
+    wavefront is reported as where to look if the job is known to be stuck."""
     for dumps in (read_fr_dir(probe_dir / "fr"), read_fr_dir(probe_dir / "fr", prefix="fr_hang_rank")):
         a = collectives.facts(dumps)
-        assert a.status == "hang" and a.culprit_ranks == (3,) and a.missing_ranks == (3,)
-        assert a.stopped_pg == "0" and a.stopped_kind == "world"
+        assert a.status == "inconclusive" and a.culprit_ranks == () and a.missing_ranks == ()
+        assert a.if_stuck_ranks == (3,) and a.time_evidence["clock"] == "lower-bound"
         assert a.stalls[0].seq == 6 and a.stalls[0].waiting_ranks == (0, 1, 2)
         assert a.stalls[0].progress[3] == (5, 5, 5) and a.stalls[0].progress[0][::2] == (6, 5)  # enqueued, completed
-        assert a.evidence[0].source == "flight_recorder" and a.evidence[0].ranks == (3,)
     topo = Topology.from_layout(Layout.parse("dp=4"), gpus_per_node=1)
     v = collectives.verdict(collectives.facts(read_fr_dir(probe_dir / "fr"), topo), topo, job="probe")
+    assert v.verdict == "inconclusive" and v.suspect_nodes == () and v.culprit_nodes == () and v.suspect_ranks == ()
+    assert "If the job is known to be stuck, look at rank(s) 3 (node-3)" in v.explain()
+
+
+def test_real_gloo_hang_dumped_by_the_hook_names_rank_3(fr_gloo: Path) -> None:
+    """The probe's job re-captured through the hook, 8 s into the hang: the dump time makes the stuck all_reduce
+    overdue (its group's ops take milliseconds; the floor is 5 s), so it is a hang and rank 3 the culprit."""
+    a = collectives.facts(read_fr_dir(fr_gloo / "hang"))
+    assert a.status == "hang" and a.culprit_ranks == (3,) and a.missing_ranks == (3,)
+    assert a.stopped_pg == "0" and a.stopped_kind == "world"
+    assert a.time_evidence["clock"] == "explicit" and a.time_evidence["overdue"] == 3
+    assert 7.5 < a.time_evidence["oldest_wait_seconds"] < 12
+    assert a.evidence[0].source == "flight_recorder" and a.evidence[0].ranks == (3,)
+    topo = Topology.from_layout(Layout.parse("dp=4"), gpus_per_node=1)
+    v = collectives.verdict(collectives.facts(read_fr_dir(fr_gloo / "hang"), topo), topo, job="probe")
     assert v.verdict == "hang" and v.culprit_nodes == ("node-3",) and v.suspect_nodes == ("node-3",)
-    assert v.sources == ("flight_recorder",) and "rank(s) 3 never enqueued" in v.explain()
+    assert v.sources == ("flight_recorder",) and "rank(s) 3 never enqueued it" in v.explain()
+    assert "Time evidence: rank 0 has waited" in v.explain()
+
+
+def test_real_gloo_jobs_captured_while_healthy_name_nobody(fr_gloo: Path) -> None:
+    """Real 4-rank gloo jobs dumped mid-run: with the recorded dump time the in-flight all_reduce is 0.1 s old
+    against a 0.2 s cadence (healthy); without it nothing is named; a capture between steps is healthy too."""
+    a = collectives.facts(read_fr_dir(fr_gloo / "healthy_inflight"))
+    assert a.status == "healthy" and a.culprit_ranks == () and a.time_evidence["young"] == 2
+    blind = [replace(d, dump_time_ns=None) for d in read_fr_dir(fr_gloo / "healthy_inflight")]
+    b = collectives.facts(blind)
+    assert b.status == "inconclusive" and b.culprit_ranks == () and b.missing_ranks == ()
+    c = collectives.facts(read_fr_dir(fr_gloo / "healthy"))
+    assert c.status == "healthy" and c.stalls == ()  # pg 1 is [0, 1] only: ranks 2-3 are not "behind" in it
+
+
+MP8 = Topology.from_layout(Layout.parse("tp=2,pp=2,dp=2"), gpus_per_node=2)
+
+
+def test_real_8_rank_gloo_hang_with_pg_ids_unlike_names(fr_gloo: Path) -> None:
+    """A real TP=2/PP=2/DP=2 gloo job, rank 5 spinning in compute, dumped 11 s in (the capture driver's time).
+    pg_status is keyed by pg_id (1, 2) while every TP/DP group has its own name: translated, not mixed up.
+    gloo records no send/recv: ranks 1 and 3, blocked sending to stage 1, went quiet after their
+    neighbours were stuck and are not culprits."""
+    dumps = read_fr_dir(fr_gloo / "mp8_hang")
+    assert {d.pg_status["2" if d.rank in (2, 3) else "1"].pg_id for d in dumps if d.rank < 4} == {"1"}
+    a = collectives.facts(dumps, MP8)
+    assert a.status == "hang" and a.culprit_ranks == (5,) and a.stopped_kind == "tp"
+    v = collectives.verdict(a, MP8)
+    assert v.suspect_nodes == ("node-2",) and v.culprit_nodes == ("node-2",)
+    assert any("rank 1 went quiet" in r for r in a.reasons)
+    blind = collectives.facts([replace(d, dump_time_ns=None) for d in dumps], MP8)
+    assert blind.status == "inconclusive" and blind.culprit_ranks == () and 5 in blind.if_stuck_ranks
+
+
+def test_real_ddp_job_stuck_in_its_dataloader(fr_gloo: Path) -> None:
+    """A real 4-rank DDP gloo job whose rank 2 is stuck in a DataLoader read, dumped 157 s in."""
+    a = collectives.facts(read_fr_dir(fr_gloo / "ddp4_iostall"))
+    assert a.status == "hang" and a.culprit_ranks == (2,) and a.time_evidence["oldest_wait_seconds"] > 150
+
+
+def test_two_real_captures_of_a_running_job(fr_gloo: Path) -> None:
+    """Two dumps of a healthy 8-rank job 3.7 s apart: every waiting rank advanced in between (healthy even
+    without capture times); with them, every wait is young."""
+    caps = [replace(d, capture=i) for i in (0, 1) for d in read_fr_dir(fr_gloo / "mp8_healthy" / f"snapshot-{i}")]
+    a = collectives.facts(caps, MP8)
+    assert a.status == "healthy" and a.progress["n_advanced"] == 8
+    blind = collectives.facts([replace(d, dump_time_ns=None) for d in caps], MP8)
+    assert blind.status == "healthy" and any("every waiting rank advanced" in r for r in blind.reasons)
+    alone = collectives.facts([replace(d, dump_time_ns=None) for d in caps if d.capture == 1], MP8)
+    assert alone.status == "inconclusive" and alone.culprit_ranks == ()
+
+
+def test_the_same_capture_twice_is_no_progress_and_no_hang(fr_gloo: Path) -> None:
+    """Two copies of one dump: nothing advanced, but their interval is unknown: no hang."""
+    one = [replace(d, dump_time_ns=None) for d in read_fr_dir(fr_gloo / "mp8_healthy" / "snapshot-1")]
+    a = collectives.facts([replace(d, capture=c) for c in (0, 1) for d in one], MP8)
+    assert a.status == "inconclusive" and a.progress["n_advanced"] == 0 and a.culprit_ranks == ()
+
+
+def test_pg_ids_renumbered_give_the_same_verdict(fr_gloo: Path) -> None:
+    """PyTorch keys pg_status by pg_id; a dump whose pg_ids differ from its pg names reads the same."""
+    import json
+
+    renamed = []
+    for path in sorted((fr_gloo / "hang").iterdir()):
+        raw = json.loads(path.read_text())
+        ids = {"0": 7, "1": 9}
+        for e in raw["entries"]:
+            e["pg_id"] = ids[str(e["pg_id"])]
+        raw["pg_status"] = {str(ids[k]): v for k, v in raw["pg_status"].items()}
+        renamed.append(parse_dump(raw, path=str(path)))
+    a, b = collectives.facts(read_fr_dir(fr_gloo / "hang")), collectives.facts(renamed)
+    assert (a.status, a.culprit_ranks, a.missing_ranks) == (b.status, b.culprit_ranks, b.missing_ranks)
+    assert b.stalls[0].progress == a.stalls[0].progress
+    assert renamed[0].pg_status["0"].pg_id == "7"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -40,7 +136,7 @@ def test_real_gloo_probe_names_rank_3(probe_dir: Path) -> None:
 def test_injected_hang_culprits_are_named_and_only_them(layout: str, fault: str, seed: int) -> None:
     if fault == "p2p_behind" and "pp" not in layout:
         pytest.skip("no pipeline")
-    syn = generate_fr(layout, fault=fault, seed=seed, n_culprits=1 + seed)
+    syn = generate_fr(layout, fault=fault, seed=seed, n_culprits=1 + seed, dumped_after_s=HUNG)
     a = collectives.facts(syn.dumps(), syn.topology)
     assert a.status == "hang"
     assert a.culprit_ranks == syn.truth.culprit_ranks
@@ -53,7 +149,7 @@ def test_injected_hang_culprits_are_named_and_only_them(layout: str, fault: str,
 
 
 def test_wavefront_prefers_the_model_parallel_group() -> None:
-    syn = generate_fr("tp=2,pp=4,dp=8", fault="missing", seed=0, at="tp")
+    syn = generate_fr("tp=2,pp=4,dp=8", fault="missing", seed=0, at="tp", dumped_after_s=HUNG)
     assert syn.truth.pg_kind == "tp"
     a = collectives.facts(syn.dumps(), syn.topology)
     assert a.stopped_kind == "tp" and a.stopped_pg == syn.truth.pg_name
@@ -99,19 +195,20 @@ def test_slow_rank_from_durations() -> None:
 
 @pytest.mark.parametrize("fault", ["missing", "p2p_behind", "size_mismatch"])
 def test_wrapped_ring_buffers(fault: str) -> None:
-    syn = generate_fr("tp=2,pp=4,dp=8", fault=fault, seed=2, buffer_entries=5)
+    syn = generate_fr("tp=2,pp=4,dp=8", fault=fault, seed=2, buffer_entries=5, dumped_after_s=HUNG)
     a = collectives.facts(syn.dumps(), syn.topology)
     got = a.mismatch_ranks if fault.endswith("mismatch") else a.culprit_ranks
     assert got == syn.truth.culprit_ranks
 
 
 def test_missing_dumps_of_bystanders_and_of_the_culprit() -> None:
-    syn = generate_fr("tp=2,pp=4,dp=8", fault="missing", seed=4)
+    syn = generate_fr("tp=2,pp=4,dp=8", fault="missing", seed=4, dumped_after_s=HUNG)
     culprit = syn.truth.culprit_ranks[0]
     dumps = syn.dumps()
     bystanders = [d for d in dumps if d.rank % 5 != 0 or d.rank == culprit]
     a = collectives.facts(bystanders, syn.topology)
-    assert a.culprit_ranks == (culprit,)
+    assert culprit in a.culprit_ranks  # a bystander with no dump that others wait for is a suspect too
+    assert set(a.culprit_ranks) - {culprit} <= set(a.no_dump_ranks)
     dead = [d for d in dumps if d.rank != culprit]  # the culprit's process died: no dump
     a = collectives.facts(dead, syn.topology)
     assert a.culprit_ranks == (culprit,) and culprit in a.no_dump_ranks
@@ -126,7 +223,7 @@ def _as_gloo(dumps: list[FRDump]) -> list[FRDump]:
 
 
 def test_membership_without_pg_config_from_topology_or_memberships() -> None:
-    syn = generate_fr("tp=4,pp=2,dp=4", fault="missing", seed=5)
+    syn = generate_fr("tp=4,pp=2,dp=4", fault="missing", seed=5, dumped_after_s=HUNG)
     gloo = _as_gloo(syn.dumps())
     a = collectives.facts(gloo, syn.topology)
     assert a.culprit_ranks == syn.truth.culprit_ranks
@@ -165,7 +262,7 @@ def test_bad_input() -> None:
 def test_result_is_frozen_and_serializable() -> None:
     import json
 
-    a = collectives.facts(generate_fr("tp=2,dp=4", fault="missing").dumps())
+    a = collectives.facts(generate_fr("tp=2,dp=4", fault="missing", dumped_after_s=HUNG).dumps())
     json.dumps(a.to_dict())
     assert a.explain().startswith("Flight Recorder: HANG")
     with pytest.raises(AttributeError):
@@ -194,7 +291,7 @@ def test_agrees_with_torchfrtrace_where_it_names_a_culprit(tmp_path: Path) -> No
     pytest.importorskip("torch")
     cases = [("missing", 0), ("size_mismatch", 1), ("clean", 0)]
     for fault, seed in cases:
-        syn = generate_fr("tp=2,dp=4", fault=fault, seed=seed)
+        syn = generate_fr("tp=2,dp=4", fault=fault, seed=seed, dumped_after_s=HUNG)
         d = tmp_path / fault
         syn.write(d)
         rc, missing, culprits, text = _torchfrtrace(d)
@@ -213,7 +310,7 @@ def test_a_member_that_never_used_the_group_is_missing_from_it() -> None:
     """NCCL records a group in pg_config/pg_status only once the rank used it: absence = never reached."""
     from dataclasses import replace
 
-    syn = generate_fr("tp=4,dp=2", fault="missing", steps=1, at="tp", seed=1)
+    syn = generate_fr("tp=4,dp=2", fault="missing", steps=1, at="tp", seed=1, dumped_after_s=HUNG)
     culprit = syn.truth.culprit_ranks[0]
     dumps = []
     for d in syn.dumps():
@@ -228,3 +325,110 @@ def test_a_member_that_never_used_the_group_is_missing_from_it() -> None:
         dumps.append(d)
     a = collectives.facts(dumps, syn.topology)
     assert a.culprit_ranks == (culprit,) and a.stopped_kind == "tp"
+
+
+def _e(record_id: int, pg: str, op: str, state: str, t_s: float, seq: int = 0, p2p: str = "") -> FREntry:
+    """An NCCL entry with timing (started states recorded); ``p2p`` is ``"0->1"`` / ``"1<-0"`` for send/recv."""
+    name = f"nccl:{op} {p2p}" if p2p else f"nccl:{op}"
+    _, base, src, dst = split_profiling_name(name)
+    t = int(1_796_000_000e9 + t_s * 1e9)
+    done = state == "completed"
+    return FREntry(
+        record_id,
+        pg,
+        pg,
+        "",
+        seq,
+        1 if p2p else 0,
+        record_id,
+        name,
+        "nccl",
+        base,
+        bool(p2p),
+        src,
+        dst,
+        state,
+        done,
+        t,
+        t + 1000 if state != "scheduled" else None,
+        t + 2_000_000 if done else None,
+        1.0 if done else None,
+        600_000,
+        ((4,),),
+        ("Float",),
+        ((4,),),
+        ("Float",),
+    )
+
+
+def test_a_peer_behind_its_own_started_collective_is_followed_to_the_rank_without_a_dump() -> None:
+    """Stream order (the dev missing-dump case in miniature): rank 2's send to rank 0 is started; rank 0 has
+    *posted* the matching recv, but it is scheduled behind its started TP all_reduce, which waits for rank 1,
+    whose dump is missing. The send waits for rank 0 (recv not started), rank 0 for rank 1: rank 1 is the
+    culprit, not rank 2 or rank 0."""
+    tp = PGInfo("tp", "TENSOR_MODEL_PARALLEL_GROUP", (0, 1))
+    pp = PGInfo("pp", "PIPELINE_MODEL_PARALLEL_GROUP", (0, 2))
+    when = int(1_796_000_000e9 + 100 * 1e9)  # dumped 100 s after the stall: overdue
+    history = [_e(i, "tp", "all_reduce", "completed", i * 0.01, seq=i + 1) for i in range(20)]
+    r0 = FRDump(
+        0,
+        (
+            *history,
+            _e(20, "tp", "all_reduce", "started", 0.3, seq=21),
+            _e(21, "pp", "recv", "scheduled", 0.31, p2p="0<-1"),
+        ),
+        pg_config={"tp": tp, "pp": pp},
+        dump_time_ns=when,
+    )
+    r2 = FRDump(2, (_e(0, "pp", "send", "started", 0.29, p2p="1->0"),), pg_config={"pp": pp}, dump_time_ns=when)
+    a = collectives.facts([r0, r2], Topology.from_layout(Layout.parse("dp=3"), gpus_per_node=1))
+    assert a.status == "hang" and a.culprit_ranks == (1,) and a.no_dump_ranks == (1,)
+    assert a.waits[2] == (0,) and a.waits[0] == (1,)
+    assert any("rank 1 left no Flight Recorder dump" in e.detail for e in a.evidence)
+    assert not any("never enqueued" in r for r in a.reasons)  # it has no dump: nobody knows what it enqueued
+
+
+def test_fail_slow_needs_a_persistent_and_costly_late_arrival() -> None:
+    """Kernel durations of one TP group of 4 over 24 collectives (created 20 ms apart): in a healthy job the
+    last member is a different rank each time; rank 0 arrives last every time but costs its peers 2 ms a
+    collective (logging: 10% of the group's time); rank 3, a throttled GPU, makes them wait 12 ms (60%)."""
+    from rankscope.analytics.collectives.groups import GroupInfo
+    from rankscope.analytics.collectives.slow import lateness, slow_ranks
+
+    groups = {"tp": GroupInfo("tp", "tp", "TENSOR", (0, 1, 2, 3), "pg_config", "tp", 0)}
+
+    def run(late_rank: int | None, wait_ms: float) -> tuple[tuple[int, ...], dict[int, float]]:
+        durations, created = {}, {}
+        for seq in range(24):
+            last = late_rank if late_rank is not None else seq % 4
+            durations[("tp", seq)] = [(r, 1.0 if r == last else 1.0 + wait_ms) for r in range(4)]
+            created[("tp", seq)] = [int(1e18 + seq * 20e6)] * 4
+        lates = lateness(durations, created, groups, 0.5)
+        return slow_ranks(lates, groups, 0.3)
+
+    assert run(None, 12.0)[0] == ()  # everyone is last now and then: arrival order is noise
+    slow, scores = run(0, 2.0)
+    assert slow == () and 0.05 < scores[0] < 0.3  # last every time, but cheap: not a fault
+    slow, scores = run(3, 12.0)
+    assert slow == (3,) and scores[3] > 0.5
+
+
+def test_snapshot_folders_of_a_dump_directory_are_captures(fr_gloo: Path, tmp_path: Path) -> None:
+    """``snapshot-0/``, ``snapshot-1/`` FR dumps of a dump directory: the latest is diagnosed, the one before
+    tells whether the job moved (here it did: healthy, even with the capture times stripped)."""
+    import json
+    import shutil
+
+    from rankscope.analytics import diagnose
+    from rankscope.datasets.loading.inputs import load_inputs
+
+    shutil.copytree(fr_gloo / "mp8_healthy", tmp_path / "d")
+    for p in (tmp_path / "d").rglob("*.json"):
+        raw = json.loads(p.read_text())
+        raw.pop("rankscope_dump_time_ns")
+        p.write_text(json.dumps(raw))
+    inputs = load_inputs(tmp_path / "d", layout="tp=2,pp=2,dp=2", gpus_per_node=2)
+    assert sorted({d.capture for d in inputs.fr_dumps}) == [0, 1] and len(inputs.fr_dumps) == 16
+    v = diagnose(inputs, sources=("flight_recorder",))
+    assert v.verdict == "healthy" and v.suspect_nodes == ()
+    assert any("every waiting rank advanced" in r for r in v.reasons)

@@ -33,13 +33,14 @@ def _stacks(
     )
 
 
-def _probe_fr(probe_dir: Path) -> Verdict:
+def _probe_fr(fr_gloo: Path) -> Verdict:
+    """The probe's job re-captured through the hook (its dumps carry their capture time): a hang, rank 3."""
     topo = Topology.from_layout(Layout.parse("dp=4"), gpus_per_node=1)
-    return collectives.verdict(collectives.facts(read_fr_dir(probe_dir / "fr"), topo), topo, job="probe")
+    return collectives.verdict(collectives.facts(read_fr_dir(fr_gloo / "hang"), topo), topo, job="probe")
 
 
-def test_agreement_raises_confidence_and_records_support(probe_dir: Path) -> None:
-    fr = _probe_fr(probe_dir)
+def test_agreement_raises_confidence_and_records_support(fr_gloo: Path) -> None:
+    fr = _probe_fr(fr_gloo)
     st = _stacks(suspects=("node-3",), culprits=("node-3",), ranks=(3,))
     v = fuse(st, fr)
     assert v.verdict == "hang" and v.culprit_nodes == ("node-3",) and v.culprit_ranks == (3,)
@@ -51,8 +52,8 @@ def test_agreement_raises_confidence_and_records_support(probe_dir: Path) -> Non
     assert "agree" in v.reasons[0]
 
 
-def test_disagreement_is_stated_and_both_kept(probe_dir: Path) -> None:
-    fr = _probe_fr(probe_dir)
+def test_disagreement_is_stated_and_both_kept(fr_gloo: Path) -> None:
+    fr = _probe_fr(fr_gloo)
     st = _stacks(suspects=("node-1", "node-2"), culprits=("node-2",), ranks=(2,))
     v = fuse(st, fr)
     assert v.verdict == "hang"
@@ -63,8 +64,8 @@ def test_disagreement_is_stated_and_both_kept(probe_dir: Path) -> None:
     assert any(r.startswith("Disagreement:") for r in v.reasons)
 
 
-def test_single_source_passes_through(probe_dir: Path) -> None:
-    fr = _probe_fr(probe_dir)
+def test_single_source_passes_through(fr_gloo: Path) -> None:
+    fr = _probe_fr(fr_gloo)
     v = fuse(None, fr)
     assert (v.verdict, v.culprit_nodes, v.confidence) == (fr.verdict, fr.culprit_nodes, fr.confidence)
     assert v.details["support"] == {"node-3": ["flight_recorder"]}
@@ -83,8 +84,8 @@ def test_fr_mismatch_leads_and_evicts_nothing() -> None:
     assert any("code/config fault" in d for d in v.details["disagreements"])
 
 
-def test_healthy_stacks_and_hung_fr_keep_the_hang_with_less_confidence(probe_dir: Path) -> None:
-    fr = _probe_fr(probe_dir)
+def test_healthy_stacks_and_hung_fr_keep_the_hang_with_less_confidence(fr_gloo: Path) -> None:
+    fr = _probe_fr(fr_gloo)
     v = fuse(_stacks("healthy", confidence=0.8), fr)
     assert v.verdict == "hang" and v.culprit_nodes == ("node-3",) and v.confidence < fr.confidence
     assert "stacks say healthy, the Flight Recorder says hang" in v.details["disagreements"]
@@ -96,7 +97,7 @@ def test_healthy_stacks_and_hung_fr_keep_the_hang_with_less_confidence(probe_dir
 
 
 def test_synthetic_hang_both_sources_agree() -> None:
-    syn = generate_fr("tp=2,pp=4,dp=8", fault="missing", seed=0, at="tp")
+    syn = generate_fr("tp=2,pp=4,dp=8", fault="missing", seed=0, at="tp", dumped_after_s=30)
     fr = collectives.verdict(collectives.facts(syn.dumps(), syn.topology), syn.topology, job="j")
     culprit = syn.truth.culprit_ranks[0]
     group = syn.topology.group_of("tp", culprit)
@@ -123,3 +124,12 @@ def test_one_severity_order_for_fusion_and_combination() -> None:
     assert combine([hang, mismatch]).verdict == "mismatch"  # definite evidence of a code fault leads
     assert combine([mismatch, Verdict("crash", confidence=0.9, sources=("events",))]).verdict == "crash"
     assert fuse(hang, mismatch).verdict == "mismatch" and fuse(hang, mismatch).suspect_nodes == ()
+
+
+def test_probe_fr_without_a_clock_leaves_the_stacks_to_lead(probe_dir: Path) -> None:
+    """The probe's own FR dumps carry no capture time: inconclusive, naming nobody; its stacks still lead."""
+    topo = Topology.from_layout(Layout.parse("dp=4"), gpus_per_node=1)
+    fr = collectives.verdict(collectives.facts(read_fr_dir(probe_dir / "fr"), topo), topo, job="probe")
+    assert fr.verdict == "inconclusive" and fr.suspect_nodes == () and fr.culprit_nodes == ()
+    v = fuse(_stacks(suspects=("node-3",), culprits=("node-3",), ranks=(3,)), fr)
+    assert v.verdict == "hang" and v.culprit_nodes == ("node-3",) and v.suspect_nodes == ("node-3",)

@@ -69,14 +69,19 @@ def test_every_fault_kind_is_localized(layout, gpn, fault, seed):
     assert v.reasons and v.evidence
 
 
-def test_hang_at_512_ranks_isolates_one_pipeline_and_names_the_node():
+def test_hang_at_512_ranks_isolates_the_culprit_node_and_names_its_victims():
+    # the culprit computes while its TP peers and its replica's other stages wait for it: they are its
+    # victims (named in the evidence), not suspects; the fault domain is the culprit's own node
     job = generate_job("tp=8,pp=4,dp=16", gpus_per_node=8, fault="compute-hang", seed=3)
     v = _verdict(job)
     assert v.verdict == "hang"
-    assert v.suspect_group.kind == "mp" and len(v.suspect_nodes) == 4
+    assert v.suspect_group.kind == "node" and v.suspect_nodes == job.truth.culprit_nodes
     assert v.culprit_nodes == job.truth.culprit_nodes
     assert v.culprit_ranks == (job.truth.fault_rank,)
     assert any("not waiting" in r for r in v.reasons)
+    victims = {r for e in v.evidence if e.kind == "victim" for r in e.ranks}
+    replica = set(job.topology.group_of("mp", job.truth.fault_rank).ranks)
+    assert victims and victims <= replica and job.truth.fault_rank not in victims
     tree = v.details["prefix_tree"]
     assert any(line["diverges"] for line in tree)
 

@@ -103,7 +103,8 @@ def test_corrupt_store_file_is_named(tmp_path, probe_dir):
     _bad(_run("diagnose", st), part.name, "corrupt or truncated")
 
 
-def test_failed_py_spy_dump_is_a_suspect_not_a_crash(tmp_path, probe_dir):
+def test_failed_py_spy_dump_is_a_collection_problem_never_a_suspect(tmp_path, probe_dir):
+    # py-spy's own failure says nothing about the process: it is reported with what to do, and evicts nothing
     d = tmp_path / "d"
     d.mkdir()
     for r in range(3):
@@ -112,8 +113,10 @@ def test_failed_py_spy_dump_is_a_suspect_not_a_crash(tmp_path, probe_dir):
     res = _run("diagnose", d, "--gpus-per-node", "1", "--format", "json")
     assert res.exit_code == 0, res.output
     v = json.loads(res.stdout)
-    assert v["culprit_nodes"] == ["node-3"]
-    assert any(e["kind"] == "failed-dump" for e in v["evidence"])
+    assert v["verdict"] == "inconclusive" and v["suspect_nodes"] == [] and v["culprit_nodes"] == []
+    assert any(e["kind"] == "capture-failed" and e["ranks"] == [3] for e in v["evidence"])
+    assert any("rank 3: py-spy failed: Error: Failed to suspend process" in r for r in v["reasons"]), v["reasons"]
+    assert v["details"]["collection_problems"][0]["rank"] == 3
 
 
 def test_demo_is_correct():
@@ -173,5 +176,6 @@ def test_stacks_and_flight_recorder_in_one_directory_are_fused(tmp_path, probe_d
     assert res.exit_code == 0, res.output
     v = json.loads(res.stdout)
     assert v["sources"] == ["stacks", "flight_recorder"]
-    assert v["culprit_nodes"] == ["node-3"]
-    assert v["details"]["support"]["node-3"] == ["stacks", "flight_recorder"]
+    assert v["verdict"] == "hang" and v["culprit_nodes"] == ["node-3"]
+    # the probe's FR dumps carry no capture time: no time evidence, so the FR names nobody and the stacks lead
+    assert v["details"]["fr_verdict"] == "inconclusive" and v["details"]["support"]["node-3"] == ["stacks"]

@@ -182,9 +182,10 @@ def test_trigger_with_a_live_agent_writes_the_request(tmp_path: Path) -> None:
 
 
 # -- fr -------------------------------------------------------------------------------------------------------
-def test_fr_speaks_the_verdict_format_of_diagnose(probe_dir: Path) -> None:
-    fr = _run("fr", probe_dir / "fr", "--gpus-per-node", "1")
-    dg = _run("diagnose", probe_dir / "fr", "--gpus-per-node", "1")
+def test_fr_speaks_the_verdict_format_of_diagnose(fr_gloo: Path) -> None:
+    # the probe's job re-captured through the hook: its dumps carry their capture time, so the FR names rank 3
+    fr = _run("fr", fr_gloo / "hang", "--gpus-per-node", "1")
+    dg = _run("diagnose", fr_gloo / "hang", "--gpus-per-node", "1")
     assert fr.exit_code == 0 and dg.exit_code == 0, (fr.output, dg.output)
     head = [ln.split(":")[0] for ln in fr.stdout.splitlines()[:4]]
     assert (
@@ -197,8 +198,8 @@ def test_fr_speaks_the_verdict_format_of_diagnose(probe_dir: Path) -> None:
             "suspect ranks",
         ]
     )
-    fj = json.loads(_run("fr", probe_dir / "fr", "--gpus-per-node", "1", "--format", "json").stdout)
-    dj = json.loads(_run("diagnose", probe_dir / "fr", "--gpus-per-node", "1", "--format", "json").stdout)
+    fj = json.loads(_run("fr", fr_gloo / "hang", "--gpus-per-node", "1", "--format", "json").stdout)
+    dj = json.loads(_run("diagnose", fr_gloo / "hang", "--gpus-per-node", "1", "--format", "json").stdout)
     assert set(fj) == set(dj) and fj["culprit_nodes"] == dj["culprit_nodes"] == ["node-3"]
 
 
@@ -214,7 +215,8 @@ def test_fr_selection_options_like_torchfrtrace(probe_dir: Path) -> None:
     js = json.loads(
         _run("fr", probe_dir / "fr", "--gpus-per-node", "1", "--selected-ranks", "3", "--format", "json").stdout
     )
-    assert {e["rank"] for e in js["entries"]} == {3} and js["verdict"] == "hang"
+    # the probe's own dumps carry no capture time: no time evidence of a hang, nobody named
+    assert {e["rank"] for e in js["entries"]} == {3} and js["verdict"] == "inconclusive" and not js["culprit_nodes"]
     assert "is not a rank" in _one_error_line(_run("fr", probe_dir / "fr", "--selected-ranks", "3-x"))
 
 

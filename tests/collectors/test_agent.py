@@ -174,3 +174,47 @@ def test_daemon_rejects_a_bad_config_in_one_line(tmp_path: Path) -> None:
             timeout=60,
         )
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("rankscope: error:"), r.stderr
+
+
+# The same launcher, but each worker's hook answers an "fr" request the way dump_flight_recorder does (the FR
+# JSON, with its recorded dump time, at pid<PID>.fr.json), with a real capture's bytes (no torch needed here).
+FR_LAUNCHER = LAUNCHER.replace(
+    "hook.install()\n",
+    "hook.install()\n"
+    "import os, shutil\n"
+    "from rankscope.datasets.readers import runfiles as rf\n"
+    "def fake_dump(path=None):\n"
+    "    target = rf.path(os.environ['RANKSCOPE_RUN_DIR'], os.getpid(), rf.FR)\n"
+    "    shutil.copy(os.environ['FR_SRC'] + '/fr_rank' + os.environ['RANK'] + '.json', target)\n"
+    "    return str(target)\n"
+    "hook.dump_flight_recorder = fake_dump\n",
+)
+
+
+def test_agent_keeps_the_hooks_flight_recorder_dumps_raw(tmp_path: Path, fr_gloo: Path) -> None:
+    """A capture asks each hook for an FR dump and copies the bytes into the store unparsed (the fr_dumps
+    index says where); diagnose reads them back through the FR reader."""
+    import hashlib
+
+    from rankscope.datasets.loading.inputs import load_inputs
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "RANKSCOPE_RUN_DIR": str(run_dir), "FR_SRC": str(fr_gloo / "hang")}
+    proc = subprocess.Popen([sys.executable, "-c", FR_LAUNCHER], env=env, start_new_session=True)
+    try:
+        cfg = config(tmp_path, run_dir, exit_after_captures=1, capture_flight_recorder=True)
+        report = Agent(cfg, launcher_pid=proc.pid).run()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert report.captures and report.captures[0].fr_dumps == 2 and report.failures == {}, report.messages
+    store = Store(tmp_path / "store")
+    index = store.read("fr_dumps").sort("rank")
+    assert index["rank"].to_list() == [0, 1] and set(index["node"].to_list()) == {"node-0", "node-1"}
+    for row in index.iter_rows(named=True):
+        src = (fr_gloo / "hang" / f"fr_rank{row['rank']}.json").read_bytes()
+        assert (tmp_path / "store" / row["path"]).read_bytes() == src
+        assert row["sha256"] == hashlib.sha256(src).hexdigest() and row["format"] == "fr-json"
+    assert "collectives" not in {p.name for p in (tmp_path / "store").iterdir()}  # nothing decoded into rows
+    inputs = load_inputs(tmp_path / "store")
+    assert sorted(d.rank for d in inputs.fr_dumps) == [0, 1] and all(d.capture == 0 for d in inputs.fr_dumps)

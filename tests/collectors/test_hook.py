@@ -196,3 +196,18 @@ def test_post_mortem_of_a_dump_cut_before_the_main_thread_is_no_evidence(tmp_pat
     )
     dump, method = stacks.post_mortem(5, tmp_path)
     assert (dump.status, method) == ("cut", "post-mortem") and "no evidence" in (dump.error or "")
+
+
+def test_flight_recorder_dumps_carry_their_dump_time() -> None:
+    """FR records no dump time; the hook adds one (first key, no re-parse of a large dump) under the key the
+    reader knows."""
+    from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY
+    from rankscope.datasets.readers import runfiles as rf
+    from rankscope.datasets.readers.flight_recorder import parse_dump
+
+    assert rf.FR_DUMP_TIME_KEY == DUMP_TIME_KEY
+    text = hook._with_dump_time('  {"version": "2.10", "entries": []}', 1_796_000_000_123_456_789)
+    assert json.loads(text) == {DUMP_TIME_KEY: 1_796_000_000_123_456_789, "version": "2.10", "entries": []}
+    assert json.loads(hook._with_dump_time("{}", 5)) == {DUMP_TIME_KEY: 5}
+    assert hook._with_dump_time("[1]", 5) == "[1]"  # not an FR object: left alone
+    assert parse_dump(json.loads(text), path="fr_rank0.json").dump_time_ns == 1_796_000_000_123_456_789

@@ -200,3 +200,29 @@ def test_dump_is_frozen() -> None:
     assert isinstance(d, FRDump)
     with pytest.raises(AttributeError):
         d.rank = 3  # type: ignore[misc]
+
+
+def test_pg_status_is_keyed_by_pg_id_and_filed_under_the_group_name(fr_gloo: Path) -> None:
+    """PyTorch's getPgStatusJson keys pg_status by pg_id. In the real 8-rank gloo dumps every TP group is pg_id 1
+    on its members but has its own name; an id no entry names is dropped, with a note when it counted ops."""
+    d = read_fr_file(fr_gloo / "mp8_hang" / "rank_2.json")
+    names = {e.pg_id: e.pg_name for e in d.entries}
+    assert names == {"1": "2", "2": "5"}
+    assert set(d.pg_status) == {"2", "5"} and d.pg_status["2"].pg_id == "1"
+    assert d.pg_status["2"].last_enqueued == 28 and d.pg_status["5"].last_enqueued == 27
+    raw = json.loads((fr_gloo / "mp8_hang" / "rank_2.json").read_text())
+    raw["pg_status"]["9"] = {
+        "last_enqueued_collective": 4,
+        "last_started_collective": -1,
+        "last_completed_collective": 4,
+    }
+    raw["pg_status"]["8"] = {
+        "last_enqueued_collective": -1,
+        "last_started_collective": -1,
+        "last_completed_collective": -1,
+    }
+    from rankscope.datasets.readers.flight_recorder import parse_dump
+
+    d2 = parse_dump(raw, path="rank_2.json")
+    assert set(d2.pg_status) == {"2", "5"} and len(d2.notes) == 1 and "pg_id 9" in d2.notes[0]
+    assert d2.dump_time_ns == raw["rankscope_dump_time_ns"]

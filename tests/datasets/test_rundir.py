@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
+
+import pytest
 
 from rankscope.analytics import diagnose as run_diagnose
 from rankscope.datasets.domain.inputs import Inputs
@@ -99,8 +102,20 @@ def test_run_directory_is_a_dump_directory(tmp_path: Path) -> None:
     assert any("2 older process(es)" in n for n in inp.notes), inp.notes
     assert any("without an identity" in n and "pid77.stack.txt" in n for n in inp.notes), inp.notes
     assert inp.timings is not None and inp.timings.height == 12
-    v = diagnose(inp.procs, inp.topology, job=inp.job, timings=inp.timings)
+    # the steps end at t=1003 and the stack files were written "now": their modification time only bounds
+    # the stop from above, so nothing tells a stop while progressing from a hang. One snapshot of a blocked
+    # majority with rank 2 computing: a hang on the premise that the job was stuck, and the reasons say so.
+    v = diagnose(inp.procs, inp.topology, job=inp.job, timings=inp.timings, snapshot_latest=inp.snapshot_latest)
     assert v.verdict == "hang" and v.culprit_ranks == (2,) and v.culprit_nodes == ("host-1",), v.reasons
+    assert any("premise that the job was stuck" in r for r in v.reasons), v.reasons
+    assert any("cannot tell a stop while progressing from a hang" in r for r in v.reasons), v.reasons
+    # the same directory left as written: the stack files' times are just after the last step
+    for rank in range(4):
+        os.utime(run / f"pid{100 + rank}.stack.txt", (1002.3, 1002.3))
+    inp = load_inputs(run, gpus_per_node=2)
+    v = diagnose(inp.procs, inp.topology, job=inp.job, timings=inp.timings, snapshot_latest=inp.snapshot_latest)
+    assert v.verdict == "healthy" and v.suspect_nodes == (), v.reasons
+    assert any("stopped while progressing" in r for r in v.reasons), v.reasons
 
 
 def test_faulthandler_main_thread_is_the_one_not_started_by_threading() -> None:
@@ -297,3 +312,160 @@ def test_faulthandler_lists_at_most_100_threads() -> None:
     for main_id in (0x7F0000000B80, None):
         (dump,) = parse_traceback_text(text, main_thread_id=main_id)
         assert dump.status == "cut" and "at most 100 threads" in (dump.error or ""), dump.error
+
+
+# -- run directories as users bring them: stopped while progressing, during start-up, slowed ---------
+
+IMPORTING = """Current thread 0x00007f00000000c3 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/_ops.py", line 1100 in <module>
+  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed
+  File "<frozen importlib._bootstrap_external>", line 940 in exec_module
+  File "<frozen importlib._bootstrap>", line 690 in _load_unlocked
+  File "<frozen importlib._bootstrap>", line 1147 in _find_and_load_unlocked
+  File "<frozen importlib._bootstrap>", line 1176 in _find_and_load
+  File "/venv/lib/python3.11/site-packages/torch/__init__.py", line 1500 in <module>
+  File "/job/train.py", line 3 in <module>
+"""
+
+
+def _run_dir(tmp_path: Path, stacks: dict[int, str], steps: list[tuple[float, float]], stop: float) -> Path:
+    """4 ranks (tp=2, dp=2) on host-0/host-1: each rank's stack file written at ``stop``, its steps
+    ``(end time, step time)``."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank, stack in stacks.items():
+        hooked(run, 100 + rank, rank, f"host-{rank // 2}", started=stop - 600, stack=stack)
+        if steps:
+            (run / f"pid{100 + rank}.steps.jsonl").write_text(
+                "".join(
+                    json.dumps({"t": t, "step": i, "rank": rank, "step_time_seconds": d}) + "\n"
+                    for i, (t, d) in enumerate(steps)
+                )
+            )
+        os.utime(run / f"pid{100 + rank}.stack.txt", (stop, stop))
+    return run
+
+
+def _verdict(run: Path):
+    inp = load_inputs(run, gpus_per_node=2)
+    return run_diagnose(inp)
+
+
+def test_a_run_stopped_while_progressing_is_not_a_hang(tmp_path: Path) -> None:
+    # 1 s steps up to 0.4 s before the SIGTERM; rank 2 caught computing while the others wait for it: one
+    # snapshot cannot tell a slow rank from the last one to finish its step, and the steps are steady
+    stop = 10_000.0
+    steps = [(stop - 500 + i, 1.0) for i in range(500)]
+    v = _verdict(_run_dir(tmp_path, {r: BUSY if r == 2 else WAIT for r in range(4)}, steps, stop))
+    assert v.verdict == "healthy" and v.suspect_nodes == (), v.explain()
+    assert any("stopped while progressing" in r for r in v.reasons)
+    assert any("Rank(s) 2 ran their own code" in r for r in v.reasons)
+
+
+def test_a_run_stopped_during_start_up_is_inconclusive_and_names_nobody(tmp_path: Path) -> None:
+    stacks = {r: IMPORTING.replace("_ops.py", "nn/modules/linear.py") if r == 3 else IMPORTING for r in range(4)}
+    v = _verdict(_run_dir(tmp_path, stacks, [], 10_000.0))
+    assert v.verdict == "inconclusive" and v.suspect_nodes == () and v.suspect_ranks == (), v.explain()
+    assert any("stopped during start-up" in r for r in v.reasons)
+
+
+def test_a_run_whose_steps_slowed_and_kept_completing_is_fail_slow_on_the_busy_rank(tmp_path: Path) -> None:
+    # steps 1 s, then 3 s up to the stop; the stacks show rank 2 computing while the others wait for it
+    stop, t, steps = 10_000.0, 9_000.0, []
+    while t < stop - 1:
+        d = 1.0 if t < 9_300 else 3.0
+        t += d
+        steps.append((t, d))
+    v = _verdict(_run_dir(tmp_path, {r: BUSY if r == 2 else WAIT for r in range(4)}, steps, stop))
+    assert v.verdict == "fail-slow" and v.culprit_ranks == (2,) and v.culprit_nodes == ("host-1",), v.explain()
+    assert v.suspect_nodes == ("host-1",)
+    assert any("slowed from 1.00 s to 3.00 s" in r for r in v.reasons)
+
+
+def _requested(t: float, stack: str) -> str:
+    return f"# rankscope: stack requested at {t:.3f}\n{stack}"
+
+
+def test_every_dump_in_a_stack_file_is_a_round(tmp_path: Path) -> None:
+    # the agent asked for 4 rounds 10 s apart, then SIGTERM: rank 2 computes in every round while the
+    # others wait for it, the others' waits move (other collectives), the steps keep completing
+    stop = 10_050.0
+    wait2 = WAIT.replace("line 201 in main", "line 205 in main")
+    stacks = {}
+    for rank in range(4):
+        rounds = [
+            _requested(10_000.0 + 10 * k + 0.01 * rank, BUSY if rank == 2 else (WAIT if k % 2 else wait2))
+            for k in range(4)
+        ]
+        stacks[rank] = "".join(rounds) + (BUSY if rank == 2 else WAIT)
+    steps = [(9_000.0 + 2 * i, 2.0) for i in range(525)]
+    run = _run_dir(tmp_path, stacks, steps, stop)
+    inp = load_inputs(run, gpus_per_node=2)
+    assert sorted({p.snapshot for p in inp.procs}) == [0, 1, 2, 3, 4]
+    assert inp.snapshot_times[0] == pytest.approx(10_000.0, abs=0.1) and 4 in inp.snapshot_latest
+    assert any("4 round(s) of stacks the agent requested" in n for n in inp.notes), inp.notes
+    v = run_diagnose(inp)
+    assert v.verdict == "fail-slow" and v.culprit_ranks == (2,) and v.suspect_nodes == ("host-1",), v.explain()
+    # the same rounds with the steps stopped long before the first request: the job was stuck
+    (tmp_path / "stuck").mkdir()
+    run = _run_dir(tmp_path / "stuck", stacks, [(9_000.0 + 2 * i, 2.0) for i in range(100)], stop)
+    v = run_diagnose(load_inputs(run, gpus_per_node=2))
+    assert v.verdict == "hang" and v.culprit_ranks == (2,), v.explain()
+    assert not any("premise" in r for r in v.reasons)  # time evidence, not the premise
+
+
+def test_the_hooks_pickled_flight_recorder_dump_is_read(tmp_path: Path, probe_dir: Path) -> None:
+    # torch without _dump_fr_trace_json: the hook writes pid<PID>.fr.pkl
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in range(4):
+        hooked(run, 100 + rank, rank, f"host-{rank}", stack=BUSY if rank == 3 else WAIT, coords={"dp": rank})
+        (run / f"pid{100 + rank}.fr.pkl").write_bytes((probe_dir / "fr" / f"rank_{rank}").read_bytes())
+    inp = load_inputs(run, gpus_per_node=1)
+    assert sorted(d.rank for d in inp.fr_dumps) == [0, 1, 2, 3]
+    assert not any("fr.pkl" in n for n in inp.notes), inp.notes
+
+
+# -- REAL hook run directories (tests/data/stacks) -----------------------------------------------------
+
+HOOK_DATA = Path(__file__).resolve().parents[1] / "data" / "stacks"
+
+
+def _real_run(tmp_path: Path, name: str, *, as_left: bool) -> Path:
+    """A real run directory copied; ``as_left``: with the modification times it had where it was captured."""
+    run = tmp_path / name
+    shutil.copytree(HOOK_DATA / name, run)
+    if as_left:
+        for f, t in json.loads((HOOK_DATA / f"{name}.mtimes.json").read_text()).items():
+            os.utime(run / f, (t, t))
+    return run
+
+
+@pytest.mark.parametrize("as_left", [True, False])
+def test_real_run_stopped_while_progressing_names_nobody(tmp_path: Path, as_left: bool) -> None:
+    v = run_diagnose(load_inputs(_real_run(tmp_path, "hook_sigterm_progress", as_left=as_left)))
+    assert v.verdict == "healthy" and v.suspect_nodes == (), v.explain()
+    if as_left:
+        assert any("stopped while progressing" in r for r in v.reasons), v.reasons
+
+
+@pytest.mark.parametrize("as_left", [True, False])
+def test_real_run_stopped_while_importing_is_inconclusive(tmp_path: Path, as_left: bool) -> None:
+    v = run_diagnose(load_inputs(_real_run(tmp_path, "hook_sigterm_importing", as_left=as_left)))
+    assert v.verdict == "inconclusive" and v.suspect_nodes == () and v.suspect_ranks == (), v.explain()
+
+
+def test_real_slow_run_one_snapshot(tmp_path: Path) -> None:
+    # rank 5 (gpu-node-c) spins 0.7 s extra every step; steps are steady (slow from the first step), stopped
+    # by SIGTERM. As left: the steps prove the job was progressing; one snapshot cannot tell the rank the
+    # others wait for from the last to finish a step (the real healthy 8-rank job shows one rank computing
+    # while all others wait in 1 of its 3 py-spy rounds), so it is named as a hint, nothing is evicted.
+    v = run_diagnose(load_inputs(_real_run(tmp_path, "hook_slow", as_left=True)))
+    assert v.verdict == "healthy" and v.suspect_nodes == (), v.explain()
+    assert any("Rank(s) 5 ran their own code" in r for r in v.reasons), v.reasons
+    # copied (file times later than any step): nothing tells a stop while progressing from a hang; one
+    # snapshot of a blocked majority names rank 5's node on the premise that the job was stuck
+    v = run_diagnose(load_inputs(_real_run(tmp_path / "copy", "hook_slow", as_left=False)))
+    assert v.verdict == "hang" and v.culprit_ranks == (5,) and v.suspect_nodes == ("gpu-node-c",), v.explain()
+    assert any("premise" in r for r in v.reasons)
+    assert "gpu-node-a" not in v.suspect_nodes and "gpu-node-b" not in v.suspect_nodes  # the steps blame nobody

@@ -49,7 +49,7 @@ def diagnose_json(path: Path, *flags: str) -> dict:
     return json.loads(diag.stdout)
 
 
-def run_fault(tmp_path: Path, fault: str, rank: int) -> tuple[dict, dict]:
+def run_fault(tmp_path: Path, fault: str, rank: int, agent_flags: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """The verdicts from the agent's store and from the hook's run directory alone."""
     pytest.importorskip("torch")
     from rankscope.harness.faultjob import command
@@ -81,6 +81,7 @@ def run_fault(tmp_path: Path, fault: str, rank: int) -> tuple[dict, dict]:
                 "80",
                 "--metric-interval-seconds",
                 "0.5",
+                *agent_flags,
             ],
             check=False,
             capture_output=True,
@@ -108,12 +109,16 @@ def run_fault(tmp_path: Path, fault: str, rank: int) -> tuple[dict, dict]:
         # rank 1 (stage 0) skips its send to rank 5 (stage 1): each waits to receive from the other, and
         # rank 4 waits for rank 5 in a TP all_reduce. A lost message between two stages: both ends.
         ("p2p-stuck", 1, ["node-0", "node-2"], "hang"),
+        # rank 2 sleeps 2 s more every step: the agent sees steps 4x slower than before and takes 3 rounds
+        # 5 s apart; the run directory keeps them as requested dumps before the SIGTERM dump
+        ("slow-rank", 2, ["node-1"], "fail-slow"),
     ],
 )
 def test_agent_and_diagnose_name_the_faulty_node(
     tmp_path: Path, fault: str, rank: int, culprits: list[str], kind: str
 ) -> None:
-    from_store, from_run_dir = run_fault(tmp_path, fault, rank)
+    flags = ("--slow-factor", "4", "--capture-rounds", "3", "--round-interval-seconds", "5")
+    from_store, from_run_dir = run_fault(tmp_path, fault, rank, flags if fault == "slow-rank" else ())
     for verdict in (from_store, from_run_dir):
         assert verdict["verdict"] == kind, verdict
         assert set(culprits) <= set(verdict["suspect_nodes"]), verdict

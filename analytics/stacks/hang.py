@@ -1,0 +1,336 @@
+"""Stacks of a stuck job: localize from the strong culprits outward.
+
+A rank that does not wait on anyone (compute, I/O, a stuck child, a missing process its group waits for)
+is a culprit; outliers that wait in a group shared with it are its victims (named, not evicted); the
+suspects are the culprits' nodes, extended to the smallest group holding them while that stays a small
+share of the job. Culprits in unrelated groups: ``inconclusive``. When everyone waits, the smallest cover
+of the outliers by groups of one kind is isolated (ByteRobust's over-eviction) and the likeliest origin
+named; without time evidence only a single group holding every outlier is a fault domain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rankscope.analytics.faultdomain import cover, related_mask, smallest_group
+from rankscope.analytics.stacks.collection import CaptureProblem
+from rankscope.analytics.stacks.culprits import STRONG, culprits
+from rankscope.analytics.stacks.facts import StackFacts
+from rankscope.analytics.stacks.frames import PEER_WAIT_STATES
+from rankscope.analytics.stacks.motion import Motion
+from rankscope.analytics.stacks.prefix_tree import build
+from rankscope.analytics.stacks.report import (
+    common_fields,
+    cover_words,
+    culprits_first,
+    details,
+    dominant_words,
+    problem_words,
+    problems_of,
+)
+from rankscope.analytics.stacks.snapshot import SnapshotAnalysis
+from rankscope.analytics.verdict import Evidence, Severity, SuspectGroup, Verdict, rank_ranges
+from rankscope.config import Limits, StackConfig
+from rankscope.datasets.domain.topology import Topology
+
+PREMISE = (
+    "One snapshot carries no time: this verdict rests on the premise that the job was stuck when it was "
+    "captured (a running job caught at the same instant looks alike). Step records, Flight Recorder dumps "
+    "or a second snapshot overrule it."
+)
+PREMISE_ROUNDS = (
+    "The snapshots neither show the job progressing nor frozen (a waiter or two released): this verdict rests "
+    "on the premise that the job was stuck when it was captured. Step records or more rounds would settle it."
+)
+
+
+@dataclass
+class _Hang:
+    """One snapshot of a job that does not progress, and the words and fields every outcome shares."""
+
+    a: SnapshotAnalysis
+    topology: Topology
+    cfg: StackConfig
+    limits: Limits
+    premise: str  # without time evidence: the words saying the job is stuck only if it was stuck when captured
+    reasons: list[str]
+    details: dict[str, Any]
+    common: dict[str, Any]
+    problems: list[CaptureProblem]
+
+    def verdict(self, kind: Severity, confidence: float, **fields: Any) -> Verdict:
+        reasons = list(self.reasons)
+        details = self.details
+        if self.premise and kind is Severity.HANG:
+            reasons.append(self.premise)
+            confidence = max(0.05, confidence - 0.1)
+            # machine-readable: no time evidence says the job was stuck (the recovery ladder reads this)
+            details = {**details, "stuck_on_premise": True}
+        reasons += problem_words(self.problems)
+        return Verdict(kind, confidence=confidence, reasons=tuple(reasons), details=details, **fields, **self.common)
+
+    def evidence(self, culprit_ranks: Sequence[int] = (), victims: Sequence[int] = ()) -> tuple[Evidence, ...]:
+        return _evidence(self.a, self.topology, culprit_ranks, victims, self.limits.max_evidence_items)
+
+
+def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> Verdict:
+    """The first classifier that applies decides: too little evidence, no outlier, or the outliers localized."""
+    a = facts.analyses[-1]
+    tree = build([c for c in a.clusters if c.role == "trainer"])
+    h = _Hang(
+        a,
+        topology,
+        facts.config,
+        facts.limits,
+        {"premise": PREMISE, "stuck-weak": PREMISE_ROUNDS}.get(m.kind, ""),
+        list(m.reasons),
+        details(facts, {"prefix_tree": tree.to_dict()[:200], "dominant_fraction": round(a.dominant_fraction, 4)}),
+        common_fields(facts, topology, job, a),
+        problems_of(facts),
+    )
+    return _too_little(h) or _no_outlier(h) or _localized(h)
+
+
+def _too_little(h: _Hang) -> Verdict | None:
+    """No trainer dump at all, or too many ranks without a usable one: inconclusive."""
+    a, total = h.a, h.topology.world_size
+    if a.n_trainers == 0:
+        h.reasons.append("no usable trainer stack dumps")
+        return h.verdict(Severity.INCONCLUSIVE, 0.0)
+    if len(a.missing_ranks) > h.cfg.max_missing_fraction * total:
+        h.reasons.append(
+            f"dumps are missing for {len(a.missing_ranks)} of {total} ranks "
+            f"({rank_ranges(a.missing_ranks)[:200]}): too few to localize; check the layout "
+            "(--layout, --gpus-per-node) and that every node's dumps were collected."
+        )
+        return h.verdict(Severity.INCONCLUSIVE, 0.2)
+    if a.n_trainers < (1 - h.cfg.max_missing_fraction) * total:
+        h.reasons.append(
+            f"only {a.n_trainers} of {total} ranks left a usable stack: too few to localize (see the collection "
+            "problems below)."
+        )
+        return h.verdict(Severity.INCONCLUSIVE, 0.2)
+    return None
+
+
+def _no_outlier(h: _Hang) -> Verdict | None:
+    """Every rank with a stack looks healthy: healthy, or inconclusive when some ranks left no usable stack."""
+    a = h.a
+    h.reasons.append(
+        f"{a.healthy_trainers} of {h.topology.world_size} ranks share the dominant stack(s): {dominant_words(a)}."
+    )
+    if a.outlier_ranks:
+        return None
+    if a.cut:
+        # a rank killed outright (OOM, SIGKILL) leaves no dump while the others wait in the collective it
+        # never joined: that looks healthy. The ranks without a usable stack are where to look.
+        h.reasons.append(
+            f"No outlier among the ranks with a stack, but {len(a.cut)} rank(s) left no usable stack "
+            f"(cut off or never written as they stopped): {rank_ranges(a.cut)[:200]}. If the job was "
+            "stuck, look at them first (killed outright? the kernel log, the exit records)."
+        )
+        return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=a.cut, evidence=h.evidence())
+    blind = sorted({p.rank for p in h.problems if p.rank is not None} | set(a.missing_ranks))
+    if blind:
+        h.reasons.append(
+            f"No outlier among the ranks with a stack; {len(blind)} rank(s) gave no evidence "
+            f"({rank_ranges(blind)[:200]}). If the job was stuck, check them first; a failed capture names no "
+            "machine by itself."
+        )
+        return h.verdict(Severity.INCONCLUSIVE, 0.3, evidence=h.evidence())
+    h.reasons.append(
+        "No outlier: every rank is in a healthy state. If the job is stuck, the cause is not "
+        "visible as a machine-specific stack (all ranks wait alike); take several snapshots "
+        "to tell a hang from progress, and check the network and the Flight Recorder."
+    )
+    return h.verdict(Severity.HEALTHY, round(min(0.5 + 0.4 * a.dominant_fraction, 0.95), 3))
+
+
+def _victims(h: _Hang, culprit_ranks: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The other outliers split into victims (waiting on peers, in a group or on a node shared with a
+    culprit) and the unexplained rest."""
+    best, culprit_set = h.a.best(), set(culprit_ranks)
+    others = np.asarray([r for r in h.a.outlier_ranks if r not in culprit_set], dtype=np.int64)
+    if others.size == 0:
+        return [], []
+    waiting = np.asarray([best[int(r)].score < STRONG and h.a.state_of(int(r)) in PEER_WAIT_STATES for r in others])
+    related = related_mask(culprit_ranks, others, h.topology)
+    ok = waiting & related
+    return [int(r) for r in others[ok]], [int(r) for r in others[~ok]]
+
+
+def _localized(h: _Hang) -> Verdict:
+    """Outliers mapped onto a fault domain (hang) with their likeliest culprits, or inconclusive."""
+    a, topology = h.a, h.topology
+    n_out_clusters = sum(1 for c in h.common["clusters"] if not c.healthy)
+    h.reasons.append(
+        f"{len(a.outlier_ranks)} outlier rank(s) in {n_out_clusters} cluster(s): {rank_ranges(a.outlier_ranks)[:300]}."
+    )
+    culprit_ranks, strong = culprits(a, topology)
+    if strong:
+        victims, unexplained = _victims(h, culprit_ranks)
+        if not unexplained:
+            return _strong(h, culprit_ranks, victims)
+    # everyone waits (or strong culprits beside unexplained outliers): cover the outliers with groups of one kind
+    group: SuspectGroup | None
+    if h.premise and not strong and _largest_share(a) < 0.5:
+        h.reasons.append(
+            "Every outlier waits on someone, and no single wait holds most ranks (the largest cluster has "
+            f"{_largest_share(a):.0%} of them): a stuck job converges on one wait within seconds, a running "
+            "job caught mid-step spreads over several. With no time evidence, nothing to isolate"
+            + (
+                f"; if the job is known to be stuck, look at rank(s) {rank_ranges(culprit_ranks)[:100]} first."
+                if culprit_ranks
+                else "."
+            )
+        )
+        return h.verdict(Severity.INCONCLUSIVE, 0.2, evidence=h.evidence())
+    if h.premise:  # no time evidence: only one group holding every outlier is a fault domain
+        group = smallest_group(a.outlier_ranks, topology, max_fraction=h.cfg.max_cover_fraction)
+        if group is None:
+            h.reasons.append(
+                "The outliers are in unrelated parallel groups and every one of them waits on someone: with no "
+                "time evidence, no single fault domain to isolate (a running job caught in several waits looks "
+                "like this)."
+            )
+            return h.verdict(Severity.INCONCLUSIVE, 0.25, evidence=h.evidence())
+    else:
+        group = cover(a.outlier_ranks, topology, max_fraction=h.cfg.max_cover_fraction)
+        if group is None:
+            h.reasons.append("The outliers are spread over most of the job's nodes: no single fault domain to isolate.")
+            return h.verdict(Severity.INCONCLUSIVE, 0.25, suspect_ranks=a.outlier_ranks, evidence=h.evidence())
+    suspects = set(group.nodes)
+    culprit_ranks = tuple(r for r in culprit_ranks if topology.node_of(r) in suspects) or culprit_ranks
+    culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in suspects)
+    h.reasons.append(cover_words(group))
+    _culprit_words(h, culprit_ranks)
+    if not strong and culprit_ranks:
+        h.reasons.append(
+            "Every outlier is waiting on someone else; the culprit above is the likeliest origin "
+            "of the wait (weak evidence: isolate the whole suspect group)."
+        )
+    conf = 0.35 + 0.3 * a.dominant_fraction + (0.2 if strong else 0.05)
+    conf += 0.1 if group.kind != "node" and len(group.indices) == 1 else 0.05
+    return h.verdict(
+        Severity.HANG,
+        round(max(0.05, min(conf, 0.99)), 3),
+        suspect_nodes=culprits_first(group.nodes, culprit_nodes),
+        culprit_nodes=culprit_nodes,
+        suspect_ranks=a.outlier_ranks,
+        culprit_ranks=tuple(culprit_ranks),
+        suspect_group=group,
+        evidence=h.evidence(culprit_ranks),
+    )
+
+
+def _largest_share(a: SnapshotAnalysis) -> float:
+    """The share of the trainers with a stack that sit in the largest trainer cluster."""
+    sizes = [c.size for c in a.clusters if c.role == "trainer"]
+    return max(sizes) / a.n_trainers if sizes and a.n_trainers else 0.0
+
+
+def _culprit_words(h: _Hang, culprit_ranks: Sequence[int]) -> None:
+    best = h.a.best()
+    for r in culprit_ranks[:5]:
+        f = best.get(r)
+        if f is not None:
+            h.reasons.append(f"Culprit rank {r} on {h.topology.node_of(r)}: {f.detail}.")
+    if len(culprit_ranks) > 5:
+        h.reasons.append(f"... and {len(culprit_ranks) - 5} more culprit rank(s): {rank_ranges(culprit_ranks)[:200]}.")
+
+
+def _strong(h: _Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> Verdict:
+    """Strong culprits, every other outlier their victim: the culprits' nodes, extended to the smallest group
+    holding them while that stays within the fault-domain share of the job; unrelated culprits: inconclusive."""
+    a, topology = h.a, h.topology
+    group = smallest_group(culprit_ranks, topology, max_fraction=h.cfg.max_cover_fraction)
+    if group is None:
+        h.reasons.append(
+            f"{len(culprit_ranks)} ranks do not wait on anyone ({rank_ranges(culprit_ranks)[:200]}), in unrelated "
+            "parallel groups on several nodes: no single fault domain to isolate."
+        )
+        _culprit_words(h, culprit_ranks)
+        return h.verdict(Severity.INCONCLUSIVE, 0.3, evidence=h.evidence(culprit_ranks, victims))
+    culprit_nodes = topology.nodes_of(culprit_ranks)
+    h.reasons.append(cover_words(group, "The culprits are" if len(culprit_ranks) > 1 else "The culprit is"))
+    _culprit_words(h, culprit_ranks)
+    if victims:
+        h.reasons.append(
+            f"{len(victims)} other outlier rank(s) wait in a group shared with the culprit(s): its victims, named "
+            f"here, not evicted: {rank_ranges(victims)[:200]}."
+        )
+    conf = 0.55 + 0.3 * a.dominant_fraction + (0.1 if len(group.nodes) == 1 else 0.05)
+    suspects = set(group.nodes)
+    suspect_ranks = tuple(sorted(set(culprit_ranks) | {r for r in a.outlier_ranks if topology.node_of(r) in suspects}))
+    return h.verdict(
+        Severity.HANG,
+        round(max(0.05, min(conf, 0.99)), 3),
+        suspect_nodes=culprits_first(group.nodes, culprit_nodes),
+        culprit_nodes=tuple(n for n in culprit_nodes if n in suspects),
+        suspect_ranks=suspect_ranks,
+        culprit_ranks=tuple(culprit_ranks),
+        suspect_group=group,
+        evidence=h.evidence(culprit_ranks, victims),
+    )
+
+
+def _evidence(
+    a: SnapshotAnalysis,
+    topology: Topology,
+    culprit_ranks: Sequence[int],
+    victims: Sequence[int] = (),
+    limit: int = 100,
+) -> tuple[Evidence, ...]:
+    first, vic = set(culprit_ranks), set(victims)
+    ordered = sorted(a.findings, key=lambda f: (f.rank not in first, f.rank in vic, -f.score, f.rank))
+    out = []
+    for f in ordered[:limit]:
+        if f.rank in vic:
+            out.append(
+                Evidence(
+                    "stacks",
+                    "victim",
+                    f"waits for the culprit: {f.detail}",
+                    (f.rank,),
+                    (topology.node_of(f.rank),),
+                    0.1,
+                )
+            )
+        else:
+            out.append(Evidence("stacks", f.kind, f.detail, (f.rank,), (topology.node_of(f.rank),), f.score))
+    for r, words in a.thread_notes[:limit]:
+        out.append(Evidence("stacks", "other-thread", words, (r,), (topology.node_of(r),), 0.3))
+    if a.cut:
+        out.append(
+            Evidence(
+                "stacks",
+                "dump-cut-off",
+                "stack dump cut off or never written as the process was "
+                "stopped (no frame, or no main thread): no evidence either way",
+                a.cut,
+                (),
+                0.0,
+            )
+        )
+    failed = [p for p in a.problems if p.kind != "cut"]
+    if failed:
+        out.append(
+            Evidence(
+                "stacks",
+                "capture-failed",
+                "stack capture gave no evidence: " + "; ".join(p.line() for p in failed[:3])[:400],
+                tuple(sorted({p.rank for p in failed if p.rank is not None})),
+                (),
+                0.0,
+            )
+        )
+    if len(ordered) > limit:
+        rest = ordered[limit:]
+        out.append(
+            Evidence("stacks", "more-outliers", f"{len(rest)} more outlier ranks", tuple(f.rank for f in rest), (), 0.0)
+        )
+    return tuple(out)

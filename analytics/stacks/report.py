@@ -1,0 +1,134 @@
+"""Words and fields every stack verdict shares: cluster summaries, collection problems, fault-domain words."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rankscope.analytics.performance.failslow import RoundStates
+from rankscope.analytics.stacks.clustering import Cluster
+from rankscope.analytics.stacks.collection import CaptureProblem
+from rankscope.analytics.stacks.facts import StackFacts
+from rankscope.analytics.stacks.frames import OWN_WORK_STATES
+from rankscope.analytics.stacks.snapshot import STATE_CODE, SnapshotAnalysis
+from rankscope.analytics.verdict import ClusterSummary, SuspectGroup, rank_ranges
+from rankscope.datasets.domain.topology import Topology
+
+_OWN_CODES = np.array([STATE_CODE[s] for s in OWN_WORK_STATES], dtype=np.int8)
+
+
+def summaries(
+    clusters: Sequence[Cluster], topology: Topology, snapshot: int, limit: int = 50
+) -> tuple[ClusterSummary, ...]:
+    out = []
+    world = topology.world_size
+    for c in clusters[:limit]:
+        nodes = topology.nodes_of([r for r in c.ranks if r < world]) if c.ranks else ()
+        out.append(
+            ClusterSummary(c.id, c.role, c.size, c.ranks, len(nodes), c.healthy, c.state, c.representative, snapshot)
+        )
+    return tuple(out)
+
+
+def missing_summary(a: SnapshotAnalysis, topology: Topology, next_id: int) -> tuple[ClusterSummary, ...]:
+    if not a.missing_ranks:
+        return ()
+    return (
+        ClusterSummary(
+            next_id,
+            "trainer",
+            len(a.missing_ranks),
+            a.missing_ranks,
+            len(topology.nodes_of(a.missing_ranks)),
+            False,
+            "missing",
+            ("(no dump)",),
+            a.snapshot,
+        ),
+    )
+
+
+def dominant_words(a: SnapshotAnalysis) -> str:
+    healthy = [c for c in a.clusters if c.healthy and c.role == "trainer"]
+    if not healthy:
+        return "no dominant stack"
+    top = healthy[0]
+    more = f" (+{len(healthy) - 1} more healthy cluster(s))" if len(healthy) > 1 else ""
+    return f"{top.state} in {top.state_frame}{more}"
+
+
+def round_states(a: SnapshotAnalysis) -> RoundStates:
+    """One snapshot as a round of the fail-slow vote."""
+    healthy = np.zeros(a.states.size, dtype=bool)
+    for c in a.clusters:
+        if c.role == "trainer" and c.healthy and c.ranks:
+            r = np.asarray(c.ranks, dtype=np.int64)
+            healthy[r[r < healthy.size]] = True
+    has = a.states >= 0
+    return RoundStates(a.snapshot, np.isin(a.states, _OWN_CODES), has & ~healthy, has, a.blocked_fraction)
+
+
+def problems_of(facts: StackFacts) -> list[CaptureProblem]:
+    """The last snapshot's captures that gave no evidence (each rank once)."""
+    return list(facts.analyses[-1].problems) if facts.analyses else []
+
+
+def problem_words(problems: Sequence[CaptureProblem], limit: int = 5) -> list[str]:
+    if not problems:
+        return []
+    out = [
+        f"Collection problems: {len(problems)} capture(s) gave no evidence (not clustered, never a suspect on "
+        "their own):"
+    ]
+    out += [f"  {p.line()}" for p in problems[:limit]]
+    if len(problems) > limit:
+        rest = rank_ranges(p.rank for p in problems[limit:] if p.rank is not None)
+        out.append(f"  ... and {len(problems) - limit} more: {rest[:200]}")
+    return out
+
+
+def problem_details(problems: Sequence[CaptureProblem], limit: int) -> list[dict[str, Any]]:
+    return [
+        {"rank": p.rank, "role": p.role, "kind": p.kind, "detail": p.detail, "advice": p.advice, "source": p.source}
+        for p in problems[:limit]
+    ]
+
+
+def common_fields(facts: StackFacts, topology: Topology, job: str, a: SnapshotAnalysis) -> dict[str, Any]:
+    clusters = summaries(a.clusters, topology, a.snapshot, facts.limits.max_reported_clusters)
+    clusters += missing_summary(a, topology, len(a.clusters))
+    return dict(
+        job=job, clusters=clusters, world_size=topology.world_size, n_snapshots=facts.n_snapshots, sources=("stacks",)
+    )
+
+
+def details(facts: StackFacts, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    d: dict[str, Any] = dict(extra or {})
+    probs = problems_of(facts)
+    if probs:
+        d["collection_problems"] = problem_details(probs, facts.limits.max_evidence_items)
+    if facts.progress is not None:
+        d["progress"] = {"released": list(facts.progress.released), "waiting": list(facts.progress.waiters)}
+    return d
+
+
+def culprits_first(nodes: Sequence[str], culprit_nodes: Sequence[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys([*[n for n in culprit_nodes if n in nodes], *nodes]))
+
+
+def cover_words(group: SuspectGroup, subject: str = "The outliers are") -> str:
+    if group.kind == "node" and len(group.nodes) == 1:
+        where = "all on" if subject.endswith(" are") else "on"
+        return f"{subject} {where} {group.nodes[0]}: that machine is the fault domain."
+    if group.kind == "node":
+        return (
+            f"No parallel group is a small enough fault domain (or the layout has none): isolate the "
+            f"{len(group.nodes)} nodes themselves."
+        )
+    idx = ",".join(map(str, group.indices[:10])) + ("..." if len(group.indices) > 10 else "")
+    return (
+        f"{subject} covered by {len(group.indices)} {group.kind.upper()} group(s) [{idx}] on "
+        f"{len(group.nodes)} node(s): isolate them whole (the parallel group is the fault domain)."
+    )

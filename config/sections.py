@@ -1,0 +1,126 @@
+"""The analysis sections of the configuration tree: stacks, collectives, performance (with its stragglers),
+crashes, inputs, and the limits every reader and report keeps to. Imports only :mod:`rankscope.spine`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rankscope.spine import (
+    ConfigError,
+    check_fraction,
+    check_int,
+    check_non_negative,
+    check_positive,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackConfig:
+    """Stack clustering and hang localization (ByteRobust's aggregation analysis)."""
+
+    lines: bool = False  # compare line numbers too when clustering
+    dominance_fraction: float = 0.5  # a cluster at least this fraction of the largest is healthy
+    max_cover_fraction: float = 0.5  # a fault domain larger than this share of nodes is no domain
+    min_flag_fraction: float = 0.6  # fail-slow: degrader flagged in at least this share of rounds
+    max_missing_fraction: float = 0.5  # more missing dumps than this -> inconclusive
+    max_running_fraction: float = 0.2  # one snapshot with more (and >1) ranks running own code was not stuck
+
+    def __post_init__(self) -> None:
+        for name in (
+            "dominance_fraction",
+            "max_cover_fraction",
+            "min_flag_fraction",
+            "max_missing_fraction",
+            "max_running_fraction",
+        ):
+            check_fraction(f"stacks.{name}", getattr(self, name), error=ConfigError)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectivesConfig:
+    """Flight Recorder analysis."""
+
+    slow_min_score: float = 0.5  # a rank whose kernel is this much shorter than the next shortest arrived last
+    slow_min_wait_fraction: float = 0.3  # fail-slow: its peers wait for it this share of the group's time
+    overdue_factor: float = 20.0  # overdue (a hang): min(timeout, max(factor x group p99 latency/cadence, 5 s))
+
+    def __post_init__(self) -> None:
+        for name in ("slow_min_score", "slow_min_wait_fraction", "overdue_factor"):
+            check = check_fraction if name.startswith("slow") else check_positive
+            check(f"collectives.{name}", getattr(self, name), error=ConfigError)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerConfig:
+    """Timing stragglers (ratios are durations over the peers' median; NVRx's relative score inverted)."""
+
+    min_slowdown_ratio: float = 1.25
+    min_episode_steps: int = 5
+    min_significance: float = 5.0
+    intermittent_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        where = "performance.stragglers."
+        ratio = check_positive(where + "min_slowdown_ratio", self.min_slowdown_ratio, error=ConfigError)
+        if ratio <= 1.0:
+            raise ConfigError(f"{where}min_slowdown_ratio={ratio!r} must be above 1 (e.g. 1.2)")
+        check_int(where + "min_episode_steps", self.min_episode_steps, minimum=1, error=ConfigError)
+        check_positive(where + "min_significance", self.min_significance, error=ConfigError)
+        if check_fraction(where + "intermittent_fraction", self.intermittent_fraction, error=ConfigError) >= 1:
+            raise ConfigError(f"{where}intermittent_fraction={self.intermittent_fraction!r} must be in (0, 1)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerfConfig:
+    """Metrics among peers (Minder: 4-minute continuity) and timing stragglers (NVRx)."""
+
+    window_seconds: float = 10.0
+    continuity_seconds: float = 240.0
+    threshold: float = 12.0  # peer-distance score that alerts
+    detector: str = "peer-distance"  # a rankscope.models.DETECTORS name (checked where the metrics are scored)
+    rate_window_seconds: float = 120.0
+    counter_allowance: float = 2.0  # counter increments forgiven per rate window (normal wear)
+    min_machines: int = 3
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("window_seconds", "continuity_seconds", "threshold", "rate_window_seconds"):
+            check_positive(f"performance.{name}", getattr(self, name), error=ConfigError)
+        check_non_negative("performance.counter_allowance", self.counter_allowance, error=ConfigError)
+        check_int("performance.min_machines", self.min_machines, minimum=3, error=ConfigError)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrashConfig:
+    """Crash analysis: which exit came first, and which only followed it."""
+
+    incident_window_seconds: float = 3600.0  # longer than any collective timeout
+    tie_seconds: float = 0.1  # clocks of different hosts differ by milliseconds
+    widespread_fraction: float = 0.25  # the same error on this share of the world: code, not a machine
+
+    def __post_init__(self) -> None:
+        check_positive("crashes.incident_window_seconds", self.incident_window_seconds, error=ConfigError)
+        check_non_negative("crashes.tie_seconds", self.tie_seconds, error=ConfigError)
+        check_fraction("crashes.widespread_fraction", self.widespread_fraction, error=ConfigError)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputsConfig:
+    """Loading a store or a dump directory."""
+
+    series_gap_seconds: float = 120.0  # captures further apart are separate incidents (rounds are 10 s apart)
+
+    def __post_init__(self) -> None:
+        check_positive("inputs.series_gap_seconds", self.series_gap_seconds, error=ConfigError)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Bounds on what one diagnosis keeps and reports (hostile or huge inputs must not blow up the output)."""
+
+    max_evidence_items: int = 100  # per-rank evidence entries listed before "N more"
+    max_reported_clusters: int = 50  # stack clusters listed in a verdict
+
+    def __post_init__(self) -> None:
+        check_int("limits.max_evidence_items", self.max_evidence_items, minimum=1, error=ConfigError)
+        check_int("limits.max_reported_clusters", self.max_reported_clusters, minimum=1, error=ConfigError)

@@ -1,0 +1,312 @@
+"""Stack verdicts on REAL captures: a healthy job names nobody, a hang needs a blocked majority, failed
+captures are no evidence, fail-slow comes from rounds (tests/data/stacks/README.md says where each came from)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from rankscope.analytics import diagnose as run_diagnose
+from rankscope.analytics import stacks
+from rankscope.analytics.performance.failslow import flag_round, vote
+from rankscope.analytics.stacks.verdict import round_states
+from rankscope.datasets.domain.inputs import Inputs
+from rankscope.datasets.loading.inputs import load_inputs
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "stacks"
+
+
+def stack_verdict(inp: Inputs):
+    return stacks.verdict(stacks.facts(inp.procs, inp.topology), inp.topology, job=inp.job)
+
+
+def no_suspect(v) -> bool:
+    return v.suspect_nodes == () and v.culprit_nodes == () and v.verdict in ("healthy", "inconclusive")
+
+
+# -- a hang needs a blocked majority ---------------------------------------------------------------
+
+
+def test_real_healthy_gloo_job_names_nobody_from_any_snapshot_or_all_rounds() -> None:
+    # each snapshot: rank 0 (or none) waits in all_reduce while the others compute; the job was running
+    root = DATA / "healthy_gloo_pyspy_3rounds"
+    v = stack_verdict(load_inputs(root, gpus_per_node=1))
+    assert no_suspect(v) and v.n_snapshots == 3, v.explain()
+    for snap in sorted(root.iterdir()):
+        v = stack_verdict(load_inputs(snap, gpus_per_node=1))
+        assert v.verdict == "healthy" and no_suspect(v), v.explain()
+        assert any("running when captured" in r for r in v.reasons), v.reasons
+
+
+def test_probe_hang_names_rank_3_and_says_it_rests_on_the_premise(probe_dir: Path) -> None:
+    v = stack_verdict(load_inputs(probe_dir / "pyspy" / "text", gpus_per_node=1))
+    assert v.verdict == "hang" and v.culprit_ranks == (3,) and v.suspect_nodes == ("node-3",)
+    assert any("premise that the job was stuck" in r for r in v.reasons), v.reasons
+
+
+def _probe_rounds(tmp_path: Path, probe_dir: Path, busy_rounds: set[int], n: int = 5) -> Path:
+    """The probe's real stacks re-laid as ``n`` rounds: ranks 0-2 wait in the all_reduce in every round, rank
+    3 computes in ``busy_rounds`` and waits in the all_reduce (rank 0's stack) in the others."""
+    text = probe_dir / "pyspy" / "text"
+    for k in range(n):
+        d = tmp_path / f"snapshot-{k}"
+        d.mkdir(parents=True)
+        for r in range(3):
+            shutil.copy(text / f"rank{r}.txt", d / f"rank{r}.txt")
+        shutil.copy(text / ("rank3.txt" if k in busy_rounds else "rank0.txt"), d / "rank3.txt")
+    return tmp_path
+
+
+def _steps(times: list[float], ranks: int = 4, step_s: float = 2.0) -> pl.DataFrame:
+    """Step records of every rank, one step ending every ``step_s`` seconds over ``times``."""
+    ends = [times[0] - 5.0 + i * step_s for i in range(int((times[-1] - times[0] + 6) / step_s))]
+    rows = [(r, i, "step", step_s, e - step_s) for i, e in enumerate(ends) for r in range(ranks)]
+    return pl.DataFrame(rows, schema=["rank", "step", "op", "duration_s", "start_s"], orient="row")
+
+
+def test_probe_re_laid_as_five_rounds_is_fail_slow_when_steps_complete_and_a_hang_when_they_do_not(
+    tmp_path: Path, probe_dir: Path
+) -> None:
+    inp = load_inputs(_probe_rounds(tmp_path, probe_dir, busy_rounds={0, 1, 3, 4}), gpus_per_node=1)
+    # the vote alone: rank 3 is the busy stack outlier in 4 of 5 rounds, its peers never
+    f = stacks.facts(inp.procs, inp.topology)
+    v = vote([round_states(a) for a in f.analyses], inp.topology)
+    assert v.degrader is not None and v.degrader.culprit_ranks == (3,) and v.degrader.flags == 4
+    times = {k: 1000.0 + 10 * k for k in range(5)}
+    moving = run_diagnose(
+        Inputs(
+            job="p", topology=inp.topology, procs=inp.procs, timings=_steps(list(times.values())), snapshot_times=times
+        )
+    )
+    assert moving.verdict == "fail-slow" and moving.culprit_nodes == ("node-3",), moving.explain()
+    assert moving.suspect_nodes == ("node-3",) and moving.culprit_ranks == (3,)
+    # the same stacks with steps that stopped long before the rounds: rank 3 left its wait once, then the job
+    # froze with it computing - a hang that began during the capture
+    stuck = run_diagnose(
+        Inputs(job="p", topology=inp.topology, procs=inp.procs, timings=_steps([900.0, 960.0]), snapshot_times=times)
+    )
+    assert stuck.verdict == "hang" and stuck.culprit_ranks == (3,), stuck.explain()
+    assert any("stuck" in r for r in stuck.reasons), stuck.reasons
+
+
+# -- fail-slow from rounds -------------------------------------------------------------------------
+
+
+def _throttled(tmp_path: Path, *, prefixes: bool) -> Path:
+    """The real throttled job's 5 rounds with one manifest (hosts gpu-node-q..t, rank 6 on gpu-node-t);
+    with ``prefixes`` the odd hosts' install prefix is rewritten, as nodes of one job differ."""
+    out = tmp_path / "throttled"
+    rows = ["file,rank,node,snapshot"]
+    for rnd in sorted((DATA / "throttled_mp8").iterdir()):
+        k = int(rnd.name.split("-")[1])
+        for f in sorted(rnd.iterdir()):
+            r = int(re.search(r"rank(\d+)", f.name).group(1))
+            host = "gpu-node-" + "qrst"[r // 2]
+            text = f.read_text()
+            if prefixes and (r // 2) % 2:
+                text = text.replace(
+                    "/work/baseline/src/.venv/lib/python3.11/site-packages/", "/opt/conda/lib/python3.11/site-packages/"
+                )
+            dst = out / f"snapshot-{k}" / host / f.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_text(text)
+            rows.append(f"snapshot-{k}/{host}/{f.name},{r},{host},{k}")
+    (out / "manifest.csv").write_text("\n".join(rows) + "\n")
+    return out
+
+
+@pytest.mark.parametrize("prefixes", [False, True])
+def test_real_throttled_rank_over_five_rounds_is_fail_slow_on_its_node(tmp_path: Path, prefixes: bool) -> None:
+    # mixed text/JSON dumps; the outliers shift from round to round (rank 6 is caught in spin_compute in 3
+    # rounds, receiving its batch in one); its TP peer rank 7 on the same node
+    inp = load_inputs(_throttled(tmp_path, prefixes=prefixes), layout="tp=2,pp=2,dp=2", gpus_per_node=2)
+    assert {p.source_format for p in inp.procs} >= {"pyspy-text", "pyspy-json"}
+    v = stack_verdict(inp)
+    assert v.verdict == "fail-slow", v.explain()
+    assert v.culprit_ranks == (6,) and v.culprit_nodes == ("gpu-node-t",) and v.suspect_nodes == ("gpu-node-t",)
+    per_round = [set(r["flagged"]) for r in v.details["rounds"]]
+    assert len({frozenset(s) for s in per_round}) > 1  # the flagged set shifts between rounds
+
+
+def test_healthy_rounds_flag_nobody_more_than_once(tmp_path: Path) -> None:
+    root = DATA / "healthy_gloo_pyspy_3rounds"
+    inp = load_inputs(root, gpus_per_node=1)
+    f = stacks.facts(inp.procs, inp.topology)
+    counts: dict[int, int] = {}
+    for a in f.analyses:
+        for r in flag_round(round_states(a)).nonzero()[0].tolist():
+            counts[r] = counts.get(r, 0) + 1
+    assert max(counts.values(), default=0) <= 1, counts
+
+
+# -- failed captures are no evidence ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error", ["permission_denied", "concurrent_eperm", "not_python"])
+def test_a_failed_capture_in_a_healthy_job_names_nobody(tmp_path: Path, error: str) -> None:
+    snap = DATA / "healthy_gloo_pyspy_3rounds" / "snapshot-1"
+    for f in snap.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    shutil.copy(DATA / "pyspy_errors" / f"{error}.txt", tmp_path / "rank2.txt")
+    v = stack_verdict(load_inputs(tmp_path, gpus_per_node=1))
+    assert no_suspect(v), v.explain()
+    problems = v.details["collection_problems"]
+    assert [p["rank"] for p in problems] == [2]
+    assert any(r.startswith("  rank 2: py-spy failed") for r in v.reasons), v.reasons
+
+
+def test_a_permission_error_in_a_hang_is_reported_and_the_culprit_still_named(tmp_path: Path, probe_dir: Path) -> None:
+    for r in (0, 2, 3):
+        shutil.copy(probe_dir / "pyspy/text" / f"rank{r}.txt", tmp_path / f"rank{r}.txt")
+    shutil.copy(DATA / "pyspy_errors" / "permission_denied.txt", tmp_path / "rank1.txt")
+    v = stack_verdict(load_inputs(tmp_path, gpus_per_node=1))
+    assert v.verdict == "hang" and v.culprit_ranks == (3,) and v.suspect_nodes == ("node-3",), v.explain()
+    assert 1 not in v.suspect_ranks
+    line = next(r for r in v.reasons if r.startswith("  rank 1:"))
+    assert "Permission Denied" in line and "CAP_SYS_PTRACE" in line
+
+
+def test_a_process_gone_whose_group_waits_for_it_is_a_missing_dump(tmp_path: Path, probe_dir: Path) -> None:
+    # py-spy found rank 3's process gone; ranks 0-2 wait in the all_reduce it never joins
+    for r in range(3):
+        shutil.copy(probe_dir / "pyspy/text" / f"rank{r}.txt", tmp_path / f"rank{r}.txt")
+    shutil.copy(DATA / "pyspy_errors" / "nonexistent_pid.txt", tmp_path / "rank3.txt")
+    v = stack_verdict(load_inputs(tmp_path, gpus_per_node=1))
+    assert v.verdict == "hang" and v.culprit_ranks == (3,) and v.suspect_nodes == ("node-3",), v.explain()
+    assert any(e.kind == "missing-dump" and "gone" in e.detail for e in v.evidence)
+
+
+def test_a_process_gone_in_a_running_job_is_only_a_collection_problem(tmp_path: Path) -> None:
+    snap = DATA / "healthy_gloo_pyspy_3rounds" / "snapshot-0"
+    for f in snap.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    shutil.copy(DATA / "pyspy_errors" / "nonexistent_pid.txt", tmp_path / "rank3.txt")
+    v = stack_verdict(load_inputs(tmp_path, gpus_per_node=1))
+    assert no_suspect(v), v.explain()
+    assert v.details["collection_problems"][0]["kind"] == "process-gone"
+
+
+def test_expected_ranks_decide_whether_a_rank_without_a_dump_is_missing(tmp_path: Path, probe_dir: Path) -> None:
+    # rank 2 has no file: evidence only when the rank is known to exist from an independent source
+    for r in (0, 1, 3):
+        shutil.copy(probe_dir / "pyspy/text" / f"rank{r}.txt", tmp_path / f"rank{r}.txt")
+    inp = load_inputs(tmp_path, gpus_per_node=1)
+    known = stacks.facts(inp.procs, inp.topology, expected=[0, 1, 2, 3]).analyses[-1]
+    assert 2 in known.missing_ranks and 2 in known.outlier_ranks
+    unknown = stacks.facts(inp.procs, inp.topology, expected=[0, 1, 3]).analyses[-1]
+    assert 2 not in unknown.missing_ranks and 2 not in unknown.outlier_ranks
+
+
+# -- localize from the strong culprits outward -----------------------------------------------------
+
+
+def _fh(*frames: str) -> str:
+    lines = ["Current thread 0x00007f0000000001 (most recent call first):"]
+    for f in frames:
+        fn, where = f.split("@")
+        file, line = where.split(":")
+        lines.append(f'  File "{file}", line {line} in {fn}')
+    return "\n".join(lines) + "\n"
+
+
+def test_a_culprit_whose_replica_spans_most_nodes_is_named_and_its_victims_are_not_evicted(tmp_path: Path) -> None:
+    # tp=2,pp=3,dp=2 on 3 nodes x 4 (investigation s6): rank 1 computes; its TP peer and the pipeline stages
+    # of replica 0 wait in TP all_reduce / recv; replica 1 waits in the DP all_reduce
+    busy = _fh("matmul@/job/train.py:95", "forward@/job/train.py:171", "<module>@/job/train.py:332")
+    tp_wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "forward@/job/train.py:249", "<module>@/job/train.py:332")
+    recv = _fh("recv@/t/distributed_c10d.py:2799", "main@/job/train.py:187", "<module>@/job/train.py:332")
+    dp_wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "main@/job/train.py:201", "<module>@/job/train.py:332")
+    # rank = tp + 2*dp + 4*pp: replica 0 = 0,1,4,5,8,9; replica 1 = 2,3,6,7,10,11
+    stack = {0: tp_wait, 1: busy, 4: recv, 5: recv, 8: recv, 9: recv}
+    for r in range(12):
+        (tmp_path / f"rank{r}.txt").write_text(stack.get(r, dp_wait))
+    inp = load_inputs(tmp_path, layout="tp=2,pp=3,dp=2", gpus_per_node=4)
+    v = stack_verdict(inp)
+    assert v.verdict == "hang" and v.culprit_ranks == (1,), v.explain()
+    assert v.suspect_nodes == ("node-0",) and v.culprit_nodes == ("node-0",)
+    victims = {r for e in v.evidence if e.kind == "victim" for r in e.ranks}
+    assert victims == {0, 4, 5, 8, 9}
+
+
+def test_strong_culprits_in_unrelated_groups_are_inconclusive(tmp_path: Path) -> None:
+    busy = _fh("matmul@/job/train.py:95", "forward@/job/train.py:171", "<module>@/job/train.py:332")
+    wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "main@/job/train.py:201", "<module>@/job/train.py:332")
+    for r in range(16):
+        (tmp_path / f"rank{r}.txt").write_text(busy if r in (1, 14) else wait)
+    v = stack_verdict(load_inputs(tmp_path, layout="tp=2,pp=2,dp=4", gpus_per_node=2))
+    assert v.verdict == "inconclusive" and v.suspect_nodes == (), v.explain()
+    assert any("unrelated" in r for r in v.reasons)
+
+
+def test_c10d_work_wait_is_a_collective_wait() -> None:
+    from rankscope.analytics.stacks.frames import classify
+    from rankscope.datasets.domain.stacks import Frame
+
+    frames = (
+        Frame("wait", "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 2833),
+        Frame("finish_grad_sync", "/m/megatron/core/distributed/param_and_grad_buffer.py", 536),
+    )
+    assert classify(frames)[0] == "collective"
+    importing = (
+        Frame("<module>", "/venv/torch/_ops.py", 1100),
+        Frame("_find_and_load", "<frozen importlib._bootstrap>", 1176),
+        Frame("<module>", "/job/train.py", 3),
+    )
+    assert classify(importing)[0] == "startup"
+    # with NCCL the CPU blocks in the next device sync: waiting on its own GPU, not running its own code
+    sync = (
+        Frame("synchronize", "/venv/lib/python3.11/site-packages/torch/cuda/__init__.py", 1219),
+        Frame("train_step", "/job/train.py", 80),
+    )
+    assert classify(sync)[0] == "device-wait"
+    in_p2p = (sync[0], Frame("_communicate", "/m/megatron/core/pipeline_parallel/p2p_communication.py", 398))
+    assert classify(in_p2p)[0] == "p2p"
+
+
+def test_verdict_json_carries_the_collection_problems(tmp_path: Path) -> None:
+    snap = DATA / "healthy_gloo_pyspy_3rounds" / "snapshot-2"
+    for f in snap.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "rank1.txt").write_text("")
+    v = stack_verdict(load_inputs(tmp_path, gpus_per_node=1))
+    d = json.loads(v.to_json())
+    assert d["details"]["collection_problems"][0]["kind"] == "empty" and d["suspect_nodes"] == []
+
+
+# -- one snapshot of a running pipeline job (tp=2,pp=2,dp=2) --------------------------------------------
+
+
+@pytest.mark.parametrize("snap", ["round-0", "round-2"])
+def test_one_snapshot_of_a_real_running_pipeline_job_names_nobody(snap: str) -> None:
+    # a healthy 8-rank job caught mid-step: several ranks compute (forward, zero_grad, between steps) while the
+    # others wait in different places (TP all_reduce, pipeline send/recv, DP all_reduce)
+    inp = load_inputs(DATA / "healthy_mp8" / snap, layout="tp=2,pp=2,dp=2")
+    v = run_diagnose(inp)
+    assert no_suspect(v), v.explain()
+
+
+def test_the_rounds_of_a_real_running_pipeline_job_name_nobody() -> None:
+    v = run_diagnose(load_inputs(DATA / "healthy_mp8", layout="tp=2,pp=2,dp=2"))
+    assert no_suspect(v) and v.n_snapshots == 3, v.explain()
+
+
+def test_one_snapshot_that_looks_exactly_like_a_hang_says_it_rests_on_the_premise() -> None:
+    # round-1 caught the healthy job with rank 3 between steps and every rank that depends on it waiting: one
+    # snapshot cannot tell that from a hang (no time in it). The verdict must say it rests on the premise that
+    # the job was stuck when captured, so that the caller (and the recovery ladder) knows what it stands on.
+    v = run_diagnose(load_inputs(DATA / "healthy_mp8" / "round-1", layout="tp=2,pp=2,dp=2"))
+    assert v.verdict == "hang" and any("premise" in r for r in v.reasons), v.explain()
+    assert v.details["stuck_on_premise"] is True
+
+
+@pytest.mark.parametrize("snap", ["round-0", "round-1"])
+def test_one_snapshot_of_a_real_compute_hang_still_names_the_stuck_rank(snap: str) -> None:
+    # rank 5 spins in compute at step 25 while its peers block: a stuck job leaves one rank running
+    v = run_diagnose(load_inputs(DATA / "hang_compute_mp8" / snap, layout="tp=2,pp=2,dp=2", gpus_per_node=2))
+    assert v.verdict == "hang" and v.culprit_ranks == (5,), v.explain()
+    assert v.suspect_nodes[0] == "node-2", v.suspect_nodes
