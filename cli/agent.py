@@ -27,8 +27,8 @@ PRECEDENCE = (
 
 def register(app: typer.Typer) -> None:
     @app.command(
-        help="Run the node agent: metrics, health events, stacks on demand and on a stall; with --recover, each "
-        f"capture's verdict leads to recovery without a person.\n\n{PRECEDENCE}",
+        help="Run the node agent: metrics, health events, stacks on demand and on a stall.\n\n"
+        f"With --recover, each capture's verdict leads to recovery without a person.\n\n{PRECEDENCE}",
         epilog=EXAMPLES,
     )
     @handle_errors

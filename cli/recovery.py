@@ -148,11 +148,28 @@ def _configs(
     return ladder, guards
 
 
+PLAN_EXAMPLES = """\b
+Examples:
+  rankscope plan /data/rankscope --job llama70b-run3 --format json
+  rankscope plan verdict.json --machines gpu-0,gpu-1,gpu-2,gpu-3 --standby gpu-9
+"""
+RECOVER_EXAMPLES = """\b
+Examples:
+  rankscope recover /data/rankscope --job llama70b-run3 --backend slurm --slurm-job-id 4242
+  rankscope recover /data/rankscope --job llama70b-run3 --backend slurm --slurm-job-id 4242 --apply
+"""
+STANDBY_EXAMPLES = """\b
+Examples:
+  rankscope standby --machines 1024 --daily-failure-rate 0.0012
+"""
+
+
 def register(app: typer.Typer) -> None:
     @app.command(
-        help="Decide what to do about an incident (the decision ladder, then the guardrails): evict, restart, "
-        "roll back, stop, tolerate or collect, each with its reason. Changes nothing. "
-        "Example: rankscope plan /data/rankscope --job llama70b-run3 --format json"
+        help="Decide what to do about an incident: evict, restart, roll back, stop.\n\n"
+        "The decision ladder, then the guardrails: evict, restart, roll back, stop, tolerate or collect, each "
+        "with its reason. Changes nothing.",
+        epilog=PLAN_EXAMPLES,
     )
     @handle_errors
     def plan(
@@ -201,11 +218,12 @@ def register(app: typer.Typer) -> None:
         echo(p.to_json().rstrip() if fmt is Format.json else p.explain())
 
     @app.command(
-        help="Plan, then carry the plan out through a backend (local torchrun, Slurm, Kubernetes). DRY RUN unless "
-        "--apply: prints the exact commands or API calls; --apply makes them, one executor per job (a lock), "
-        "each action recorded in the audit trail. Exit 1 when an applied step failed, 3 when a guardrail deferred "
-        "the actions (the cool-down: the plan says until when; run it again then). "
-        "Example: rankscope recover /data/rankscope --job llama70b-run3 --backend slurm --slurm-job-id 4242"
+        help="Carry a plan out: local torchrun, Slurm or Kubernetes (dry run by default).\n\n"
+        "Plan, then carry the plan out through a backend. DRY RUN unless --apply: prints the exact commands or "
+        "API calls; --apply makes them, one executor per job (a lock), each action recorded in the audit trail. "
+        "Exit 1 when an applied step failed, 3 when a guardrail deferred the actions (the cool-down: the plan "
+        "says until when; run it again then).",
+        epilog=RECOVER_EXAMPLES,
     )
     @handle_errors
     def recover(
@@ -296,9 +314,10 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(DEFERRED)
 
     @app.command(
-        help="Size the warm-standby pool: the spare machines that cover the given quantile of concurrent failures "
-        "within the restart window (binomial, as in ByteRobust). "
-        "Example: rankscope standby --machines 1024 --daily-failure-rate 0.0012"
+        help="Size the warm standby pool for a job (machines to keep ready).\n\n"
+        "The spare machines that cover the given quantile of concurrent failures within the restart window "
+        "(binomial, as in ByteRobust).",
+        epilog=STANDBY_EXAMPLES,
     )
     @handle_errors
     def standby(
