@@ -60,14 +60,18 @@ def test_textfile_parses_and_says_what_the_store_holds(real_store: Path, tmp_pat
     fams = _families(path.read_text())
     _check_conventions(fams)
     verdict = {(s.labels["job"], s.labels["verdict"]): s.value for s in fams["rankscope_job_verdict"].samples}
-    assert verdict == {("llama-a", "hang"): 1.0, ("llama-b", "hang"): 1.0, ("field-hang", "inconclusive"): 1.0}
+    assert verdict == {("llama-a", "hang"): 1.0, ("llama-b", "hang"): 1.0, ("field-hang", "hang"): 1.0}
     named = {(s.labels["job"], s.labels["machine"], s.labels["role"]) for s in _samples(fams, "job_machine_named")}
-    assert named == {("llama-a", "gpu-bad", "culprit"), ("llama-b", "gpu-bad", "culprit")}
+    assert named == {
+        ("llama-a", "gpu-bad", "culprit"),
+        ("llama-b", "gpu-bad", "culprit"),
+        ("field-hang", "node3", "culprit"),  # the real hang's spinning rank 6
+    }
     blamed = {(s.labels["machine"], s.labels["role"]): s.value for s in _samples(fams, "machine_blamed_incidents")}
     assert blamed[("gpu-bad", "culprit")] == 2.0
     assert fams["rankscope_machine_blamed_incidents"].type == "counter"
     quar = {s.labels["machine"]: s.value for s in fams["rankscope_machine_quarantined"].samples}
-    assert quar == {"gpu-bad": 1.0}
+    assert quar == {"gpu-bad": 1.0, "node3": 0.0}
     runs = fams["rankscope_batch_runs"]
     assert runs.type == "counter" and runs.samples[0].name == "rankscope_batch_runs_total"
     assert runs.samples[0].value == 1
