@@ -91,6 +91,9 @@ class Store:
 
     @staticmethod
     def _partitions(spec: TableSpec, tbl: pa.Table) -> Iterable[tuple[tuple[str, ...], pa.Table]]:
+        if not spec.partition_by:  # a store-wide table (batch_runs): one file under ROOT/<table>/
+            yield (), tbl
+            return
         cols = [tbl.column(c).to_pylist() for c in spec.partition_by]
         keys = list(zip(*cols))
         for key in dict.fromkeys(keys):
