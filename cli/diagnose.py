@@ -11,6 +11,7 @@ from rankscope.cli.console import echo, fail, handle_errors
 from rankscope.cli.options import (
     DEFAULT_ORDER,
     ConfigOpt,
+    DumpedOnTimeoutOpt,
     Format,
     FormatOpt,
     GpusPerNodeOpt,
@@ -20,6 +21,7 @@ from rankscope.cli.options import (
     MetricFormatOpt,
     NodeLabelOpt,
     OrderOpt,
+    fr_flags,
     load_settings,
     metric_input_flags,
     store_topology_notes,
@@ -58,6 +60,7 @@ def register(app: typer.Typer) -> None:
         ),
         node_label: NodeLabelOpt = None,
         metric_format: MetricFormatOpt = None,
+        dumped_on_timeout: DumpedOnTimeoutOpt = False,
         config: ConfigOpt = None,
     ) -> None:
         """Name the machines to isolate from a job's dumps or its store.
@@ -76,7 +79,7 @@ def register(app: typer.Typer) -> None:
             gpus_per_node=gpus_per_node,
             job=job,
             config=config,
-            flags={"inputs": metric_input_flags(node_label, metric_format)},
+            flags={**fr_flags(dumped_on_timeout), "inputs": metric_input_flags(node_label, metric_format)},
         )
         if save:
             from rankscope.datasets.store.catalog import verdict_row

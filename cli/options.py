@@ -80,11 +80,26 @@ MetricFormatOpt = Annotated[
         "prometheus-text (exposition format scrapes), prometheus-json (query_range/query results).",
     ),
 ]
+DumpedOnTimeoutOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dumped-on-timeout",
+        help="The Flight Recorder dumps were written by the watchdog on a collective timeout "
+        "(TORCH_NCCL_DUMP_ON_TIMEOUT): each was taken at least one timeout after the oldest op in flight. "
+        "Time evidence for dumps that carry no capture time (a watchdog timeout line in the input's logs says "
+        "the same). Never set it for on-demand dumps of a running job.",
+    ),
+]
 
 
 def metric_input_flags(node_label: str | None, metric_format: MetricFormat | None) -> dict[str, Any]:
     """The ``[inputs]`` flags of the metric options (None = not given)."""
     return {"node_label": node_label, "metric_format": metric_format.value if metric_format is not None else None}
+
+
+def fr_flags(dumped_on_timeout: bool) -> dict[str, Any]:
+    """The settings tree of ``--dumped-on-timeout`` (None: not given, the environment or file decides)."""
+    return {"collectives": {"dumped_on_timeout": True if dumped_on_timeout else None}}
 
 
 ConfigOpt = Annotated[

@@ -32,6 +32,7 @@ from rankscope.collectors.events import (
 )
 from rankscope.collectors.gpu_metrics import GpuSampler
 from rankscope.collectors.host_metrics import HostSampler, Sample, self_usage
+from rankscope.collectors.recover import RecoveryLoop
 from rankscope.collectors.stall import StallDetector
 from rankscope.collectors.steps import (
     NanWatch,
@@ -122,10 +123,13 @@ class Agent(Tracking, Capturing):
             slow_factor=config.slow_factor,
         )
         self.trigger: Trigger | None = None
+        self.recovery = RecoveryLoop(config, self.run_dir, flush=self.writer.flush) if config.recover else None
         self.known: dict[int, _Known] = {}
         self.alive: dict[int, discovery.ProcInfo] = {}
         self.exclude = discovery.self_and_ancestors(proc_root=proc_root)
         self.failures: dict[str, int] = {}
+        self.collector_ok: dict[str, bool] = {}  # each collector's last run (the --metrics-port "up" gauge)
+        self._metrics_server: Any = None
         self.messages: list[str] = []
         self.captures: list[CaptureSummary] = []
         self.n_events = 0
@@ -187,6 +191,13 @@ class Agent(Tracking, Capturing):
             atomic_write(self.run_dir / rf.AGENT_PID, f"{os.getpid()}\n", durable=False)
         except OSError as exc:
             self._fail("pidfile", exc)
+        if self.cfg.metrics_port:  # prometheus_client is imported only when asked for (the daemon stays lean)
+            from rankscope.collectors.health import serve
+
+            try:
+                self._metrics_server = serve(self, self.cfg.metrics_port)
+            except OSError as exc:
+                self._fail("metrics_port", exc)
         self._event(Event("agent", f"agent started (pid {os.getpid()}, job {self.cfg.job})", pid=os.getpid()))
         for msg in self.messages:  # startup notes (no NVML, unreadable kernel log) are stored once too
             self._event(Event("agent", msg, pid=os.getpid()))
@@ -213,6 +224,9 @@ class Agent(Tracking, Capturing):
                 self.trigger.close()
             self.kernel_log.close()
             self.gpu.close()
+            if self._metrics_server is not None:
+                self._metrics_server.shutdown()
+                self._metrics_server = None
         return self.report()
 
     def report(self) -> AgentReport:
@@ -242,10 +256,13 @@ class Agent(Tracking, Capturing):
             ("events", self._events),
             ("steps", self._steps),
             ("capture", self._maybe_capture),
+            ("recovery", self._recover),
         ):
             try:
                 step(now)
+                self.collector_ok[name] = True
             except Exception as exc:
+                self.collector_ok[name] = False
                 self._fail(name, exc)
         if now >= self._next_flush:
             self._next_flush = now + self.cfg.flush_interval_seconds
@@ -301,6 +318,9 @@ class Agent(Tracking, Capturing):
                 offset = 0
             if p.role == "trainer" and k is None:
                 self._crash_captured = False  # a new (or restarted) trainer re-arms the crash capture
+                if not any(x.info.role == "trainer" and x.dead_since is None for x in self.known.values()):
+                    self.detector.restart()  # a relaunched job: its startup is no stall, its steps count anew
+                    self._topology_written = False  # and its ranks may run on other machines (standbys)
             self.known[p.pid] = _Known(p, node, offset, None, ident)
             new_rows.append(p.to_row(job=self.cfg.job, node=node, time=datetime.now(timezone.utc)))
         for pid, info in list(self.alive.items()):
@@ -366,11 +386,14 @@ class Agent(Tracking, Capturing):
 
     def _events(self, now: float) -> None:
         for source in (self.kernel_log, *self.watchers):
+            where = f"events.{type(source).__name__}"
             try:
                 for ev in source.poll():
                     self._event(ev)
+                self.collector_ok[where] = True
             except Exception as exc:
-                self._fail(f"events.{type(source).__name__}", exc)
+                self.collector_ok[where] = False
+                self._fail(where, exc)
 
     def _steps(self, now: float) -> None:
         pids = [p.pid for p in self.alive.values() if p.role == "trainer"]
@@ -384,6 +407,11 @@ class Agent(Tracking, Capturing):
             self._event(ev)
         for rec in sorted(records, key=lambda r: r.t):
             self.detector.progress(rec.step, rec.t)
+
+    def _recover(self, now: float) -> None:
+        if self.recovery is not None:
+            for ev in self.recovery.tick(now, self.captures, self.detector.busy):
+                self._event(ev)
 
     # -- capture -------------------------------------------------------------------------------
 

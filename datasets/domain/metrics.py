@@ -40,6 +40,7 @@ class MetricSet:
     node_label: str | None = None
     types: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    after_s: float = float("-inf")  # samples at or before this time (epoch seconds) are skipped when streamed
 
     @property
     def empty(self) -> bool:
@@ -48,6 +49,11 @@ class MetricSet:
     @property
     def paths(self) -> tuple[Path, ...]:
         return tuple(p for p, _ in self.files)
+
+    def after(self, t: float) -> MetricSet:
+        """The same set, keeping only samples after ``t`` (epoch seconds): e.g. the job as it runs since its
+        last restart."""
+        return replace(self, after_s=max(self.after_s, float(t)))
 
     def with_notes(self, notes: Sequence[str]) -> MetricSet:
         return replace(self, notes=tuple(self.notes) + tuple(notes))

@@ -180,18 +180,19 @@ def _from_store(
     job: str | None,
     series_gap_seconds: float,
     node_label: str | None = None,
+    incident: str | None = None,
 ) -> Inputs:
     from rankscope.datasets.store.stacks_table import from_table  # pyarrow: only a store needs it
     from rankscope.datasets.store.store import Store
 
     store = Store(root)
-    jobs = sorted(
-        set(store.jobs("stacks"))
-        | set(store.jobs("collectives"))
-        | set(store.jobs("fr_dumps"))
-        | set(store.jobs("metrics"))
-        | set(store.jobs("timings"))
-    )
+    evidence = ("stacks", "collectives", "fr_dumps", "metrics", "timings")
+    # a named job is looked up in its own partitions: listing every job of a 10,000-job store for each
+    # diagnosis made a batch over it quadratic
+    if job is not None and any(store.files(t, job=job) for t in evidence):
+        jobs = [job]
+    else:
+        jobs = sorted({j for t in evidence for j in store.jobs(t)})
     if job is None:
         if not jobs:
             raise InputError(f"{root}: the store holds no stacks, collectives, metrics or timings")
@@ -210,9 +211,11 @@ def _from_store(
         from_table(stacks_tbl),
         _snapshot_times(stacks_tbl),
         lambda times: latest_series(times, series_gap_seconds),
+        incident=incident,
+        gap_s=series_gap_seconds,
     )
     procs, snapshot_times, notes = chosen.procs, chosen.snapshot_times, list(chosen.notes)
-    topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
+    topo_df = _own_topology(store.read("topology", job=job), chosen.ingest_id)
     from rankscope.datasets.readers.fr_store import read_fr_captures
 
     since = min(snapshot_times.values()) - series_gap_seconds if snapshot_times else None
@@ -225,6 +228,9 @@ def _from_store(
         if store.files("ingests", job=job):
             rows = keep_fr_rows(rows, store.read("ingests", job=job), chosen.fr_sources)
         fr = list(fr_from_table(rows))
+    made_up: tuple[str, ...] = ()
+    if topo_df.height and "node_inferred" in topo_df.columns:  # names ingest made up (node-<rank // N>)
+        made_up = tuple(sorted(set(topo_df.filter(topo_df["node_inferred"].fill_null(False))["node"].to_list())))
     topo: Topology | None
     if topo_df.height and layout is None:
         coords = {d: topo_df[d].to_list() for d in DIMS if topo_df[d].null_count() == 0}
@@ -254,7 +260,19 @@ def _from_store(
         str(root),
         exits=tuple(exits),
         snapshot_times=snapshot_times,
+        inferred_nodes=made_up,
     )
+
+
+def _own_topology(topo: Any, ingest_id: str | None) -> Any:
+    """One row per rank: the chosen incident's own rows when the table says which ingest wrote them (a job
+    re-run on other machines is ingested with another topology), else the last written."""
+    if topo.height and "ingest_id" in topo.columns:
+        ids = topo["ingest_id"]
+        mine = topo.filter(ids == ingest_id) if ingest_id is not None else topo.filter(ids.is_null())
+        if mine.height:
+            topo = mine
+    return topo.unique(subset=["rank"], keep="last").sort("rank")
 
 
 def latest_series(snapshot_times: Mapping[int, float], gap_s: float = InputsConfig().series_gap_seconds) -> set[int]:
@@ -292,8 +310,12 @@ def load_inputs(
     gpus_per_node: int | None = None,
     job: str | None = None,
     config: InputsConfig | None = None,
+    incident: str | None = None,
 ) -> Inputs:
     """Load a dump directory or a store into :class:`Inputs` (InputError on bad input).
+
+    From a store, the latest incident of the job is loaded, or ``incident`` (a key of
+    :func:`rankscope.datasets.loading.incidents.incidents_of`: an ingest id or ``capture-<snapshot>``).
 
     ``gpus_per_node`` None means "not given": sibling trainers and local ranks are numbered with the
     count each host holds, and unnamed machines are ``node-<rank // 8>``."""
@@ -317,6 +339,7 @@ def load_inputs(
             job=job,
             series_gap_seconds=(config or InputsConfig()).series_gap_seconds,
             node_label=(config or InputsConfig()).node_label or None,
+            incident=incident,
         )
     with paused_gc():  # millions of small acyclic objects: full collections would make loading superlinear
         return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job, config=config or InputsConfig())

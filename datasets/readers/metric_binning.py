@@ -216,6 +216,7 @@ class Stream:
     notes: list[str] = field(default_factory=list)
     rows: int = 0
     skip_prefixes: tuple[str, ...] = ("rankscope_",)
+    after_s: float = -np.inf  # MetricSet.after_s: older samples skipped
     grid: Grid | None = None
     counters: Counters | None = None
     intervals: dict[str, float] = field(default_factory=dict)
@@ -255,6 +256,8 @@ class Stream:
         value = np.asarray(table.column("value").to_numpy(), dtype=np.float64)
         kinds = self.kind_lut()
         keep = np.isfinite(ts)
+        if self.after_s > -np.inf:
+            keep &= ts > self.after_s
         if (kinds == SKIP).any():
             keep &= kinds[reg.slot_metric[slot]] != SKIP
         if not keep.all():
@@ -370,7 +373,7 @@ def stream(ms: MetricSet, block_s: float | BlockRule, max_gap_s: float | None = 
     """The streaming pass: every chunk of ``ms`` into the grids (module docstring)."""
     from rankscope.datasets.readers.metric_files import iter_chunks, size_hint
 
-    st = Stream(types=dict(ms.types), notes=list(ms.notes))
+    st = Stream(types=dict(ms.types), notes=list(ms.notes), after_s=ms.after_s)
     hint = size_hint(ms)
     buffered: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     n_buf = 0

@@ -108,6 +108,8 @@ TOPOLOGY = TableSpec(
             pa.field("ep", pa.int32()),
             pa.field("dp", pa.int32()),
             pa.field("pp", pa.int32()),
+            pa.field("node_inferred", pa.bool_()),  # true: nobody named the machine, rankscope made node-<r // N> up
+            pa.field("ingest_id", pa.string()),  # the ingest that wrote the row (null: the agent's)
         ]
     ),
     doc="One row per rank: its node and its coordinate along each parallel dimension.",
@@ -128,9 +130,40 @@ VERDICTS = TableSpec(
             pa.field("verdict_json", pa.string()),
             pa.field("incident_time", TIME),  # when the incident happened (see datasets.store.catalog)
             pa.field("incident_source", pa.string()),  # capture | first-failure | flight-recorder | ...
+            # optional (rankscope batch fills them): which incident of the job (an ingest id, capture-<snapshot>
+            # or live) and a digest of its evidence; batch writes a (job, incident_id, input_fingerprint) once
+            pa.field("incident_id", pa.string()),
+            pa.field("input_fingerprint", pa.string()),
         ]
     ),
     doc="One row per diagnosis: the decision, its full JSON, and when the incident it explains happened.",
+)
+
+BATCH_RUNS = TableSpec(
+    "batch_runs",
+    pa.schema(
+        [
+            pa.field("run_id", pa.string(), nullable=False),
+            pa.field("started", TIME, nullable=False),
+            pa.field("finished", TIME),
+            pa.field("duration_seconds", pa.float64()),
+            pa.field("host", pa.string()),
+            pa.field("pid", pa.int64()),
+            pa.field("runner", pa.string()),  # local | ray
+            pa.field("workers", pa.int32()),
+            pa.field("jobs_total", pa.int64()),  # jobs with evidence in the store
+            pa.field("jobs_new", pa.int64()),  # jobs with evidence newer than their watermark
+            pa.field("jobs_done", pa.int64()),
+            pa.field("jobs_failed", pa.int64()),
+            pa.field("incidents_diagnosed", pa.int64()),
+            pa.field("verdicts_written", pa.int64()),
+            pa.field("failures", pa.list_(pa.string())),  # "job: one-line error"
+            pa.field("status", pa.string()),  # ok | failed | stopped
+        ]
+    ),
+    partition_by=(),
+    doc="One row per `rankscope batch` run: how long it took, what it did and which jobs failed (the export's "
+    "batch metrics come from here).",
 )
 
 COLLECTIVES = TableSpec(
@@ -252,7 +285,7 @@ EVENTS = TableSpec(
             pa.field("message", pa.string()),
             pa.field("labels", pa.string()),
             pa.field("pid", pa.int64()),
-            pa.field("action", pa.string()),  # evict | tolerate | stop-time-check | capture | none
+            pa.field("action", pa.string()),  # evict | drain | tolerate | stop-time-check | capture | none
         ]
     ),
     doc="Health events, each with a severity the recovery policy acts on (see collectors/events.py).",
@@ -277,9 +310,46 @@ TIMINGS = TableSpec(
     doc="Per-rank, per-step operation timings (Megatron timers, log_step, per-op traces).",
 )
 
+ACTIONS = TableSpec(
+    "actions",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("incident", pa.string(), nullable=False),  # the plan's idempotency key, inc-<16 hex>
+            pa.field("ts", TIME, nullable=False),
+            pa.field("who", pa.string()),  # user@host pid N
+            # evict | restart | rollback | stop | tolerate | collect | skip
+            pa.field("what", pa.string(), nullable=False),
+            pa.field("nodes", pa.list_(pa.string())),
+            pa.field("why", pa.string()),
+            pa.field("outcome", pa.string(), nullable=False),  # dry-run | ok | failed | skipped
+            pa.field("backend", pa.string()),  # local | slurm | k8s
+            pa.field("dry_run", pa.bool_(), nullable=False),
+            pa.field("rule", pa.string()),  # the ladder rule that decided
+            pa.field("commands", pa.list_(pa.string())),  # the exact commands / API calls
+            pa.field("detail", pa.string()),
+            pa.field("suspect_nodes", pa.list_(pa.string())),
+        ]
+    ),
+    doc="The recovery executor's append-only audit trail: who did what, when, why, and what came of it.",
+)
+
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
-    for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, FR_DUMPS, PROCESSES, METRICS, EVENTS, TIMINGS, INGESTS)
+    for spec in (
+        STACKS,
+        TOPOLOGY,
+        VERDICTS,
+        COLLECTIVES,
+        FR_DUMPS,
+        PROCESSES,
+        METRICS,
+        EVENTS,
+        TIMINGS,
+        INGESTS,
+        ACTIONS,
+        BATCH_RUNS,
+    )
 }
 
 

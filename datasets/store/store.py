@@ -91,6 +91,9 @@ class Store:
 
     @staticmethod
     def _partitions(spec: TableSpec, tbl: pa.Table) -> Iterable[tuple[tuple[str, ...], pa.Table]]:
+        if not spec.partition_by:  # a store-wide table (batch_runs): one file under ROOT/<table>/
+            yield (), tbl
+            return
         cols = [tbl.column(c).to_pylist() for c in spec.partition_by]
         keys = list(zip(*cols))
         for key in dict.fromkeys(keys):
@@ -167,7 +170,9 @@ class Store:
                 raise StoreError(f"{path}: corrupt or truncated Parquet file ({exc})") from None
         tbl = pa.concat_tables(parts) if parts else spec.schema.empty_table()
         if job is not None:
-            tbl = tbl.filter(pa.compute.equal(tbl.column("job"), job))
+            import pyarrow.compute as pc  # not at import: the node agent writes through this module
+
+            tbl = tbl.filter(pc.equal(tbl.column("job"), job))
         return tbl
 
     def jobs(self, name: str = "stacks") -> list[str]:
