@@ -87,13 +87,17 @@ def nanmedian(a: np.ndarray, axis: int | None = None) -> Any:
         f = a[np.isfinite(a)]
         return float(np.median(f)) if f.size else float("nan")
     m = np.moveaxis(a, axis, -1)
-    has = np.isfinite(m).any(axis=-1)
-    if has.all():
-        return np.nanmedian(m, axis=-1)
-    out = np.full(has.shape, np.nan)
-    if has.any():
-        out[has] = np.nanmedian(m[has], axis=-1)
-    return out
+    finite = np.isfinite(m)
+    if finite.all():
+        return np.median(m, axis=-1)
+    # numpy's nanmedian goes row by row (or through masked arrays) when there are NaNs; one sort along the
+    # axis puts them last, and the middle of each row's finite values is then known from their count
+    s = np.sort(np.where(finite, m, np.inf), axis=-1)
+    n = finite.sum(axis=-1)
+    lo = np.take_along_axis(s, np.maximum((n - 1) // 2, 0)[..., None], axis=-1)[..., 0].astype(np.float64)
+    hi = np.take_along_axis(s, np.maximum(n // 2, 0)[..., None], axis=-1)[..., 0].astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(n > 0, (lo + hi) / 2, np.nan)
 
 
 def nanmean(a: np.ndarray) -> float:
