@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = Format.text,
         config: ConfigOpt = None,
     ) -> None:
-        """Find the machine to isolate from metrics or step timings only.
+        """Find the machine unlike its peers from metrics or step timings only.
 
         Metrics: every machine does the same work, so one whose relation to its peers changed after an
         onset and stayed changed for the continuity window is suspect (a static offset is not). Timings: a
