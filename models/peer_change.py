@@ -59,11 +59,11 @@ import numpy as np
 
 from rankscope.datasets.domain.metrics import LevelCube, MetricCube
 from rankscope.models._change import gumbel_fit
-from rankscope.models._change_tests import Calibration, FeatureTests, feature_tests, threads
+from rankscope.models._change_tests import Calibration, FeatureTests, feature_tests, threads, window_blocks
 from rankscope.models.base import BaseDetector, check_is_fitted, check_positive
 from rankscope.spine import InputError
 
-__all__ = ["Calibration", "PeerChangeDetector"]
+__all__ = ["Calibration", "PeerChangeDetector", "window_blocks"]
 
 
 class PeerChangeDetector(BaseDetector):

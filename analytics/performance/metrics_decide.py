@@ -30,7 +30,7 @@ from rankscope.analytics.performance.metrics import MetricAlert, MetricFindings,
 from rankscope.analytics.performance.metrics_words import calibration, sentence, shared_reasons, waiting
 from rankscope.config import PerfConfig
 from rankscope.datasets.domain.metrics import MetricCube
-from rankscope.models._change_tests import window_blocks
+from rankscope.models.peer_change import window_blocks
 
 WEAR = re.compile(
     r"TEMP|temperature|REPLAY|_ECC_|XID|RETIRED|REMAP|_ERROR|errors?|VIOLATION|Retrans|retrans|_drop|crc", re.IGNORECASE
