@@ -159,17 +159,13 @@ def _crash(inputs: Inputs, cfg: Config) -> Verdict | None:
 
 
 def _performance(inputs: Inputs, cfg: Config, use: set[str], notes: list[str]) -> Verdict | None:
-    """The metrics-and-timings verdict (metrics of nodes outside the job are dropped, with a note)."""
+    """The metrics-and-timings verdict (metrics of machines outside the job are dropped, with a note)."""
     metrics = inputs.metrics if "metrics" in use else None
     timings = inputs.timings if "timings" in use else None
     if metrics is None and timings is None:
         return None
     from rankscope.analytics import performance
-    from rankscope.analytics.performance.metrics import job_nodes_only
 
-    if metrics is not None and inputs.topology is not None and "node" in metrics.columns:
-        metrics, dropped = job_nodes_only(metrics, inputs.topology)
-        if dropped:
-            notes.append(f"metrics of node(s) outside the job ignored: {', '.join(dropped[:10])}")
+    # metrics of machines outside the job are left out inside (a note says which)
     f = performance.facts(metrics, timings, inputs.topology, config=cfg.performance)
     return performance.verdict(f, inputs.topology, job=inputs.job) if f is not None else None
