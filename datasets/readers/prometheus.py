@@ -39,7 +39,9 @@ _SAMPLE = (
 _SAMPLE_RE = re.compile(_SAMPLE)
 _QUOTED = r'"(?:[^"\\]|\\.)*"'
 _KEY = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*""')
-_NAME_TIME = re.compile(r"(?<![0-9])(\d{13}|\d{10})(?:\.\d+)?(?![0-9])|(\d{8}T\d{6})")
+_NAME_TIME = re.compile(
+    r"(?<![0-9])(\d{13}|\d{10})(?:\.\d+)?(?![0-9])|(\d{8}T\d{6}(?:\.\d+)?Z?)|(\d{4}-\d\d-\d\dT\d\d[:-]?\d\d[:-]?\d\d(?:\.\d+)?Z?)"
+)
 
 
 def looks_like_exposition(head: bytes) -> bool:
@@ -164,7 +166,10 @@ def _scrape_time(path: Path, n: int, notes: list[str]) -> float:
         if m.group(1):
             v = float(m.group(1))
             return v / 1e3 if len(m.group(1)) == 13 else v
-        return datetime.strptime(m.group(2), "%Y%m%dT%H%M%S").replace(tzinfo=timezone.utc).timestamp()
+        if m.group(2):
+            return datetime.strptime(m.group(2)[:15], "%Y%m%dT%H%M%S").replace(tzinfo=timezone.utc).timestamp()
+        digits = re.sub(r"[^0-9]", "", m.group(3))[:14]  # 2025-12-01T10:00:00Z, 2025-12-01T10-00-00
+        return datetime.strptime(digits, "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc).timestamp()
     notes.append(f"{path.name}: no sample timestamps and none in the file name: the scrape time is the file's mtime")
     return path.stat().st_mtime
 
@@ -273,8 +278,60 @@ def _empty() -> pa.Table:
     )
 
 
+_GENERIC = frozenset(
+    [
+        "node",
+        "nodes",
+        "exporter",
+        "exporters",
+        "dcgm",
+        "gpu",
+        "gpus",
+        "nvidia",
+        "metric",
+        "metrics",
+        "prom",
+        "prometheus",
+        "scrape",
+        "scrapes",
+        "text",
+        "textfile",
+        "dump",
+        "dumps",
+        "telemetry",
+        "job",
+        "data",
+        "out",
+        "export",
+        "exports",
+        "host",
+        "hosts",
+    ]
+)
+"""Words of exporter, job and folder names (``node_exporter``, ``dcgm-exporter``, ``metrics``, ``scrapes``): a
+name made only of them (and no digit) names no machine."""
+_EXPORTER = r"(?:node[-_]?exporter|dcgm[-_]?exporter|dcgm|exporter|metrics|prom|prometheus|scrape|textfile)"
+_AFFIX = re.compile(rf"^{_EXPORTER}[-_.]+|[-_.]+{_EXPORTER}$", re.IGNORECASE)
+
+
+def _generic(name: str) -> bool:
+    words = [w for w in re.split(r"[-_. ]+", name.lower()) if w]
+    return not any(c.isdigit() for c in name) and all(w in _GENERIC for w in words)
+
+
 def _machine_from_name(path: Path) -> str:
+    """A label-less scrape's machine: its file name without the scrape time and the exporter's name
+    (``gpu-node-17.prom``, ``gpu-node-17-dcgm-1733000000.prom``), unless nothing else is left
+    (``node-<time>.prom``, ``node_exporter.prom``, ``metrics.prom``): then the nearest folder that names
+    more than an exporter or a job (``<host>/``)."""
     stem = _NAME_TIME.sub("", path.name.split(".")[0]).strip("-_. ")
+    while _AFFIX.search(stem) and not _generic(stem):
+        stem = _AFFIX.sub("", stem, count=1).strip("-_. ")
+    if not _generic(stem):
+        return stem
+    for folder in path.parents:
+        if folder.name and not _generic(folder.name):
+            return folder.name
     return stem or path.parent.name
 
 
@@ -292,7 +349,7 @@ def assign_machine(path: Path, frame: Any, node_label: str | None, notes: list[s
         mcol = next((c for c in MACHINE_LABELS if c in cols), None)
     if mcol is None:
         name = _machine_from_name(path)
-        notes.append(f"{path.name}: no node/Hostname/instance label: machine named {name!r} from the file name")
+        notes.append(f"{path.name}: no node/Hostname/instance label: machine named {name!r} from its path")
         frame = frame.with_columns(pl.lit(name).alias("node"))
     else:
         node = pl.col(mcol).cast(pl.Utf8)

@@ -5,6 +5,7 @@ file."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -238,3 +239,25 @@ def test_empty_query_result_is_a_note_not_a_crash(tmp_path):
         json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [{"metric": {}, "values": []}]}})
     )
     assert _frame(p).height == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "machine"),
+    [
+        # one file per scrape under a host folder, named after the exporter (an outside tester's layout)
+        ("scrapes/dgx-h100-0728/node-20251201T101415Z.prom", "dgx-h100-0728"),
+        ("scrapes/dgx-h100-0728/node_exporter_1733000000.prom", "dgx-h100-0728"),
+        ("node-17/dcgm-exporter-1733000000.prom", "node-17"),
+        ("incident/metrics.prom", "incident"),
+        # one file per machine: the file names it, without the exporter's name or the time
+        ("telemetry/a3-megagpu-029.prom", "a3-megagpu-029"),
+        ("dcgm/gpu-node-3-dcgm.prom", "gpu-node-3"),
+        ("m/gpu-node-3_node_exporter.prom", "gpu-node-3"),
+        ("h/gpu-node-17-2025-12-01T10:00:00Z.prom", "gpu-node-17"),
+        ("node-17.prom", "node-17"),
+    ],
+)
+def test_a_label_less_scrape_is_named_after_its_host_not_its_exporter(path: str, machine: str) -> None:
+    from rankscope.datasets.readers.prometheus import _machine_from_name
+
+    assert _machine_from_name(Path("/data") / path) == machine
