@@ -319,7 +319,7 @@ def _special(p: Path, rng: random.Random, ctx: dict[str, Any]) -> str:
 
 
 def _store_mutation(d: Path, rng: random.Random, ctx: dict[str, Any]) -> str:
-    parts = sorted(d.rglob("*.parquet"))
+    parts = [p for p in sorted(d.rglob("*.parquet")) if p.is_file() and not p.is_symlink()]
     op = rng.choice(["foreign_table", "bitflip_part", "truncate_part", "temp_file", "marker", "csv_as_part"])
     if op == "foreign_table" and len(parts) > 1:
         a, b = rng.sample(parts, 2)
@@ -359,19 +359,24 @@ def make_input(i: int, seed: int, seeds: dict[str, Path], work: Path, ctx: dict[
     shutil.copytree(src, dst, symlinks=True)
     ops = []
     for _ in range(rng.choice([1, 1, 2, 3])):
-        if name == "store" and rng.random() < 0.6:
-            ops.append(_store_mutation(dst, rng, ctx))
-            continue
-        files = _files(dst)
-        if not files:
-            break
-        target = rng.choice(files)
-        if name.startswith(("metrics", "timings")) and rng.random() < 0.5:
-            ops.append(_table_mutation(target, rng))
-        else:
-            ops.append(mutate_file(target, rng, ctx))
+        try:
+            ops.append(_mutate_one(name, dst, rng, ctx))
+        except OSError as exc:  # a mutation that met an earlier one (a file made a FIFO or a link)
+            ops.append(f"skipped:{exc.strerror}")
     mode = "fr" if name.split("-")[0] in FR_ONLY else "dir"
     return {"i": i, "seed_dir": name, "mode": mode, "ops": [o[:60] for o in ops]}
+
+
+def _mutate_one(name: str, dst: Path, rng: random.Random, ctx: dict[str, Any]) -> str:
+    if name == "store" and rng.random() < 0.6:
+        return _store_mutation(dst, rng, ctx)
+    files = _files(dst)
+    if not files:
+        return "none"
+    target = rng.choice(files)
+    if name.startswith(("metrics", "timings")) and rng.random() < 0.5:
+        return _table_mutation(target, rng)
+    return mutate_file(target, rng, ctx)
 
 
 def _table_mutation(p: Path, rng: random.Random) -> str:

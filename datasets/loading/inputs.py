@@ -8,7 +8,7 @@ manifest or the store's ``topology`` table. The analysis then runs on the in-mem
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from rankscope.config import InputsConfig
 from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
-from rankscope.datasets.loading.names import infer_topology, inferred_nodes, inferred_note
+from rankscope.datasets.loading.names import check_ranks, infer_topology, inferred_nodes, inferred_note
 from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events
 from rankscope.datasets.readers.rundir_rounds import stack_rounds
@@ -49,6 +49,7 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
         | {e.rank for e in src.exits}
         | (set(src.logs.ranks) if src.logs is not None else set())
     )
+    check_ranks(_rank_sources(procs, src), layout=layout, where=str(root))  # before any list sized by a rank
     notes: list[str] = list(src.notes) + round_notes
     topo: Topology | None
     coords = _hook_coords(dd, world_ranks, notes) if layout is None else None
@@ -111,6 +112,24 @@ def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, j
             )
         ),
     )
+
+
+def _rank_sources(procs: Sequence[ProcStacks], src: Any) -> Iterator[tuple[int, str]]:
+    """Every rank the evidence names, with the file that names it."""
+    for p in procs:
+        if p.rank is not None:
+            yield p.rank, p.source
+    for d in src.fr:
+        yield d.rank, d.source_file
+    for e in src.exits:
+        yield e.rank, e.source
+    if src.logs is not None:
+        for r in src.logs.ranks:
+            yield r, "the logs"
+    for d in src.fr:
+        for pg in d.pg_config.values():
+            for r in pg.ranks or ():
+                yield r, f"{d.source_file} (pg_config)"
 
 
 def _source_files(dd: DumpDir, procs: Sequence[ProcStacks], fr: Sequence[Any]) -> tuple[tuple[str, str], ...]:
@@ -316,6 +335,7 @@ def load_fr_inputs(
 
     dumps = read_fr_dir(path, prefix=prefix)
     lay = Layout.parse(layout, order or "tp-cp-ep-dp-pp") if layout else None
+    check_ranks(((d.rank, d.source_file) for d in dumps), layout=lay, where=str(path))
     topo, notes = infer_topology(
         [d.rank for d in dumps], {}, layout=lay, gpus_per_node=gpus_per_node or 8, where=str(path)
     )

@@ -22,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from rankscope.datasets.domain.bounds import FOREIGN, INT64_MAX, INT64_MIN, MAX_LINE_NO, to_float, to_int
 from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry
 from rankscope.datasets.domain.stacks import Frame
 from rankscope.datasets.readers.fr_files import (
@@ -32,7 +33,6 @@ from rankscope.datasets.readers.fr_files import (
     read_bytes,
     select_fr_files,
 )
-from rankscope.datasets.readers.fr_groups import opt_int as _opt_int
 from rankscope.datasets.readers.fr_groups import pg_config as _pg_config
 from rankscope.datasets.readers.fr_groups import pg_status as _pg_status
 from rankscope.spine import InputError, ParseError, paused_gc, progress
@@ -51,7 +51,7 @@ def parse_dump(
 ) -> FRDump:
     """An :class:`FRDump` from an already decoded FR dict (e.g. the bytes of ``_dump_fr_trace``)."""
     if rank is None and isinstance(raw.get("rank"), int):
-        rank = int(raw["rank"])
+        rank = to_int(raw["rank"], lo=0)
     if rank is None:
         rank = rank_from_name(path)
     if rank is None or rank < 0:
@@ -64,21 +64,21 @@ def parse_dump(
     frame_cache: dict[int, tuple[Frame, ...]] = {}
     try:  # the hot path: one comprehension; a bad entry is found again below to name it
         entries = [_entry(e, frame_cache) for e in entries_raw]
-    except (TypeError, ValueError, KeyError, AttributeError):
+    except FOREIGN:
         entries = []
         for i, e in enumerate(entries_raw):
             if type(e) is not dict and not isinstance(e, Mapping):
                 raise ParseError(path, f"entry {i} is a {type(e).__name__}, not a dict") from None
             try:
                 entries.append(_entry(e, frame_cache))
-            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            except FOREIGN as exc:
                 raise ParseError(path, f"entry {i}: {exc}") from None
     notes: list[str] = []
     try:
         pg_config = _pg_config(raw.get("pg_config"))
         pg_status = _pg_status(raw.get("pg_status"), {e.pg_id: e.pg_name for e in entries}, notes)
-        dump_time = _opt_int(raw.get(DUMP_TIME_KEY))
-    except (TypeError, ValueError, SyntaxError) as exc:
+        dump_time = _opt_i64(raw.get(DUMP_TIME_KEY))
+    except (*FOREIGN, SyntaxError) as exc:
         raise ParseError(path, f"bad pg_config/pg_status/{DUMP_TIME_KEY}: {exc}") from None
     return FRDump(
         rank=int(rank),
@@ -175,13 +175,34 @@ def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
 
 
 def shapes(v: Any) -> tuple[tuple[int, ...], ...]:
+    """Tensor shapes as tuples of ints; anything else (deeper nesting, strings, huge numbers) a ValueError."""
     if not v:
         return ()
     try:
-        return tuple(map(tuple, v))  # the decoders only produce plain scalars, so no per-number check
+        out = tuple(map(tuple, v))
+        if all(x.__class__ is _INT for s in out for x in s):  # what PyTorch writes: plain ints
+            return out
     except TypeError:
         pass
-    return tuple(tuple(int(x) for x in s) if isinstance(s, (list, tuple)) else (int(s),) for s in v)
+    return tuple(tuple(_i64(x) for x in s) if isinstance(s, (list, tuple)) else (_i64(s),) for s in v)
+
+
+def _i64(v: Any, default: int | None = None) -> int:
+    """A 64-bit integer field (``default`` when absent); anything else is a ValueError naming the value."""
+    if v is None and default is not None:
+        return default
+    out = to_int(v)
+    if out is None:
+        raise ValueError(f"{str(v)[:40]!r} is not a 64-bit integer")
+    return out
+
+
+def _opt_i64(v: Any) -> int | None:
+    return None if v is None or v == "" else _i64(v)
+
+
+def _duration(v: Any) -> float | None:
+    return None if v is None else to_float(v)
 
 
 def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
@@ -197,7 +218,7 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
             Frame(
                 str(f.get("name", f.get("function", "?"))),
                 str(f.get("filename", f.get("file", ""))),
-                int(f["line"]) if f.get("line") is not None else None,
+                to_int(f.get("line"), lo=0, hi=MAX_LINE_NO),
             )
             for f in v
             if isinstance(f, Mapping)
@@ -236,6 +257,7 @@ _SPLIT: dict[str, tuple[str, str, int | None, int | None]] = {}
 _PG_ID: dict[object, str] = {}
 _INT = int
 _NONE = type(None)
+_LO, _HI = INT64_MIN, INT64_MAX
 
 
 def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
@@ -277,8 +299,13 @@ def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> F
         or t1.__class__ not in (_INT, _NONE)
         or t2.__class__ not in (_INT, _NONE)
         or tmo.__class__ not in (_INT, _NONE)
+        or not (_LO <= seq <= _HI and _LO <= record_id <= _HI and _LO <= op_id <= _HI and _LO <= p2p_seq <= _HI)
+        or not (t0 is None or _LO <= t0 <= _HI)
+        or not (t1 is None or _LO <= t1 <= _HI)
+        or not (t2 is None or _LO <= t2 <= _HI)
+        or not (tmo is None or _LO <= tmo <= _HI)
     ):
-        return _entry_tolerant(e, frame_cache)
+        return _entry_tolerant(e, frame_cache)  # checks each field: a value out of 64 bits is a ValueError
     split = _SPLIT.get(pname)
     if split is None:
         split = _SPLIT[pname] = split_profiling_name(pname)
@@ -307,7 +334,7 @@ def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> F
             t0,
             t1,
             t2,
-            None if duration is None else float(duration),
+            None if duration is None else _duration(duration),
             tmo,
             shapes(ins) if ins else (),
             tuple(in_dt) if in_dt else (),
@@ -336,13 +363,13 @@ def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ..
     p2p_seq, op_id, duration = get("p2p_seq_id"), get("op_id"), get("duration_ms")
     in_dt, out_dt = get("input_dtypes"), get("output_dtypes")
     return FREntry(
-        int(get("record_id", -1)),
+        _i64(get("record_id"), -1),
         str(pg_id) if pg_id is not None else pg_name,
         pg_name,
         pg_desc,
-        int(seq) if seq is not None else -1,
-        int(p2p_seq) if p2p_seq is not None else -1,
-        int(op_id) if op_id is not None else -1,
+        _i64(seq, -1),
+        _i64(p2p_seq, -1),
+        _i64(op_id, -1),
         pname,
         backend,
         op,
@@ -351,11 +378,11 @@ def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ..
         dst,
         str(get("state") or ""),
         bool(get("retired", False)),
-        _opt_int(get("time_created_ns")),
-        _opt_int(get("time_discovered_started_ns")),
-        _opt_int(get("time_discovered_completed_ns")),
-        float(duration) if duration is not None else None,
-        _opt_int(get("timeout_ms")),
+        _opt_i64(get("time_created_ns")),
+        _opt_i64(get("time_discovered_started_ns")),
+        _opt_i64(get("time_discovered_completed_ns")),
+        _duration(duration),
+        _opt_i64(get("timeout_ms")),
         shapes(get("input_sizes")),
         tuple(map(str, in_dt)) if in_dt else (),
         shapes(get("output_sizes")),
