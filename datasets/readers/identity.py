@@ -23,13 +23,15 @@ Rules (the order is the order of trust; see :mod:`rankscope.datasets.domain.iden
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from rankscope.spine import InputError
+from rankscope.datasets.domain.bounds import int_text, limits, open_regular
+from rankscope.spine import InputError, ParseError
 
 MANIFEST = "manifest.csv"
 
@@ -155,7 +157,7 @@ def _roles() -> tuple[str, ...]:
 def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
     """Rows of one manifest.csv, validated (one clear error naming the file and line)."""
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with io.TextIOWrapper(open_regular(path), newline="", encoding="utf-8") as fh:
             reader = csv.reader(fh)
             header = [h.strip() for h in next(reader, [])]
             missing = {"file", "rank"} - set(header)
@@ -176,18 +178,25 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
                 if not row["file"]:
                     raise InputError(f"{rel}: line {i}: empty 'file'")
                 if not row["rank"].isdigit():
-                    raise InputError(f"{rel}: line {i}: rank {row['rank']!r} is not a non-negative integer")
+                    raise InputError(f"{rel}: line {i}: rank {row['rank'][:40]!r} is not a non-negative integer")
+                if int_text(row["rank"], lo=0, hi=limits().max_world_size - 1) is None:
+                    raise InputError(
+                        f"{rel}: line {i}: rank {row['rank'][:40]!r} is not a rank (an integer 0 .. "
+                        f"{limits().max_world_size - 1}, limits.max_world_size)"
+                    )
                 role = row.get("role")
                 if role and role not in _roles():
                     raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(_roles())}")
                 for col in ("pid", "snapshot", "local_rank"):
                     v = row.get(col)
-                    if v and not v.isdigit():
-                        raise InputError(f"{rel}: line {i}: {col} {v!r} is not an integer")
+                    if v and (not v.isdigit() or int_text(v, lo=0) is None):
+                        raise InputError(f"{rel}: line {i}: {col} {v[:40]!r} is not a 64-bit integer")
                 rows.append(row)
             return rows
     except UnicodeDecodeError:
         raise InputError(f"{rel}: not a UTF-8 CSV file") from None
+    except ParseError as exc:  # not a regular file, unreadable
+        raise InputError(f"{rel}: {exc.what}") from None
     except csv.Error as exc:
         raise InputError(f"{rel}: malformed CSV ({exc})") from None
     except OSError as exc:
