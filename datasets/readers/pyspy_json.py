@@ -38,7 +38,7 @@ def _salvage(text: str) -> list[Any]:
             break
         try:
             obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # cut here, or a value no reader takes
             break
         out.append(obj)
     return out
@@ -56,7 +56,7 @@ def _concatenated(text: str) -> list[Any] | None:
             break
         try:
             obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(obj, list):
             return None
@@ -88,7 +88,9 @@ def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
         data = json.loads(text)
     except RecursionError:
         return [failed_dump(source_file, FORMAT, "invalid JSON (nested too deeply)", kind="unreadable")]
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:
+        if not isinstance(exc, json.JSONDecodeError):  # a number over Python's 4,300-digit limit
+            return [failed_dump(source_file, FORMAT, f"invalid JSON ({str(exc)[:80]})", kind="unreadable")]
         data = _concatenated(text) if exc.msg == "Extra data" else None
         if data is None:
             data = _salvage(text)

@@ -147,7 +147,8 @@ def requested_at(chunk: str) -> float | None:
     """When the dump in ``chunk`` was requested through the hook (``stack`` on its FIFO), or None
     (a dump faulthandler wrote by itself: on SIGTERM, a signal or a fatal error)."""
     m = _REQUEST.match(chunk.split("\n", 1)[0])
-    return float(m.group(1)) if m else None
+    t = to_float(m.group(1)) if m else None
+    return t if t is not None and plausible_epoch(t) else None
 
 
 def own_dumps(text: str) -> str:
