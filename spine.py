@@ -59,6 +59,10 @@ class StoreError(RankscopeError):
     """The store is unreadable: a corrupt or truncated Parquet file, a missing or foreign root."""
 
 
+class RecoveryError(RankscopeError):
+    """A recovery step that could not be carried out: a backend command failed, the job's lock is held."""
+
+
 class ParseError(InputError):
     """A dump file that no reader can make sense of."""
 

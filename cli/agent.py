@@ -12,7 +12,13 @@ EXAMPLES = """\b
 Examples:
   rankscope agent /shared/rankscope-store --job llama70b-run3 --run-dir /dev/shm/rankscope --capture-rounds 5
   rankscope agent --run-dir /dev/shm/rankscope --trigger      # ask the running agent for a capture now
+  rankscope agent /shared/rankscope-store --job llama70b-run3 --stall-seconds 600 \\
+      --recover slurm --recover-args '--slurm-job-id 4242' --apply   # close the loop without a person
 """
+NOT_FLAGS = frozenset(
+    {"config", "trigger", "apply", "extra", "resolve_agent", "exec_daemon", "request_capture", "shlex", "fail"}
+)
+"""The command's locals that are not AgentConfig fields."""
 PRECEDENCE = (
     "Settings: flags > RANKSCOPE_AGENT_<FIELD> environment variables > --config file (TOML/JSON, an "
     "[agent] table or top-level keys) > defaults."
@@ -21,7 +27,8 @@ PRECEDENCE = (
 
 def register(app: typer.Typer) -> None:
     @app.command(
-        help=f"Run the node agent: metrics, health events, stacks on demand and on a stall.\n\n{PRECEDENCE}",
+        help="Run the node agent: metrics, health events, stacks on demand and on a stall; with --recover, each "
+        f"capture's verdict leads to recovery without a person.\n\n{PRECEDENCE}",
         epilog=EXAMPLES,
     )
     @handle_errors
@@ -65,17 +72,31 @@ def register(app: typer.Typer) -> None:
             None, "--config", metavar="FILE", help="TOML or JSON config file (or RANKSCOPE_AGENT_CONFIG)."
         ),
         trigger: bool = typer.Option(False, "--trigger", help="Ask the agent of --run-dir for a capture and exit."),
+        recover: str = typer.Option(
+            None,
+            "--recover",
+            help="Close the loop: after each capture run `rankscope recover STORE --job J --backend local|slurm|k8s` "
+            "(a separate process; dry run unless --apply).",
+        ),
+        apply: bool = typer.Option(False, "--apply", help="With --recover: make the calls, not a dry run."),
+        recover_args: str = typer.Option(
+            None,
+            "--recover-args",
+            help="With --recover: the backend's options for rankscope recover, e.g. '--slurm-job-id 4242'.",
+        ),
     ) -> None:
         """Run until SIGTERM/SIGINT; SIGUSR1 or touching RUN_DIR/trigger captures stacks now."""
+        import shlex
+
         from rankscope.collectors.daemon import exec_daemon
         from rankscope.collectors.trigger import request_capture
         from rankscope.config import resolve_agent
 
-        flags = {
-            k: v
-            for k, v in locals().items()
-            if k not in ("config", "trigger", "resolve_agent", "exec_daemon", "request_capture")
-        }
+        if (apply or recover_args) and not recover:
+            fail("--apply and --recover-args need --recover local|slurm|k8s")
+        extra = (*shlex.split(recover_args or ""), *(("--apply",) if apply else ()))
+        flags = {k: v for k, v in locals().items() if k not in NOT_FLAGS}
+        flags["recover_args"] = extra if recover else None
         if trigger and not store:
             flags["store"] = "(not needed to trigger)"
         cfg = resolve_agent(flags, config_file=config)

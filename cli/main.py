@@ -23,6 +23,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sql": ("rankscope.cli.store", "Run SQL over a store with DuckDB; every table is a view."),
     "jobs": ("rankscope.cli.catalog", "List the jobs of a store, newest first."),
     "verdicts": ("rankscope.cli.catalog", "List the verdicts saved in a store, newest incident first."),
+    "plan": ("rankscope.cli.recovery", "Decide what to do about an incident: evict, restart, roll back, stop."),
+    "recover": (
+        "rankscope.cli.recovery",
+        "Carry a plan out: local torchrun, Slurm or Kubernetes (dry run by default).",
+    ),
+    "standby": ("rankscope.cli.recovery", "Size the warm standby pool for a job (machines to keep ready)."),
     "agent": ("rankscope.cli.agent", "Run the node agent: metrics, health events, stacks on demand and on a stall."),
 }
 """command -> (module with ``register(app)``, one line for ``rankscope --help``)."""

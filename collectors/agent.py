@@ -32,6 +32,7 @@ from rankscope.collectors.events import (
 )
 from rankscope.collectors.gpu_metrics import GpuSampler
 from rankscope.collectors.host_metrics import HostSampler, Sample, self_usage
+from rankscope.collectors.recover import RecoveryLoop
 from rankscope.collectors.stall import StallDetector
 from rankscope.collectors.steps import (
     NanWatch,
@@ -122,6 +123,7 @@ class Agent(Tracking, Capturing):
             slow_factor=config.slow_factor,
         )
         self.trigger: Trigger | None = None
+        self.recovery = RecoveryLoop(config, self.run_dir, flush=self.writer.flush) if config.recover else None
         self.known: dict[int, _Known] = {}
         self.alive: dict[int, discovery.ProcInfo] = {}
         self.exclude = discovery.self_and_ancestors(proc_root=proc_root)
@@ -242,6 +244,7 @@ class Agent(Tracking, Capturing):
             ("events", self._events),
             ("steps", self._steps),
             ("capture", self._maybe_capture),
+            ("recovery", self._recover),
         ):
             try:
                 step(now)
@@ -301,6 +304,9 @@ class Agent(Tracking, Capturing):
                 offset = 0
             if p.role == "trainer" and k is None:
                 self._crash_captured = False  # a new (or restarted) trainer re-arms the crash capture
+                if not any(x.info.role == "trainer" and x.dead_since is None for x in self.known.values()):
+                    self.detector.restart()  # a relaunched job: its startup is no stall, its steps count anew
+                    self._topology_written = False  # and its ranks may run on other machines (standbys)
             self.known[p.pid] = _Known(p, node, offset, None, ident)
             new_rows.append(p.to_row(job=self.cfg.job, node=node, time=datetime.now(timezone.utc)))
         for pid, info in list(self.alive.items()):
@@ -384,6 +390,11 @@ class Agent(Tracking, Capturing):
             self._event(ev)
         for rec in sorted(records, key=lambda r: r.t):
             self.detector.progress(rec.step, rec.t)
+
+    def _recover(self, now: float) -> None:
+        if self.recovery is not None:
+            for ev in self.recovery.tick(now, self.captures, self.detector.busy):
+                self._event(ev)
 
     # -- capture -------------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ ByteRobust's policy (paper §3.2) for the recovery issue to apply:
 
 - ``evict``: high-confidence, machine-specific (GPU lost, uncorrectable ECC / row-remap Xids, disk
   full or read-only): stop and evict at once, skip stop-time checks.
+- ``drain``: the GPU needs a reset at its next opportunity (Xid 63 row remap pending, 92 high corrected
+  error rate): keep training, take the machine out when the job next restarts.
 - ``tolerate``: network alerts (NIC down, carrier flap, IB link_downed): may self-recover; evict
   only when seen **twice within 5 minutes** (:data:`NETWORK_TOLERANCE`).
 - ``stop-time-check``: a crash or NaN with no clear machine: suspend and run diagnostics.
@@ -24,30 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.collectors.host_metrics import _read
+from rankscope.datasets.domain.xid import XIDS, xid_info
 
 NETWORK_TOLERANCE = (2, 300.0)
 """(count, window seconds): network alerts are tolerated until this many within the window."""
 
-# Xid -> (severity, action, meaning). From NVIDIA's Xid catalogue; unlisted Xids are warnings.
-XID = {
-    13: ("warning", "stop-time-check", "graphics engine exception (often an application bug)"),
-    31: ("warning", "stop-time-check", "GPU memory page fault (often an application bug)"),
-    43: ("warning", "none", "GPU stopped processing (application-level)"),
-    45: ("info", "none", "preemptive cleanup after a process was killed"),
-    48: ("critical", "evict", "double-bit ECC error"),
-    61: ("critical", "evict", "internal micro-controller breakpoint/warning"),
-    62: ("critical", "evict", "internal micro-controller halt"),
-    63: ("warning", "none", "ECC page retirement or row remap recorded"),
-    64: ("critical", "evict", "ECC page retirement or row remap failure"),
-    74: ("critical", "evict", "NVLink error"),
-    79: ("critical", "evict", "GPU has fallen off the bus"),
-    92: ("warning", "tolerate", "high single-bit ECC error rate"),
-    94: ("critical", "evict", "contained ECC error"),
-    95: ("critical", "evict", "uncontained ECC error"),
-    119: ("critical", "evict", "GSP RPC timeout"),
-    120: ("critical", "evict", "GSP error"),
-    140: ("critical", "evict", "unrecovered ECC error"),
-}
+# Xid -> (severity, action, meaning): NVIDIA's Xid catalogue as rankscope.datasets.domain.xid reads it (the
+# recovery ladder reads the same table); unlisted Xids are warnings to check.
+XID = {x: (i.severity, i.action, i.meaning) for x, i in XIDS.items()}
 
 KINDS = {
     "xid": ("warning", "stop-time-check"),
@@ -116,11 +102,11 @@ def xid_event(
     ts: float | None = None,
 ) -> Event:
     """An Xid event with the policy of that Xid."""
-    sev, act, meaning = XID.get(xid, ("warning", "stop-time-check", "unlisted Xid"))
-    labels = {"xid": xid, "meaning": meaning, "source": source}
+    info = xid_info(xid, message)
+    labels = {"xid": xid, "meaning": info.meaning, "source": source}
     if pci:
         labels["pci"] = pci
-    return Event("xid", message, sev, act, ts=ts or time.time(), gpu=gpu, labels=labels)
+    return Event("xid", message, info.severity, info.action, ts=ts or time.time(), gpu=gpu, labels=labels)
 
 
 _XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+),\s*(.*)")

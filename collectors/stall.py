@@ -64,6 +64,13 @@ class StallDetector:
             and self._intervals[-1] > self.slow_factor * self._baseline
         )
 
+    def restart(self) -> None:
+        """The job was launched again (a restart from a checkpoint): forget the previous launch's progress
+        (its step numbers start again below the last one seen), baseline and pending rounds."""
+        self._last_progress, self._last_step, self._baseline = None, -1, None
+        self._step_times, self._intervals, self._pending = [], [], []
+        self._armed = True
+
     def schedule(self, now: float, reason: str, detail: str = "") -> None:
         """Start a series of ``rounds`` captures now (used by the trigger and crash paths too)."""
         self._armed = False

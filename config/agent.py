@@ -50,6 +50,8 @@ class AgentConfig:
     launcher_pid: int = 0  # >0: only this launcher's process tree (several jobs on one node)
     exit_after_captures: int = 0  # >0: stop after this many captures (tests, benchmarks)
     max_runtime_seconds: float = 0.0  # >0: stop after this long
+    recover: str = ""  # local | slurm | k8s: run `rankscope recover STORE --job J --backend B` after each capture
+    recover_args: tuple[str, ...] = ()  # its other arguments (--apply, the backend's options)
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,6 +75,8 @@ class AgentConfig:
                 raise ConfigError(f"agent config: {name}={value!r} must be a positive integer")
         for name in ("exit_after_captures", "launcher_pid", "min_free_bytes"):
             check_int(f"agent config: {name}", getattr(self, name), minimum=0, error=ConfigError)
+        if self.recover not in ("", "local", "slurm", "k8s"):
+            raise ConfigError(f"agent config: recover={self.recover!r} must be local, slurm, k8s or empty (off)")
         if not self.node:
             object.__setattr__(self, "node", socket.gethostname())
         if not self.trigger_file:

@@ -6,24 +6,36 @@ Run it with torchrun (8 ranks = TP=2 x DP=2 x PP=2, Megatron order tp-cp-ep-dp-p
     RANKSCOPE_FAULT=compute-hang RANKSCOPE_FAULT_RANK=5 \\
     torchrun --standalone --nproc-per-node 8 -m rankscope.harness.faultjob --run-dir /tmp/run
 
-The model is a two-stage transformer: stage 0 = embedding + block, stage 1 = block + head. Each
-block's attention heads and MLP are split over the TP group (column-parallel then row-parallel
-linears with an all-reduce), activations and their gradients travel stage to stage with
-send/recv, and gradients are all-reduced over the DP group. Every rank has a DataLoader with
-worker processes and writes a checkpoint every ``--ckpt-every`` steps. The in-process hook
-(:mod:`rankscope.collectors.hook`) is installed, so the agent sees steps, stacks and FR dumps.
+The model (:mod:`.faultjob_model`) is a two-stage transformer: activations and their gradients travel
+stage to stage with send/recv, TP all-reduces inside each block, gradients are all-reduced over the
+DP group. Every rank has a DataLoader with worker processes. The in-process hook
+(:mod:`rankscope.collectors.hook`) is installed, so the agent sees steps, stacks and FR dumps; rank 0
+appends one line per step to ``RUN_DIR/progress.jsonl`` (step, start, end, generation, machine), and
+each injected fault one line to ``RUN_DIR/faults.jsonl`` when it begins.
 
-Faults (environment): ``RANKSCOPE_FAULT`` = one of :data:`FAULTS`, ``RANKSCOPE_FAULT_RANK`` (r),
-``RANKSCOPE_FAULT_STEP`` (first faulty step, default 4), ``RANKSCOPE_FAULT_DELAY_S`` (slow-rank).
-Fault names are spelled as everywhere in rankscope (``compute-hang``; the old ``compute_hang`` is accepted).
+Checkpoints follow the local recovery backend's contract: every ``--ckpt-every`` steps (and at the
+last step) each rank writes ``CKPT_ROOT/step-<N>/rank<r>.pt``, then after a barrier rank 0 writes the
+``COMPLETE`` marker and keeps the newest two complete checkpoints; ``CKPT_ROOT`` is
+``$RANKSCOPE_CKPT_ROOT`` (else ``RUN_DIR/ckpt``). With ``$RANKSCOPE_RESUME_FROM`` set to a complete
+checkpoint, every rank loads its shard and training goes on from the next step with the same data.
+
+Faults (environment): ``RANKSCOPE_FAULT`` = one of :data:`FAULTS`, ``RANKSCOPE_FAULT_STEP`` (first
+faulty step, default 4), ``RANKSCOPE_FAULT_DELAY_S`` (slow-rank), bound either to a rank
+(``RANKSCOPE_FAULT_RANK``) or to a machine: ``RANKSCOPE_FAULT_MACHINE=<name>`` hits the ranks running
+on that machine (``$RANKSCOPE_MACHINE``, set by the local backend), local rank
+``RANKSCOPE_FAULT_LOCAL_RANK`` (default 0: one bad GPU; ``all``: the whole machine), whichever global
+ranks the machine holds in this launch, so the fault follows the machine, not the rank, across a
+restart. ``RANKSCOPE_FAULT_SCHEDULE`` = a JSON list of such faults (``{"fault", "machine" or "rank",
+"step", "local_rank", "delay_s"}``) injects several. Fault names are spelled as everywhere in
+rankscope (``compute-hang``; the old ``compute_hang`` is accepted).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -31,6 +43,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from rankscope.harness.faultjob_model import D_MODEL, PP, TP, VOCAB, build, loader
 from rankscope.spine import atomic_write, atomic_write_with
 
 FAULTS = ("none", "compute-hang", "dataloader-stall", "p2p-stuck", "slow-rank", "crash", "nan")
@@ -41,10 +54,6 @@ step, an uncaught exception, NaN gradients (hyphenated, like ``rankscope demo --
 def fault_name(text: str) -> str:
     """``text`` in the one spelling (``slow_rank`` -> ``slow-rank``)."""
     return text.strip().replace("_", "-")
-
-
-TP, PP = 2, 2
-VOCAB, D_MODEL, HEADS, FFN = 64, 32, 2, 64
 
 
 def command(
@@ -111,31 +120,74 @@ def command(
     return argv, env
 
 
-def manifest(world_size: int, ranks_per_node: int) -> dict[str, Any]:
-    """Which simulated node each rank runs on, and its TP/DP/PP coordinates."""
+def manifest(world_size: int, ranks_per_node: int, machines: Sequence[str] = ()) -> dict[str, Any]:
+    """Which node each rank runs on (``machines`` in node-rank order when the launcher names them, else
+    ``node-k``), and its TP/DP/PP coordinates."""
     dp = world_size // (TP * PP)
+    names = list(machines) or [f"node-{k}" for k in range(-(-world_size // ranks_per_node))]
     return {
         "layout": f"tp={TP},pp={PP},dp={dp}",
         "gpus_per_node": ranks_per_node,
-        "nodes": {str(r): f"node-{r // ranks_per_node}" for r in range(world_size)},
+        "nodes": {str(r): names[r // ranks_per_node] for r in range(world_size)},
         "coords": {str(r): {"tp": r % TP, "dp": (r // TP) % dp, "pp": r // (TP * dp)} for r in range(world_size)},
     }
 
 
 class Fault:
-    """The fault this rank must inject, read from the environment."""
+    """The faults this rank must inject, read from the environment (see the module docstring)."""
 
-    def __init__(self, rank: int) -> None:
-        self.kind = fault_name(os.environ.get("RANKSCOPE_FAULT", "none") or "none")
-        if self.kind not in FAULTS:
-            raise SystemExit(f"faultjob: RANKSCOPE_FAULT={self.kind!r} is not one of {FAULTS}")
-        self.rank = int(os.environ.get("RANKSCOPE_FAULT_RANK", "0"))
-        self.step = int(os.environ.get("RANKSCOPE_FAULT_STEP", "4"))
-        self.delay_s = float(os.environ.get("RANKSCOPE_FAULT_DELAY_S", "2.0"))
-        self.mine = self.kind != "none" and rank == self.rank
+    def __init__(self, rank: int, local_rank: int = 0, machine: str = "", log: Path | None = None) -> None:
+        self.rank, self.local_rank, self.machine, self.log = rank, local_rank, machine, log
+        self._fired: set[int] = set()
+        path = os.environ.get("RANKSCOPE_FAULT_SCHEDULE", "")
+        if path:
+            try:
+                specs = json.loads(Path(path).read_text())
+            except (OSError, ValueError) as exc:
+                raise SystemExit(f"faultjob: RANKSCOPE_FAULT_SCHEDULE={path}: {exc}") from None
+        else:
+            specs = [
+                {
+                    "fault": os.environ.get("RANKSCOPE_FAULT", "none") or "none",
+                    "rank": int(os.environ.get("RANKSCOPE_FAULT_RANK", "0")),
+                    "machine": os.environ.get("RANKSCOPE_FAULT_MACHINE", ""),
+                    "local_rank": os.environ.get("RANKSCOPE_FAULT_LOCAL_RANK", "0"),
+                    "step": int(os.environ.get("RANKSCOPE_FAULT_STEP", "4")),
+                    "delay_s": float(os.environ.get("RANKSCOPE_FAULT_DELAY_S", "2.0")),
+                }
+            ]
+        for s in specs:
+            s["fault"] = fault_name(str(s.get("fault", "none") or "none"))
+            if s["fault"] not in FAULTS:
+                raise SystemExit(f"faultjob: fault {s.get('fault')!r} is not one of {FAULTS}")
+        self.specs = [s for s in specs if s.get("fault", "none") != "none" and self._mine(s)]
+        self.kind = self.specs[0]["fault"] if self.specs else "none"
+        self.delay_s = float(self.specs[0].get("delay_s", 2.0)) if self.specs else 0.0
+
+    def _mine(self, spec: dict[str, Any]) -> bool:
+        if spec.get("machine"):
+            lr = str(spec.get("local_rank", "0"))
+            return spec["machine"] == self.machine and (lr == "all" or int(lr) == self.local_rank)
+        return int(spec.get("rank", 0)) == self.rank
 
     def active(self, kind: str, step: int) -> bool:
-        return self.mine and self.kind == kind and step >= self.step
+        for i, s in enumerate(self.specs):
+            if s["fault"] == kind and step >= int(s.get("step", 4)):
+                self.delay_s = float(s.get("delay_s", 2.0))
+                if i not in self._fired:
+                    self._fired.add(i)
+                    self._record(kind, step)
+                return True
+        return False
+
+    def _record(self, kind: str, step: int) -> None:
+        """One line per injection in RUN_DIR/faults.jsonl: when the fault began (benchmarks time from it)."""
+        if self.log is None:
+            return
+        line = {"fault": kind, "rank": self.rank, "machine": self.machine, "step": step, "time": time.time(),
+                "gen": os.environ.get("RANKSCOPE_GENERATION", "1")}  # fmt: skip
+        with open(self.log, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
 
 
 # -- injected faults: named functions so their frames are recognizable in stacks --------------
@@ -159,8 +211,9 @@ def injected_slow_step(delay_s: float) -> None:
     time.sleep(delay_s)
 
 
-def injected_crash(rank: int, step: int) -> None:
-    raise RuntimeError(f"injected crash on rank {rank} at step {step}")
+def injected_crash(rank: int, step: int, machine: str = "") -> None:
+    where = f" (machine {machine})" if machine else ""
+    raise RuntimeError(f"injected crash on rank {rank}{where} at step {step}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,13 +234,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    os.environ.setdefault("RANKSCOPE_RANKS_PER_NODE", str(args.ranks_per_node))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    machine = os.environ.get("RANKSCOPE_MACHINE", "")
+    machines = [m for m in os.environ.get("RANKSCOPE_MACHINES", "").split(",") if m]
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", args.ranks_per_node)) if machines else args.ranks_per_node
+    os.environ.setdefault("RANKSCOPE_RANKS_PER_NODE", str(per_node))
     os.environ.setdefault("RANKSCOPE_RUN_DIR", args.run_dir)
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_root = Path(os.environ.get("RANKSCOPE_CKPT_ROOT") or run_dir / "ckpt")
+    generation = os.environ.get("RANKSCOPE_GENERATION", "1")
     if rank == 0:
         atomic_write(
-            run_dir / "manifest.json", json.dumps(manifest(world, args.ranks_per_node), indent=1), durable=False
+            run_dir / "manifest.json", json.dumps(manifest(world, per_node, machines), indent=1), durable=False
         )
 
     from rankscope.collectors import hook
@@ -202,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"faultjob: world size {world} is not a multiple of tp*pp={TP * PP}")
     dp = world // (TP * PP)
     tp_r, dp_r, pp_r = rank % TP, (rank // TP) % dp, rank // (TP * dp)
-    fault = Fault(rank)
+    fault = Fault(rank, local_rank, machine, run_dir / "faults.jsonl")
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
     groups: dict[str, Any] = {}
@@ -210,19 +269,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     # every rank creates every group in the same order (a torch.distributed requirement)
     for kind in ("tp", "dp", "pp"):
         for ranks in _groups_of(kind, world, dp):
-            g = dist.new_group(ranks, group_desc=kind)
+            g = dist.new_group(ranks, group_desc=kind, timeout=timedelta(seconds=args.pg_timeout_s))
             if rank in ranks:
                 groups[kind], members[kind] = g, ranks
     hook.record_groups(members)
 
-    model = _build(torch, pp_r, tp_r, groups["tp"])
+    model = build(torch, pp_r, tp_r, groups["tp"])
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = _loader(torch, args, dp_r, fault)
+    first = _resume(torch, rank, model, opt)
+
+    def stall(step: int) -> None:
+        if fault.active("dataloader-stall", step):
+            injected_dataloader_stall()
+
+    batches = loader(torch, args, dp_r, stall, first)
     peer = members["pp"][1 - pp_r]
     act_shape = (args.batch_size, args.seq_len, D_MODEL)
+    progress = open(run_dir / "progress.jsonl", "a", buffering=1) if rank == 0 else None  # noqa: SIM115
 
-    it = iter(loader)
-    for step in range(args.steps):
+    it = iter(batches)
+    for step in range(first, args.steps):
         t0 = time.time()
         tokens, targets = next(it)
         if fault.active("compute-hang", step):
@@ -230,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if fault.active("slow-rank", step):
             injected_slow_step(fault.delay_s)
         if fault.active("crash", step):
-            injected_crash(rank, step)
+            injected_crash(rank, step, machine)
         skip_send = fault.active("p2p-stuck", step)
         loss_val = None
         if pp_r == 0:
@@ -265,13 +331,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             off += g.numel()
         opt.step()
         opt.zero_grad(set_to_none=False)
-        if args.ckpt_every and step and step % args.ckpt_every == 0:
-            _checkpoint(torch, run_dir, rank, step, model, opt)
+        if args.ckpt_every and step and (step % args.ckpt_every == 0 or step == args.steps - 1):
+            _checkpoint(torch, dist, ckpt_root, rank, world, step, model, opt)
         if args.step_sleep_s:
             time.sleep(args.step_sleep_s)
         hook.log_step(step, loss=loss_val, grad_norm=local_norm, step_time_seconds=time.time() - t0)
+        if progress is not None:
+            line = {"step": step, "start": t0, "end": time.time(), "gen": generation, "machine": machine}
+            progress.write(json.dumps(line) + "\n")
     dist.barrier()
     dist.destroy_process_group()
+    if progress is not None:
+        progress.write(json.dumps({"done": args.steps, "end": time.time(), "gen": generation}) + "\n")
+        progress.close()
     return 0
 
 
@@ -285,110 +357,40 @@ def _groups_of(kind: str, world: int, dp: int) -> list[list[int]]:
     return list(out.values())
 
 
-def _build(torch: Any, pp_r: int, tp_r: int, tp_group: Any) -> Any:
-    """Stage ``pp_r`` of the model; full weights drawn from one seed per stage, then sliced per TP rank."""
-    import torch.distributed as dist
-    from torch import nn
-
-    class CopyToTP(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, x: Any) -> Any:
-            return x
-
-        @staticmethod
-        def backward(ctx: Any, g: Any) -> Any:
-            g = g.contiguous()
-            dist.all_reduce(g, group=tp_group)
-            return g
-
-    class ReduceFromTP(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, x: Any) -> Any:
-            x = x.contiguous()
-            dist.all_reduce(x, group=tp_group)
-            return x
-
-        @staticmethod
-        def backward(ctx: Any, g: Any) -> Any:
-            return g
-
-    gen = torch.Generator().manual_seed(1234 + pp_r)
-
-    def shard(out_f: int, in_f: int, dim: int) -> Any:
-        w = torch.randn(out_f, in_f, generator=gen) / math.sqrt(in_f)
-        return nn.Parameter(w.chunk(TP, dim=dim)[tp_r].clone())
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(D_MODEL), nn.LayerNorm(D_MODEL)
-            self.qkv = nn.ParameterList([shard(D_MODEL, D_MODEL, 0) for _ in range(3)])  # column-parallel
-            self.proj = shard(D_MODEL, D_MODEL, 1)  # row-parallel
-            self.fc1 = shard(FFN, D_MODEL, 0)
-            self.fc2 = shard(D_MODEL, FFN, 1)
-
-        def forward(self, x: Any) -> Any:
-            h = CopyToTP.apply(self.ln1(x))
-            q, k, v = (h @ w.t() for w in self.qkv)  # this rank's heads only
-            att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)
-            x = x + ReduceFromTP.apply((att @ v) @ self.proj.t())
-            h = CopyToTP.apply(self.ln2(x))
-            return x + ReduceFromTP.apply(torch.nn.functional.gelu(h @ self.fc1.t()) @ self.fc2.t())
-
-    class Stage(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.first = pp_r == 0
-            if self.first:
-                self.emb = nn.Parameter(torch.randn(VOCAB, D_MODEL, generator=gen) * 0.1)
-            self.block = Block()
-            if not self.first:
-                self.ln = nn.LayerNorm(D_MODEL)
-                self.head = nn.Parameter(torch.randn(VOCAB, D_MODEL, generator=gen) / math.sqrt(D_MODEL))
-
-        def forward(self, x: Any) -> Any:
-            if self.first:
-                x = self.emb[x]
-            x = self.block(x)
-            return x if self.first else self.ln(x) @ self.head.t()
-
-    return Stage()
+def _checkpoint(torch: Any, dist: Any, root: Path, rank: int, world: int, step: int, model: Any, opt: Any) -> None:
+    """Every rank writes its shard of ``step-<N>/``; after a barrier rank 0 marks it COMPLETE and keeps the
+    newest two complete checkpoints (older ones, and partial ones older than the newest, are removed)."""
+    d = root / f"step-{step:08d}"
+    d.mkdir(parents=True, exist_ok=True)
+    state = {"step": step, "world_size": world, "model": model.state_dict(), "opt": opt.state_dict()}
+    atomic_write_with(d / f"rank{rank}.pt", lambda fh: torch.save(state, fh), durable=False)
+    dist.barrier()
+    if rank != 0:
+        return
+    atomic_write(d / "COMPLETE", json.dumps({"step": step, "world_size": world, "time": time.time()}), durable=False)
+    steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*") if p.name[5:].isdigit())
+    complete = [s for s, p in steps if (p / "COMPLETE").is_file()]
+    keep = set(complete[-2:])
+    for s, path in steps:
+        if s not in keep and s < max(keep):
+            shutil.rmtree(path, ignore_errors=True)
 
 
-def _loader(torch: Any, args: Any, dp_r: int, fault: Fault) -> Any:
-    from torch.utils.data import DataLoader, Dataset
-
-    class Tokens(Dataset):
-        """Seeded synthetic copy task: predict the previous token."""
-
-        def __len__(self) -> int:
-            return 10**9
-
-        def __getitem__(self, i: int) -> Any:
-            if fault.active("dataloader-stall", i // args.batch_size):
-                injected_dataloader_stall()
-            g = torch.Generator().manual_seed(dp_r * 1_000_003 + i)
-            x = torch.randint(0, VOCAB, (args.seq_len,), generator=g)
-            return x, torch.roll(x, 1)
-
-    return DataLoader(
-        Tokens(),
-        batch_size=args.batch_size,
-        num_workers=args.num_workers,
-        prefetch_factor=2 if args.num_workers else None,
-        persistent_workers=args.num_workers > 0,
-    )
-
-
-def _checkpoint(torch: Any, run_dir: Path, rank: int, step: int, model: Any, opt: Any) -> None:
-    """Periodic checkpoint, written atomically (temp file + rename), newest two kept."""
-    d = run_dir / "ckpt"
-    d.mkdir(exist_ok=True)
-    state = {"step": step, "model": model.state_dict(), "opt": opt.state_dict()}
-    atomic_write_with(d / f"rank{rank}-step{step}.pt", lambda fh: torch.save(state, fh), durable=False)
-    old = sorted(d.glob(f"rank{rank}-step*.pt"), key=lambda p: int(p.stem.rsplit("step", 1)[1]))
-    for path in old[:-2]:
-        path.unlink(missing_ok=True)
+def _resume(torch: Any, rank: int, model: Any, opt: Any) -> int:
+    """Load this rank's shard of ``$RANKSCOPE_RESUME_FROM`` (if set); the first step to run."""
+    resume = os.environ.get("RANKSCOPE_RESUME_FROM", "")
+    if not resume:
+        return 0
+    path = Path(resume) / f"rank{rank}.pt"
+    if not (Path(resume) / "COMPLETE").is_file():
+        raise SystemExit(f"faultjob: {resume} is not a complete checkpoint (no COMPLETE marker)")
+    try:
+        state = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError) as exc:
+        raise SystemExit(f"faultjob: cannot resume rank {rank} from {path} ({exc})") from None
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    return int(state["step"]) + 1
 
 
 if __name__ == "__main__":

@@ -252,7 +252,7 @@ EVENTS = TableSpec(
             pa.field("message", pa.string()),
             pa.field("labels", pa.string()),
             pa.field("pid", pa.int64()),
-            pa.field("action", pa.string()),  # evict | tolerate | stop-time-check | capture | none
+            pa.field("action", pa.string()),  # evict | drain | tolerate | stop-time-check | capture | none
         ]
     ),
     doc="Health events, each with a severity the recovery policy acts on (see collectors/events.py).",
@@ -277,9 +277,45 @@ TIMINGS = TableSpec(
     doc="Per-rank, per-step operation timings (Megatron timers, log_step, per-op traces).",
 )
 
+ACTIONS = TableSpec(
+    "actions",
+    pa.schema(
+        [
+            pa.field("job", pa.string(), nullable=False),
+            pa.field("incident", pa.string(), nullable=False),  # the plan's idempotency key, inc-<16 hex>
+            pa.field("ts", TIME, nullable=False),
+            pa.field("who", pa.string()),  # user@host pid N
+            # evict | restart | rollback | stop | tolerate | collect | skip
+            pa.field("what", pa.string(), nullable=False),
+            pa.field("nodes", pa.list_(pa.string())),
+            pa.field("why", pa.string()),
+            pa.field("outcome", pa.string(), nullable=False),  # dry-run | ok | failed | skipped
+            pa.field("backend", pa.string()),  # local | slurm | k8s
+            pa.field("dry_run", pa.bool_(), nullable=False),
+            pa.field("rule", pa.string()),  # the ladder rule that decided
+            pa.field("commands", pa.list_(pa.string())),  # the exact commands / API calls
+            pa.field("detail", pa.string()),
+            pa.field("suspect_nodes", pa.list_(pa.string())),
+        ]
+    ),
+    doc="The recovery executor's append-only audit trail: who did what, when, why, and what came of it.",
+)
+
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
-    for spec in (STACKS, TOPOLOGY, VERDICTS, COLLECTIVES, FR_DUMPS, PROCESSES, METRICS, EVENTS, TIMINGS, INGESTS)
+    for spec in (
+        STACKS,
+        TOPOLOGY,
+        VERDICTS,
+        COLLECTIVES,
+        FR_DUMPS,
+        PROCESSES,
+        METRICS,
+        EVENTS,
+        TIMINGS,
+        INGESTS,
+        ACTIONS,
+    )
 }
 
 

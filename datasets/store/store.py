@@ -167,7 +167,9 @@ class Store:
                 raise StoreError(f"{path}: corrupt or truncated Parquet file ({exc})") from None
         tbl = pa.concat_tables(parts) if parts else spec.schema.empty_table()
         if job is not None:
-            tbl = tbl.filter(pa.compute.equal(tbl.column("job"), job))
+            import pyarrow.compute as pc  # not at import: the node agent writes through this module
+
+            tbl = tbl.filter(pc.equal(tbl.column("job"), job))
         return tbl
 
     def jobs(self, name: str = "stacks") -> list[str]:
