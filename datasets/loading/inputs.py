@@ -227,6 +227,7 @@ def _from_store(
         fr = list(fr_from_table(rows))
     topo: Topology | None
     if topo_df.height and layout is None:
+        check_ranks(((int(r), f"{root}/topology") for r in topo_df["rank"].drop_nulls()), layout=None, where=str(root))
         coords = {d: topo_df[d].to_list() for d in DIMS if topo_df[d].null_count() == 0}
         topo = Topology.from_table(topo_df["rank"].to_list(), topo_df["node"].to_list(), coords=coords or None)
     else:
@@ -243,6 +244,9 @@ def _from_store(
     metrics = store.read("metrics", job=job) if store.files("metrics", job=job) else None
     timings = store.read("timings", job=job) if store.files("timings", job=job) else None
     exits = exits_from_events(store.read("events", job=job)) if store.files("events", job=job) else []
+    if store.skipped:  # corrupt or foreign files: left out, and said
+        shown = list(store.skipped.values())
+        notes.append(f"{len(shown)} store file(s) left out: {shown[0]}" + (" ..." if len(shown) > 1 else ""))
     return Inputs(
         job,
         topo,
