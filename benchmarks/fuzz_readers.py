@@ -699,6 +699,7 @@ def _in_process(
     slowest: dict[str, Any] = {"s": 0.0}
     peak = 0.0
     slow = 0
+    errors: dict[str, str] = {}
 
     def one(i: int) -> tuple[dict[str, Any], dict[str, Any]]:
         work = fuzz_root / "inproc" / str(i)
@@ -727,8 +728,11 @@ def _in_process(
             if cls not in ("verdict", "project_error"):
                 key = f"{cls} @ {res.get('where', '')}"
                 examples.setdefault(key, {**info, **res})
-            if cls == "project_error" and res.get("lines", 1) > 1:
-                classes["project_error_multiline"] += 1
+            if cls == "project_error":
+                if res.get("lines", 1) > 1:
+                    classes["project_error_multiline"] += 1
+                shape = re.sub(r"/\S*rankscope-fuzz-\w+/inproc/\d+/in", "IN", res.get("msg", ""))[:160]
+                errors[re.sub(r"\d+", "N", shape)[:60]] = shape
     for w in workers:
         w.kill()
     n = sum(v for k, v in classes.items() if k != "project_error_multiline")
@@ -742,6 +746,7 @@ def _in_process(
         "slowest": slowest,
         "peak_rss_mb": round(peak, 1),
         "examples": examples,
+        "project_error_shapes": dict(list(errors.items())[:40]),
     }
 
 

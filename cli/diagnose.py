@@ -91,7 +91,9 @@ def run_diagnosis(
     from rankscope.datasets.loading.inputs import load_inputs
 
     cfg = load_settings(config, flags)
-    inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=cfg.inputs)
+    inputs = load_inputs(
+        path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=cfg.inputs, limits=cfg.limits
+    )
     return run(inputs, cfg, sources=sources), inputs
 
 

@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rankscope.config import InputsConfig
+from rankscope.config import InputsConfig, Limits
+from rankscope.datasets.domain.bounds import reading_limits
 from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
@@ -296,12 +297,25 @@ def load_inputs(
     gpus_per_node: int | None = None,
     job: str | None = None,
     config: InputsConfig | None = None,
+    limits: Limits | None = None,
 ) -> Inputs:
     """Load a dump directory or a store into :class:`Inputs` (InputError on bad input).
 
     ``gpus_per_node`` None means "not given": sibling trainers and local ranks are numbered with the
     count each host holds, and unnamed machines are ``node-<rank // 8>``."""
-    root = Path(path)
+    with reading_limits(limits):  # every reader below keeps to these (file size, JSON depth, ranks, times)
+        return _load(Path(path), layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=config)
+
+
+def _load(
+    root: Path,
+    *,
+    layout: str | Layout | None,
+    order: str | None,
+    gpus_per_node: int | None,
+    job: str | None,
+    config: InputsConfig | None,
+) -> Inputs:
     lay: Layout | None
     if order:
         parse_order(order)  # validate even without a layout
@@ -335,12 +349,13 @@ def load_fr_inputs(
     job: str | None = None,
 ) -> Inputs:
     """A directory of Flight Recorder dumps alone (or one file), with the topology their ranks imply."""
-    from rankscope.datasets.readers.flight_recorder import read_fr_dir
+    from rankscope.datasets.readers.flight_recorder import read_fr_dir_noted
 
-    dumps = read_fr_dir(path, prefix=prefix)
+    with reading_limits(None):
+        dumps, read_notes = read_fr_dir_noted(path, prefix=prefix)
     lay = Layout.parse(layout, order or "tp-cp-ep-dp-pp") if layout else None
     check_ranks(((d.rank, d.source_file) for d in dumps), layout=lay, where=str(path))
     topo, notes = infer_topology(
         [d.rank for d in dumps], {}, layout=lay, gpus_per_node=gpus_per_node or 8, where=str(path)
     )
-    return Inputs(job or "", topo, (), tuple(dumps), notes=tuple(notes), source=str(path))
+    return Inputs(job or "", topo, (), tuple(dumps), notes=tuple(read_notes + notes), source=str(path))

@@ -35,6 +35,7 @@ from rankscope.datasets.readers.fr_files import (
 )
 from rankscope.datasets.readers.fr_groups import pg_config as _pg_config
 from rankscope.datasets.readers.fr_groups import pg_status as _pg_status
+from rankscope.datasets.readers.walk import walk
 from rankscope.spine import InputError, ParseError, paused_gc, progress
 
 _P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
@@ -98,25 +99,31 @@ def read_fr_dir(path: str | os.PathLike[str], *, prefix: str | None = None) -> l
     """Every rank's dump under ``path`` (recursively, hidden entries skipped), sorted by rank.
 
     See :func:`read_fr_files` for how one family of files is chosen; files that are not FR dumps
-    are skipped.
+    are skipped, and so is a corrupt dump beside good ones (:func:`read_fr_dir_noted` says which).
     """
+    return read_fr_dir_noted(path, prefix=prefix)[0]
+
+
+def read_fr_dir_noted(path: str | os.PathLike[str], *, prefix: str | None = None) -> tuple[list[FRDump], list[str]]:
+    """:func:`read_fr_dir` with the notes on what was left out: corrupt dumps (named, with why), links that
+    leave the directory, FIFOs and devices (never opened). A corrupt dump with no good one beside it is the
+    error; a pickle that names code is always the error (the input is refused, never skipped past)."""
     root = Path(path)
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
     if root.is_file():
-        return [read_fr_file(root)]
-    paths = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        paths += [
-            os.path.join(dirpath, n)
-            for n in sorted(filenames)
-            if not n.startswith(".") and rank_from_name(n) is not None
-        ]
+        return [read_fr_file(root)], []
+    w = walk(str(root))  # confined: links that leave the directory are not followed, FIFOs/devices not listed
+    notes = w.notes()
+    paths = [a for a, rel in w.files if rank_from_name(rel.rsplit("/", 1)[-1]) is not None]
     while paths:  # the chosen family's files are sniffed as they are read (one open each)
-        dumps, not_fr = _read(select_fr_files(paths, prefix=prefix), freeze=True, skip_non_fr=True)
+        dumps, not_fr, bad = _read(select_fr_files(paths, prefix=prefix), freeze=True, skip_non_fr=True)
         if dumps:
-            return dumps
+            if bad:
+                notes.append(f"{len(bad)} Flight Recorder file(s) skipped: {bad[0]}" + (" ..." if len(bad) > 1 else ""))
+            return dumps, notes
+        if bad:
+            raise ParseError(bad[0].split(": ", 1)[0], bad[0].split(": ", 1)[-1])
         paths = [p for p in paths if p not in set(not_fr)]
     raise InputError(f"{root}: no Flight Recorder dumps (files named <prefix><rank>)")
 
@@ -134,19 +141,27 @@ def read_fr_files(
     return _read(select_fr_files(paths, prefix=prefix), freeze=freeze, skip_non_fr=False)[0]
 
 
-def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[list[FRDump], list[str]]:
-    """(the dumps of ``paths`` sorted by rank, the paths skipped as not FR dumps when ``skip_non_fr``)."""
+def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[list[FRDump], list[str], list[str]]:
+    """(the dumps of ``paths`` sorted by rank, the paths skipped as not FR dumps, and, when ``skip_non_fr``,
+    the corrupt dumps skipped: ``"FILE: why"``; without it a corrupt dump is the error)."""
     seen: dict[int, str] = {}
     dumps = []
     skipped = []
+    bad: list[str] = []
     with paused_gc():
         for p in progress(paths, "reading Flight Recorder dumps"):
-            data = read_bytes(p)
-            if skip_non_fr and not is_fr_bytes(data[:SNIFF_BYTES]):
-                skipped.append(p)
+            try:
+                data = read_bytes(p)
+                if skip_non_fr and not is_fr_bytes(data[:SNIFF_BYTES]):
+                    skipped.append(p)
+                    continue
+                raw, fmt = load_raw(p, data)
+                d = parse_dump(raw, path=str(p), source_format=fmt)
+            except ParseError as exc:
+                if not skip_non_fr or "refused pickle" in exc.what:
+                    raise  # code in a pickle: refuse the whole input
+                bad.append(str(exc))
                 continue
-            raw, fmt = load_raw(p, data)
-            d = parse_dump(raw, path=str(p), source_format=fmt)
             if d.rank in seen:
                 raise InputError(
                     f"rank {d.rank} has two Flight Recorder dumps, {seen[d.rank]} and {p}; "
@@ -156,7 +171,7 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
             dumps.append(d)
         if freeze and dumps:
             gc.freeze()
-    return sorted(dumps, key=lambda d: d.rank), skipped
+    return sorted(dumps, key=lambda d: d.rank), skipped, bad
 
 
 # -- field parsing ----------------------------------------------------------------------------

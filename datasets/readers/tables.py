@@ -97,7 +97,8 @@ def _timestamp(path: Path, df: pl.DataFrame) -> pl.DataFrame:
     if ts.dtype == pl.Utf8:
         parsed = ts.str.to_datetime(time_zone="UTC", strict=False)
         if parsed.null_count() > ts.null_count():
-            raise ParseError(path, f"column 'ts' has a value that is neither seconds nor a timestamp: {ts[0]!r}")
+            first = ts.filter(parsed.is_null() & ts.is_not_null())[0]  # the first value that did not parse
+            raise ParseError(path, f"column 'ts' has a value that is neither seconds nor a timestamp: {first[:60]!r}")
         return df.with_columns(parsed.alias("ts"))
     if ts.dtype.is_temporal():
         if ts.dtype == pl.Date:
@@ -124,7 +125,9 @@ def _check_years(path: Path, ts: pl.Series) -> None:
     lo, hi = (datetime.fromtimestamp(t, timezone.utc) for t in epoch_range())
     bad = ts.filter(~ts.is_between(lo, hi, closed="left"))
     if bad.len():
-        raise ParseError(path, f"column 'ts' has {bad.len()} timestamp(s) outside {_years()}, e.g. {bad[0]}")
+        raise ParseError(
+            path, f"column 'ts' has {bad.len()} timestamp(s) outside {_years()}, e.g. {bad.cast(pl.Utf8)[0]}"
+        )
 
 
 def _check_finite(path: Path, df: pl.DataFrame) -> None:
