@@ -415,7 +415,15 @@ def _imports() -> dict[str, Any]:
         from rankscope.datasets.inputs import load_fr_inputs, load_inputs  # type: ignore[no-redef]
     from rankscope.analytics import diagnose
 
-    return {"err": RankscopeError, "load": load_inputs, "load_fr": load_fr_inputs, "diagnose": diagnose}
+    api = {"err": RankscopeError, "load": load_inputs, "load_fr": load_fr_inputs, "diagnose": diagnose}
+    try:
+        from rankscope.datasets.loading.ingest import ingest_inputs
+        from rankscope.datasets.store.store import Store
+
+        api["ingest"] = lambda inputs, root: ingest_inputs(inputs, Store(root, create=True))
+    except ImportError:  # an older tree: no in-process store round trip
+        pass
+    return api
 
 
 def _peak_reset() -> None:
@@ -455,6 +463,9 @@ def worker() -> None:
                 inputs = api["load"](job["path"])
             verdict = api["diagnose"](inputs)
             text = verdict.to_json()
+            if job.get("store") and "ingest" in api and job["mode"] == "dir" and not inputs.source.endswith("store"):
+                api["ingest"](inputs, job["store"])  # the write path, then the store read back
+                text += api["diagnose"](api["load"](job["store"])).to_json()
             if CANARY in text:
                 res = {"cls": "disclosure"}
         except api["err"] as exc:
@@ -707,7 +718,10 @@ def _in_process(
         info = make_input(i, a.seed, seeds, work, ctx)
         w = pool.get()
         try:
-            res = w.run({"path": str(work / "in"), "mode": info["mode"]}, a.hard_timeout)
+            job = {"path": str(work / "in"), "mode": info["mode"]}
+            if i % 4 == 1:  # every fourth input also goes through ingest and back out of the store
+                job["store"] = str(work / "store")
+            res = w.run(job, a.hard_timeout)
         finally:
             pool.put(w)
             shutil.rmtree(work, ignore_errors=True)

@@ -152,7 +152,7 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
         if m:
             close()
             cur = {
-                "tid": int_text(m.group(2), lo=0, hi=2**64 - 1),
+                "tid": int_text(m.group(2), lo=0),
                 "name": m.group(3),
                 "innermost_first": True,
                 "frames": [],
@@ -165,7 +165,7 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
             close()
             tid = m.group(2) or m.group(3)
             cur = {
-                "tid": int_text(tid, lo=0, hi=2**64 - 1),
+                "tid": int_text(tid, lo=0),
                 "name": m.group(1),
                 "innermost_first": False,
                 "frames": [],

@@ -74,7 +74,7 @@ def _dir_facts(dirpart: str) -> tuple[int | None, int | None, int | None, str | 
     for part in parts:
         m = SNAPSHOT_DIR.match(part)
         if m:
-            snap = int(m.group(1))
+            snap = int_text(m.group(1), lo=0, hi=2**31 - 1)  # a snapshot number the store's int32 holds, or none
     # torchrun --log-dir: .../<run_id>/attempt_<k>/<local_rank>/
     if len(parts) >= 2 and parts[-1].isdigit() and _ATTEMPT.match(parts[-2]):
         local, log_dir = int(parts[-1]), True
@@ -187,10 +187,14 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
                 role = row.get("role")
                 if role and role not in _roles():
                     raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(_roles())}")
-                for col in ("pid", "snapshot", "local_rank"):
+                for col, hi in (
+                    ("pid", 2**63 - 1),
+                    ("snapshot", 2**31 - 1),
+                    ("local_rank", limits().max_world_size - 1),
+                ):
                     v = row.get(col)
-                    if v and (not v.isdigit() or int_text(v, lo=0) is None):
-                        raise InputError(f"{rel}: line {i}: {col} {v[:40]!r} is not a 64-bit integer")
+                    if v and (not v.isdigit() or int_text(v, lo=0, hi=hi) is None):
+                        raise InputError(f"{rel}: line {i}: {col} {v[:40]!r} is not an integer 0 .. {hi}")
                 rows.append(row)
             return rows
     except UnicodeDecodeError:

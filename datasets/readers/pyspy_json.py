@@ -125,7 +125,7 @@ def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
             by_pid.setdefault(t.get("pid"), []).append(
                 ThreadDump(
                     frames,
-                    to_int(tid, lo=0, hi=2**64 - 1) if isinstance(tid, int) else None,
+                    to_int(tid, lo=0) if isinstance(tid, int) else None,
                     t.get("thread_name"),
                     t.get("active") if isinstance(t.get("active"), bool) else None,
                     t.get("thread_name") == "MainThread",

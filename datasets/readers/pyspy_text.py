@@ -44,7 +44,7 @@ _CAUSE = re.compile(r"^\s+\d+: (.*\S)\s*$")
 
 
 def _thread_id(token: str) -> int | None:
-    return int_text(token, lo=0, hi=2**64 - 1)
+    return int_text(token, lo=0)
 
 
 _INTERN = Interner()

@@ -263,7 +263,7 @@ def _record_time(line: bytes, path: str) -> float | None:
 def main_thread_id(ident: Mapping[str, Any] | None) -> int | None:
     """The main thread's id a hook identity recorded (what faulthandler prints for it), or None."""
     v = ident.get("main_thread_id") if isinstance(ident, Mapping) else None
-    return to_int(v, lo=0, hi=2**64 - 1) if isinstance(v, int) else None
+    return to_int(v, lo=0) if isinstance(v, int) else None
 
 
 def process_dump(proc: HookProcess, *, main_thread_id: int | None = None, started: float | None = None) -> ProcessDump:
