@@ -11,6 +11,7 @@ from rankscope.cli.console import echo, fail, handle_errors
 from rankscope.cli.options import (
     DEFAULT_ORDER,
     ConfigOpt,
+    FollowSymlinksOpt,
     Format,
     FormatOpt,
     GpusPerNodeOpt,
@@ -54,6 +55,7 @@ def register(app: typer.Typer) -> None:
             False, "--save", help="Append the verdict to the store's verdicts table (store PATH only)."
         ),
         config: ConfigOpt = None,
+        follow_symlinks: FollowSymlinksOpt = False,
     ) -> None:
         """Name the machines to isolate from a job's dumps or its store.
 
@@ -65,7 +67,13 @@ def register(app: typer.Typer) -> None:
             fail(f"--save needs a store PATH (rankscope ingest {path} --store STORE first); {path} is not one")
         store_topology_notes(ctx, path, job)
         verdict, inputs = run_diagnosis(
-            path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=config
+            path,
+            layout=layout,
+            order=order,
+            gpus_per_node=gpus_per_node,
+            job=job,
+            config=config,
+            follow_symlinks=follow_symlinks,
         )
         if save:
             from rankscope.datasets.store.catalog import verdict_row
@@ -85,6 +93,7 @@ def run_diagnosis(
     config: Path | None,
     sources: tuple[str, ...] | None = None,
     flags: dict[str, Any] | None = None,
+    follow_symlinks: bool = False,
 ) -> tuple[Verdict, Inputs]:
     """Load PATH and diagnose it as ``rankscope diagnose`` does (``report`` and ``detect`` share it)."""
     from rankscope.analytics import diagnose as run
@@ -92,7 +101,14 @@ def run_diagnosis(
 
     cfg = load_settings(config, flags)
     inputs = load_inputs(
-        path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=cfg.inputs, limits=cfg.limits
+        path,
+        layout=layout,
+        order=order,
+        gpus_per_node=gpus_per_node,
+        job=job,
+        config=cfg.inputs,
+        limits=cfg.limits,
+        follow_symlinks=follow_symlinks,
     )
     return run(inputs, cfg, sources=sources), inputs
 

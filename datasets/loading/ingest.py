@@ -193,7 +193,10 @@ def ingest_path(
     layout: str | None = None,
     order: str | None = None,
     gpus_per_node: int | None = None,
+    follow_symlinks: bool = False,
 ) -> IngestReport:
     """Load a dump directory (see :func:`load_inputs`) and append it to the store at ``store_root``."""
-    inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
+    inputs = load_inputs(
+        path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, follow_symlinks=follow_symlinks
+    )
     return ingest_inputs(inputs, Store(store_root, create=True), job=job)

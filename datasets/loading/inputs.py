@@ -34,10 +34,12 @@ def _ranks_and_nodes(procs: Sequence[ProcStacks]) -> tuple[list[int], dict[int, 
     return sorted({p.rank for p in procs if p.rank is not None}), nodes
 
 
-def _from_dir(root: Path, *, layout: Layout | None, gpus_per_node: int | None, job: str | None) -> Inputs:
+def _from_dir(
+    root: Path, *, layout: Layout | None, gpus_per_node: int | None, job: str | None, follow_symlinks: bool = False
+) -> Inputs:
     from rankscope.datasets.loading.sources import read_sources
 
-    dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node)
+    dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node, follow_symlinks=follow_symlinks)
     g = gpus_per_node or 8
     src = read_sources(dd, gpus_per_node=gpus_per_node)
     round_notes: list[str] = []
@@ -298,13 +300,23 @@ def load_inputs(
     job: str | None = None,
     config: InputsConfig | None = None,
     limits: Limits | None = None,
+    follow_symlinks: bool = False,
 ) -> Inputs:
     """Load a dump directory or a store into :class:`Inputs` (InputError on bad input).
 
     ``gpus_per_node`` None means "not given": sibling trainers and local ranks are numbered with the
-    count each host holds, and unnamed machines are ``node-<rank // 8>``."""
+    count each host holds, and unnamed machines are ``node-<rank // 8>``. Symbolic links that leave the
+    directory are not followed (nothing from outside the input is read) unless ``follow_symlinks``."""
     with reading_limits(limits):  # every reader below keeps to these (file size, JSON depth, ranks, times)
-        return _load(Path(path), layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=config)
+        return _load(
+            Path(path),
+            layout=layout,
+            order=order,
+            gpus_per_node=gpus_per_node,
+            job=job,
+            config=config,
+            follow_symlinks=follow_symlinks,
+        )
 
 
 def _load(
@@ -315,6 +327,7 @@ def _load(
     gpus_per_node: int | None,
     job: str | None,
     config: InputsConfig | None,
+    follow_symlinks: bool,
 ) -> Inputs:
     lay: Layout | None
     if order:
@@ -336,7 +349,7 @@ def _load(
             series_gap_seconds=(config or InputsConfig()).series_gap_seconds,
         )
     with paused_gc():  # millions of small acyclic objects: full collections would make loading superlinear
-        return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job)
+        return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job, follow_symlinks=follow_symlinks)
 
 
 def load_fr_inputs(

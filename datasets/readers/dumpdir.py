@@ -115,7 +115,9 @@ def parse_stack_bytes(raw: bytes, name: str, kind: str, *, prefixed: bool = Fals
     return parse_pyspy_text(text, name, prefixed=prefixed)
 
 
-def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int | None = 8) -> DumpDir:
+def scan_dump_dir(
+    path: str | os.PathLike[str], *, gpus_per_node: int | None = 8, follow_symlinks: bool = False
+) -> DumpDir:
     """Find and parse every piece of evidence under ``path``. Raises InputError when nothing is usable.
 
     ``gpus_per_node`` None means "not given": sibling trainers and local ranks are then numbered with the
@@ -123,7 +125,7 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int | None = 8
     small acyclic objects, and its full collections would make reading 100,000 files superlinear.
     """
     with paused_gc():
-        return _scan(path, gpus_per_node=gpus_per_node)
+        return _scan(path, gpus_per_node=gpus_per_node, follow_symlinks=follow_symlinks)
 
 
 @dataclass
@@ -143,7 +145,7 @@ class _Scan:
     notes: list[str] = field(default_factory=list)
 
 
-def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None) -> DumpDir:
+def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_symlinks: bool = False) -> DumpDir:
     root = Path(path)
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
@@ -151,7 +153,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None) -> DumpDir
         raise InputError(f"{root}: expected a directory of dumps or a rankscope store, got a file")
     if gpus_per_node is not None and gpus_per_node < 1:
         raise InputError(f"--gpus-per-node {gpus_per_node}: must be at least 1")
-    w = walk(str(root))
+    w = walk(str(root), follow_outside=follow_symlinks)
     present = {rel for _, rel in w.files}
     manifests = Manifests()
     for abs_path, rel in w.files:

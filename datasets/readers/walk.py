@@ -46,8 +46,11 @@ def _inside(real: str, root_real: str) -> bool:
     return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
 
 
-def walk(root: str) -> Walk:
-    """Every regular file under ``root``, sorted by path within each folder (deterministic order)."""
+def walk(root: str, *, follow_outside: bool = False) -> Walk:
+    """Every regular file under ``root``, sorted by path within each folder (deterministic order).
+
+    ``follow_outside`` (``--follow-symlinks``): links that leave the input are followed too (the owner of the
+    directory vouches for them); FIFOs and devices are still never listed, cycles still cut."""
     out = Walk()
     root_real = os.path.realpath(root)
     try:
@@ -73,7 +76,7 @@ def walk(root: str) -> Walk:
                     if not os.path.exists(real):
                         out.dangling.append(rel)
                         continue
-                    if not _inside(real, root_real):
+                    if not follow_outside and not _inside(real, root_real):
                         out.outside.append(rel)
                         continue
                 if e.is_dir(follow_symlinks=True):
