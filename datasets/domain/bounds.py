@@ -152,6 +152,7 @@ def read_bounded(path: str | os.PathLike[str], *, max_bytes: int | None = None, 
 # -- JSON ------------------------------------------------------------------------------------------------
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_INNERMOST = re.compile(rb"\[\]|\{\}")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
@@ -165,7 +166,7 @@ def json_too_deep(data: bytes, max_depth: int) -> bool:
         return False
     # innermost pairs vanish one level per pass; what remains after max_depth passes nests deeper
     for _ in range(max_depth):
-        shorter = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        shorter = _INNERMOST.sub(b"", brackets)  # one level per pass (a chained replace would take two)
         if len(shorter) == len(brackets):
             return bool(shorter)  # unbalanced leftovers: the parser will say what is wrong
         brackets = shorter

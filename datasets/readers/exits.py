@@ -16,7 +16,7 @@ from typing import Any
 
 from rankscope.datasets.domain.bounds import limits, load_json_file, plausible_epoch, to_float, to_int
 from rankscope.datasets.domain.exits import ProcessExit
-from rankscope.spine import ParseError
+from rankscope.spine import InputError, ParseError
 
 _EVENT_TEXT = re.compile(r"exited: (?P<type>[^:]+): (?P<message>.*)", re.S)
 
@@ -66,7 +66,7 @@ def read_exit_records(
     for path in paths:
         try:
             e = read_exit_record(path)
-        except ParseError as exc:
+        except InputError as exc:  # not an exit record, over a limit, not a regular file
             bad.append(str(exc))
             continue
         if e is not None:

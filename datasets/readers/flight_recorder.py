@@ -157,8 +157,8 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
                     continue
                 raw, fmt = load_raw(p, data)
                 d = parse_dump(raw, path=str(p), source_format=fmt)
-            except ParseError as exc:
-                if not skip_non_fr or "refused pickle" in exc.what:
+            except InputError as exc:  # corrupt, over a limit, not a regular file
+                if not skip_non_fr or "refused pickle" in str(exc):
                     raise  # code in a pickle: refuse the whole input
                 bad.append(str(exc))
                 continue
