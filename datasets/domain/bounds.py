@@ -19,6 +19,7 @@ own error naming the file, within a bounded time and memory. The mechanisms, eac
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -27,7 +28,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import IO, Any
+from typing import Any
 
 from rankscope.config import Limits
 from rankscope.spine import LimitError, ParseError
@@ -110,7 +111,7 @@ def check_regular(path: str | os.PathLike[str], *, max_bytes: int | None = None)
     return st.st_size
 
 
-def open_regular(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> IO[bytes]:
+def open_regular(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> io.BufferedReader:
     """``path`` opened for binary reading when it is a regular file within the size limit.
 
     ``O_NONBLOCK`` keeps the open of a FIFO from waiting for a writer; the check is on the opened
@@ -129,7 +130,9 @@ def open_regular(path: str | os.PathLike[str], *, max_bytes: int | None = None) 
             raise _too_big(path, st.st_size, cap)
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        fh = os.fdopen(fd, "rb")
+        assert isinstance(fh, io.BufferedReader)
+        return fh
     except BaseException:
         os.close(fd)
         raise

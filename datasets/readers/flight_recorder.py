@@ -38,6 +38,7 @@ from rankscope.datasets.readers.fr_groups import pg_status as _pg_status
 from rankscope.datasets.readers.walk import walk
 from rankscope.spine import InputError, ParseError, paused_gc, progress
 
+_GROUP_ERRORS: tuple[type[Exception], ...] = (*FOREIGN, SyntaxError)
 _P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
 
 
@@ -79,7 +80,7 @@ def parse_dump(
         pg_config = _pg_config(raw.get("pg_config"))
         pg_status = _pg_status(raw.get("pg_status"), {e.pg_id: e.pg_name for e in entries}, notes)
         dump_time = _opt_i64(raw.get(DUMP_TIME_KEY))
-    except (*FOREIGN, SyntaxError) as exc:
+    except _GROUP_ERRORS as exc:
         raise ParseError(path, f"bad pg_config/pg_status/{DUMP_TIME_KEY}: {exc}") from None
     return FRDump(
         rank=int(rank),

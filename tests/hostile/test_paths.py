@@ -24,7 +24,13 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RANKSCOPE_PROGRESS": "0"}
     env.pop("RANKSCOPE_DEBUG", None)
     return subprocess.run(
-        [sys.executable, "-m", "rankscope", *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
+        [sys.executable, "-m", "rankscope", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=env,
     )
 
 
