@@ -98,11 +98,21 @@ class Store:
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
             path = subdir / f"part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
             if subdir not in self._swept:
+                self._sweep(self.root / spec.name)  # every partition of the table: a killed writer's other jobs too
                 remove_stale_temps(subdir)
                 self._swept.add(subdir)
             atomic_write_parquet(part, path)
             written.append(path)
         return written
+
+    def _sweep(self, table_dir: Path) -> None:
+        """Remove the temp files killed writers left in any partition of a table (once per store object)."""
+        if table_dir in self._swept:
+            return
+        self._swept.add(table_dir)
+        for dirpath, dirnames, _ in os.walk(table_dir):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            remove_stale_temps(dirpath)
 
     @staticmethod
     def _partitions(spec: TableSpec, tbl: pa.Table) -> Iterable[tuple[tuple[str, ...], pa.Table]]:

@@ -80,12 +80,17 @@ def test_a_deeply_nested_marker_is_one_line(store: Path) -> None:
 def test_the_next_writer_removes_what_killed_writers_left(store: Path, stack_dir: Path) -> None:
     part = _part(store, "stacks")
     stale = part.parent / f"{TEMP_PREFIX}123-deadbeef-part-x.parquet"
-    stale.write_bytes(b"half a file")
+    other = store / "stacks" / "job=gone" / f"{TEMP_PREFIX}9-cafe-part-y.parquet"  # another job's partition
+    other.parent.mkdir()
+    fresh = part.parent / f"{TEMP_PREFIX}{os.getpid()}-beef-part-z.parquet"  # a writer busy right now
     old = time.time() - 7200
-    os.utime(stale, (old, old))
+    for p in (stale, other, fresh):
+        p.write_bytes(b"half a file")
+    for p in (stale, other):
+        os.utime(p, (old, old))
     (stack_dir / "rank0.txt").write_text((stack_dir / "rank1.txt").read_text())  # something new to ingest
     ingest_path(stack_dir, store, job="j")
-    assert not stale.exists()
+    assert not stale.exists() and not other.exists() and fresh.exists()
 
 
 def test_a_killed_ingest_leaves_no_unreadable_part(tmp_path: Path, stack_dir: Path) -> None:
