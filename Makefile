@@ -1,5 +1,5 @@
 # make demo: set up .venv (runtime deps only) and diagnose a built-in synthetic hang.
-# make test: set up .venv with the [torch,test] extras, run the gates (make lint), then the whole test suite.
+# make test: set up .venv with the [torch,test,ray] extras, run the gates (make lint), then the whole test suite.
 # make lint: ruff check, ruff format --check, the import-layer contracts (lint-imports) and mypy.
 PY ?= python3
 VENV ?= .venv
@@ -15,7 +15,7 @@ $(VENV)/.base: pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.base
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[torch,test]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[torch,test,ray]'
 	touch $@
 
 venv: $(VENV)/.dev

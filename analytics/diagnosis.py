@@ -15,6 +15,7 @@ commands all call it (``detect`` and ``fr`` with fewer ``sources``).
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analytics import collectives, crashes, stacks
@@ -64,7 +65,11 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         steps = _steps(inputs, timings, stack_facts)
         stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps, config=cfg.stacks)
     if fr_dumps and topology is not None:
-        analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=cfg.collectives)
+        fr_cfg = cfg.collectives
+        if log_facts is not None and log_facts.hang_evidence and not fr_cfg.dumped_on_timeout:
+            # the watchdog timed out: torch dumps Flight Recorder on that timeout (TORCH_NCCL_DUMP_ON_TIMEOUT)
+            fr_cfg = replace(fr_cfg, dumped_on_timeout=True)
+        analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=fr_cfg)
         fr_v = collectives.verdict(analysis, topology, job=job)
         if fr_v.verdict is Severity.HANG and steps is not None and steps.progressing:
             fr_v = _kept_stepping(fr_v, steps)

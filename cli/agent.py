@@ -27,8 +27,8 @@ PRECEDENCE = (
 
 def register(app: typer.Typer) -> None:
     @app.command(
-        help="Run the node agent: metrics, health events, stacks on demand and on a stall; with --recover, each "
-        f"capture's verdict leads to recovery without a person.\n\n{PRECEDENCE}",
+        help="Run the node agent: metrics, health events, stacks on demand and on a stall.\n\n"
+        f"With --recover, each capture's verdict leads to recovery without a person.\n\n{PRECEDENCE}",
         epilog=EXAMPLES,
     )
     @handle_errors
@@ -67,6 +67,9 @@ def register(app: typer.Typer) -> None:
         exit_after_captures: int = typer.Option(None, "--exit-after-captures", help="Stop after N captures (tests)."),
         max_runtime_seconds: float = typer.Option(
             None, "--max-runtime-seconds", help="Stop after this long (0 = never)."
+        ),
+        metrics_port: int = typer.Option(
+            None, "--metrics-port", metavar="PORT", help="Serve the agent's health for Prometheus on 127.0.0.1:PORT."
         ),
         config: Path = typer.Option(
             None, "--config", metavar="FILE", help="TOML or JSON config file (or RANKSCOPE_AGENT_CONFIG)."

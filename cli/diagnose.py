@@ -11,6 +11,7 @@ from rankscope.cli.console import echo, fail, handle_errors
 from rankscope.cli.options import (
     DEFAULT_ORDER,
     ConfigOpt,
+    DumpedOnTimeoutOpt,
     FollowSymlinksOpt,
     Format,
     FormatOpt,
@@ -19,6 +20,7 @@ from rankscope.cli.options import (
     LayoutOpt,
     MaxFramesOpt,
     OrderOpt,
+    fr_flags,
     load_settings,
     store_topology_notes,
 )
@@ -54,6 +56,7 @@ def register(app: typer.Typer) -> None:
         save: bool = typer.Option(
             False, "--save", help="Append the verdict to the store's verdicts table (store PATH only)."
         ),
+        dumped_on_timeout: DumpedOnTimeoutOpt = False,
         config: ConfigOpt = None,
         follow_symlinks: FollowSymlinksOpt = False,
     ) -> None:
@@ -73,6 +76,7 @@ def register(app: typer.Typer) -> None:
             gpus_per_node=gpus_per_node,
             job=job,
             config=config,
+            flags=fr_flags(dumped_on_timeout),
             follow_symlinks=follow_symlinks,
         )
         if save:

@@ -16,12 +16,14 @@ from rankscope.cli.console import echo, handle_errors
 from rankscope.cli.options import (
     DEFAULT_ORDER,
     ConfigOpt,
+    DumpedOnTimeoutOpt,
     Format,
     FormatOpt,
     GpusPerNodeOpt,
     JobOpt,
     LayoutOpt,
     OrderOpt,
+    fr_flags,
     load_settings,
 )
 
@@ -91,6 +93,7 @@ def register(app: typer.Typer) -> None:
         max_entries: int = typer.Option(
             0, "--max-entries", metavar="N", help="Print only the last N entries per rank (0 = all)."
         ),
+        dumped_on_timeout: DumpedOnTimeoutOpt = False,
         config: ConfigOpt = None,
     ) -> None:
         """Analyze Flight Recorder dumps alone, like torchfrtrace (gloo-safe).
@@ -105,7 +108,7 @@ def register(app: typer.Typer) -> None:
         ranks = parse_ranks(selected_ranks)
         groups = [g.strip() for g in (pg_filters or "").split(",") if g.strip()]
         show = just_print_entries or print_stack_trace or ranks is not None or bool(groups)
-        cfg = load_settings(config)
+        cfg = load_settings(config, fr_flags(dumped_on_timeout))
         inputs = load_fr_inputs(path, prefix=prefix, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
         verdict = diagnose(inputs, cfg, sources=("flight_recorder",))
         if fmt is Format.json:

@@ -30,6 +30,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "standby": ("rankscope.cli.recovery", "Size the warm standby pool for a job (machines to keep ready)."),
     "agent": ("rankscope.cli.agent", "Run the node agent: metrics, health events, stacks on demand and on a stall."),
+    "batch": (
+        "rankscope.cli.batch",
+        "Diagnose every job of a store with new evidence, once per incident, and keep the verdicts.",
+    ),
+    "fleet": (
+        "rankscope.cli.batch",
+        "Machines blamed across jobs: how often, in which verdicts, a risk score, and the quarantine list.",
+    ),
+    "export": (
+        "rankscope.cli.batch",
+        "Write the store's verdicts, fleet and batch health for Prometheus (node_exporter textfile).",
+    ),
 }
 """command -> (module with ``register(app)``, one line for ``rankscope --help``)."""
 

@@ -59,6 +59,23 @@ FollowSymlinksOpt = Annotated[
         "are listed in the notes and not followed: nothing from outside the input is read).",
     ),
 ]
+DumpedOnTimeoutOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dumped-on-timeout",
+        help="The Flight Recorder dumps were written by the watchdog on a collective timeout "
+        "(TORCH_NCCL_DUMP_ON_TIMEOUT): each was taken at least one timeout after the oldest op in flight. "
+        "Time evidence for dumps that carry no capture time (a watchdog timeout line in the input's logs says "
+        "the same). Never set it for on-demand dumps of a running job.",
+    ),
+]
+
+
+def fr_flags(dumped_on_timeout: bool) -> dict[str, Any]:
+    """The settings tree of ``--dumped-on-timeout`` (None: not given, the environment or file decides)."""
+    return {"collectives": {"dumped_on_timeout": True if dumped_on_timeout else None}}
+
+
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(

@@ -114,8 +114,23 @@ def _situation(
         records = log.records(name)
     obj = {**source.obj, **{k: v for k, v in overrides.items() if v is not None}}
     obj["job"] = name
+    fleet = _store_quarantine(source_path, audit_path)
+    if fleet:  # the fleet view's list (rankscope fleet / batch) joins --quarantine
+        obj["quarantine"] = sorted({*(obj.get("quarantine") or ()), *fleet})
     obj["history"] = [*obj.get("history", []), *(r.to_dict() for r in records)]
     return Situation.from_dict(obj, table=table, where=str(source_path)), log, table
+
+
+def _store_quarantine(source_path: Path, audit_path: Path | None) -> set[str]:
+    """The quarantine list (``ROOT/quarantine.json``) of the store named by SOURCE or --audit, if any."""
+    from rankscope.datasets.store.quarantine import load_quarantine
+    from rankscope.datasets.store.store import Store
+
+    out: set[str] = set()
+    for p in (source_path, audit_path):
+        if p is not None and p.is_dir() and Store.is_store(p):
+            out |= load_quarantine(p)
+    return out
 
 
 def _configs(
@@ -133,11 +148,28 @@ def _configs(
     return ladder, guards
 
 
+PLAN_EXAMPLES = """\b
+Examples:
+  rankscope plan /data/rankscope --job llama70b-run3 --format json
+  rankscope plan verdict.json --machines gpu-0,gpu-1,gpu-2,gpu-3 --standby gpu-9
+"""
+RECOVER_EXAMPLES = """\b
+Examples:
+  rankscope recover /data/rankscope --job llama70b-run3 --backend slurm --slurm-job-id 4242
+  rankscope recover /data/rankscope --job llama70b-run3 --backend slurm --slurm-job-id 4242 --apply
+"""
+STANDBY_EXAMPLES = """\b
+Examples:
+  rankscope standby --machines 1024 --daily-failure-rate 0.0012
+"""
+
+
 def register(app: typer.Typer) -> None:
     @app.command(
-        help="Decide what to do about an incident (the decision ladder, then the guardrails): evict, restart, "
-        "roll back, stop, tolerate or collect, each with its reason. Changes nothing. "
-        "Example: rankscope plan /data/rankscope --job llama70b-run3 --format json"
+        help="Decide what to do about an incident: evict, restart, roll back, stop.\n\n"
+        "The decision ladder, then the guardrails: evict, restart, roll back, stop, tolerate or collect, each "
+        "with its reason. Changes nothing.",
+        epilog=PLAN_EXAMPLES,
     )
     @handle_errors
     def plan(
@@ -186,11 +218,12 @@ def register(app: typer.Typer) -> None:
         echo(p.to_json().rstrip() if fmt is Format.json else p.explain())
 
     @app.command(
-        help="Plan, then carry the plan out through a backend (local torchrun, Slurm, Kubernetes). DRY RUN unless "
-        "--apply: prints the exact commands or API calls; --apply makes them, one executor per job (a lock), "
-        "each action recorded in the audit trail. Exit 1 when an applied step failed, 3 when a guardrail deferred "
-        "the actions (the cool-down: the plan says until when; run it again then). "
-        "Example: rankscope recover /data/rankscope --job llama70b-run3 --backend slurm --slurm-job-id 4242"
+        help="Carry a plan out: local torchrun, Slurm or Kubernetes (dry run by default).\n\n"
+        "Plan, then carry the plan out through a backend. DRY RUN unless --apply: prints the exact commands or "
+        "API calls; --apply makes them, one executor per job (a lock), each action recorded in the audit trail. "
+        "Exit 1 when an applied step failed, 3 when a guardrail deferred the actions (the cool-down: the plan "
+        "says until when; run it again then).",
+        epilog=RECOVER_EXAMPLES,
     )
     @handle_errors
     def recover(
@@ -281,9 +314,10 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(DEFERRED)
 
     @app.command(
-        help="Size the warm-standby pool: the spare machines that cover the given quantile of concurrent failures "
-        "within the restart window (binomial, as in ByteRobust). "
-        "Example: rankscope standby --machines 1024 --daily-failure-rate 0.0012"
+        help="Size the warm standby pool for a job (machines to keep ready).\n\n"
+        "The spare machines that cover the given quantile of concurrent failures within the restart window "
+        "(binomial, as in ByteRobust).",
+        epilog=STANDBY_EXAMPLES,
     )
     @handle_errors
     def standby(

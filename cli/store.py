@@ -21,7 +21,7 @@ Examples:
   rankscope sql /data/rankscope "SELECT job, verdict, culprit_nodes FROM verdicts" --format csv > verdicts.csv
 \b
 Tables (each a view, empty ones too): stacks, topology, verdicts, collectives, processes, metrics,
-events, timings, ingests.
+events, timings, ingests, batch_runs.
 """
 
 

@@ -128,6 +128,8 @@ class Agent(Tracking, Capturing):
         self.alive: dict[int, discovery.ProcInfo] = {}
         self.exclude = discovery.self_and_ancestors(proc_root=proc_root)
         self.failures: dict[str, int] = {}
+        self.collector_ok: dict[str, bool] = {}  # each collector's last run (the --metrics-port "up" gauge)
+        self._metrics_server: Any = None
         self.messages: list[str] = []
         self.captures: list[CaptureSummary] = []
         self.n_events = 0
@@ -189,6 +191,13 @@ class Agent(Tracking, Capturing):
             atomic_write(self.run_dir / rf.AGENT_PID, f"{os.getpid()}\n", durable=False)
         except OSError as exc:
             self._fail("pidfile", exc)
+        if self.cfg.metrics_port:  # prometheus_client is imported only when asked for (the daemon stays lean)
+            from rankscope.collectors.health import serve
+
+            try:
+                self._metrics_server = serve(self, self.cfg.metrics_port)
+            except OSError as exc:
+                self._fail("metrics_port", exc)
         self._event(Event("agent", f"agent started (pid {os.getpid()}, job {self.cfg.job})", pid=os.getpid()))
         for msg in self.messages:  # startup notes (no NVML, unreadable kernel log) are stored once too
             self._event(Event("agent", msg, pid=os.getpid()))
@@ -215,6 +224,9 @@ class Agent(Tracking, Capturing):
                 self.trigger.close()
             self.kernel_log.close()
             self.gpu.close()
+            if self._metrics_server is not None:
+                self._metrics_server.shutdown()
+                self._metrics_server = None
         return self.report()
 
     def report(self) -> AgentReport:
@@ -248,7 +260,9 @@ class Agent(Tracking, Capturing):
         ):
             try:
                 step(now)
+                self.collector_ok[name] = True
             except Exception as exc:
+                self.collector_ok[name] = False
                 self._fail(name, exc)
         if now >= self._next_flush:
             self._next_flush = now + self.cfg.flush_interval_seconds
@@ -372,11 +386,14 @@ class Agent(Tracking, Capturing):
 
     def _events(self, now: float) -> None:
         for source in (self.kernel_log, *self.watchers):
+            where = f"events.{type(source).__name__}"
             try:
                 for ev in source.poll():
                     self._event(ev)
+                self.collector_ok[where] = True
             except Exception as exc:
-                self._fail(f"events.{type(source).__name__}", exc)
+                self.collector_ok[where] = False
+                self._fail(where, exc)
 
     def _steps(self, now: float) -> None:
         pids = [p.pid for p in self.alive.values() if p.role == "trainer"]

@@ -2,7 +2,7 @@
 
 :class:`Config` composes one frozen, keyword-only dataclass per section (torchtitan's ``Config`` shape):
 ``stacks``, ``collectives``, ``performance`` (with its ``stragglers``), ``crashes``, ``inputs``,
-``agent`` and ``limits``. Units are in the field names (``*_seconds``, ``*_bytes``, ``*_fraction``);
+``agent``, ``limits`` and ``batch``. Units are in the field names (``*_seconds``, ``*_bytes``, ``*_fraction``);
 each section validates itself in ``__post_init__`` and a bad value is a :class:`~rankscope.spine.ConfigError`
 naming the field, the value and what is expected.
 
@@ -20,6 +20,7 @@ Imports only :mod:`rankscope.spine`.
 """
 
 from rankscope.config.agent import AgentConfig, default_pyspy
+from rankscope.config.batch import RUNNERS, BatchConfig, parse_duration
 from rankscope.config.loader import (
     ENV_AGENT_CONFIG,
     ENV_ALIASES,
@@ -48,7 +49,9 @@ __all__ = [
     "ENV_ALIASES",
     "ENV_CONFIG",
     "ENV_PREFIX",
+    "RUNNERS",
     "AgentConfig",
+    "BatchConfig",
     "CollectivesConfig",
     "Config",
     "CrashConfig",
@@ -62,6 +65,7 @@ __all__ = [
     "env_name",
     "from_env",
     "load_config",
+    "parse_duration",
     "read_config_file",
     "resolve_agent",
 ]

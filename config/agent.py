@@ -50,6 +50,7 @@ class AgentConfig:
     launcher_pid: int = 0  # >0: only this launcher's process tree (several jobs on one node)
     exit_after_captures: int = 0  # >0: stop after this many captures (tests, benchmarks)
     max_runtime_seconds: float = 0.0  # >0: stop after this long
+    metrics_port: int = 0  # >0: serve the agent's own health for Prometheus on 127.0.0.1:PORT
     recover: str = ""  # local | slurm | k8s: run `rankscope recover STORE --job J --backend B` after each capture
     recover_args: tuple[str, ...] = ()  # its other arguments (--apply, the backend's options)
 
@@ -77,6 +78,8 @@ class AgentConfig:
             check_int(f"agent config: {name}", getattr(self, name), minimum=0, error=ConfigError)
         if self.recover not in ("", "local", "slurm", "k8s"):
             raise ConfigError(f"agent config: recover={self.recover!r} must be local, slurm, k8s or empty (off)")
+        if check_int("agent config: metrics_port", self.metrics_port, minimum=0, error=ConfigError) > 65535:
+            raise ConfigError(f"agent config: metrics_port={self.metrics_port!r} must be a TCP port (1-65535, 0 = off)")
         if not self.node:
             object.__setattr__(self, "node", socket.gethostname())
         if not self.trigger_file:

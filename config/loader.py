@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.config.agent import AgentConfig
+from rankscope.config.batch import BatchConfig
 from rankscope.config.sections import (
     CollectivesConfig,
     CrashConfig,
@@ -43,6 +44,7 @@ class Config:
     inputs: InputsConfig = field(default_factory=InputsConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     limits: Limits = field(default_factory=Limits)
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
 
 # -- loading -------------------------------------------------------------------------------------------

@@ -43,6 +43,9 @@ class CollectivesConfig:
     slow_min_score: float = 0.5  # a rank whose kernel is this much shorter than the next shortest arrived last
     slow_min_wait_fraction: float = 0.3  # fail-slow: its peers wait for it this share of the group's time
     overdue_factor: float = 20.0  # overdue (a hang): min(timeout, max(factor x group p99 latency/cadence, 5 s))
+    # the dumps were written by the watchdog on a collective timeout (TORCH_NCCL_DUMP_ON_TIMEOUT, torch's
+    # default): each was taken at least one timeout after the oldest op in flight (a lower-bound clock)
+    dumped_on_timeout: bool = False
 
     def __post_init__(self) -> None:
         for name in ("slow_min_score", "slow_min_wait_fraction", "overdue_factor"):

@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from rankscope.analytics.collectives.captures import compare, split_captures
 from rankscope.analytics.collectives.clock import Clock
-from rankscope.analytics.collectives.decide import CollectiveFacts, classify
+from rankscope.analytics.collectives.decide import classify
+from rankscope.analytics.collectives.facts import CollectiveFacts
 from rankscope.analytics.collectives.groups import group_keys, resolve_groups
 from rankscope.analytics.collectives.result import CollectiveAnalysis
 from rankscope.analytics.collectives.slow import lateness, mismatches, slow_ranks

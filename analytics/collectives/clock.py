@@ -9,6 +9,10 @@ alone cannot tell a hang from a healthy job. What can is time:
   (``time_created_ns``, ``time_discovered_started_ns``, ``time_discovered_completed_ns``). Never a file's
   mtime (copying a dump resets it), and never another rank's stamps (dumps of one job are taken up to
   seconds apart: a rank dumped early would look stuck for as long as the collection took).
+- A dump the watchdog wrote on a collective timeout (``collectives.dumped_on_timeout``: the user says so with
+  ``--dumped-on-timeout``, or a watchdog timeout line in the logs of the same input shows it) was taken at
+  least one timeout after the op that timed out was created: ``now >= min(created + timeout_ms)`` over the
+  ops in flight in the dumps. Still a lower bound (it proves overdue, never young).
 - An op is **overdue** when ``now - created >= min(timeout, max(K x ref, 5 s))``, where ``ref`` is the
   larger of the p99 of the job's own completed-op latency in that group and the p99 of its enqueue
   cadence. A lower-bound clock can prove an op overdue, never young.
@@ -114,6 +118,8 @@ class Clock:
                 self.now[r] = (max(explicit, own), True)
             elif own:
                 self.now[r] = (own, False)
+        if cfg.dumped_on_timeout:
+            self._watchdog_clock(by_rank)
         if bad:
             self.notes.append(
                 f"the recorded dump time of rank(s) {', '.join(map(str, bad[:8]))} is older than entries inside "
@@ -124,6 +130,27 @@ class Clock:
         self._t = t
         self.explicit = bool(self.now) and all(ex for _, ex in self.now.values())
         self.progress: Progress | None = None  # set when an earlier capture exists
+
+    def _watchdog_clock(self, by_rank: Mapping[int, FRDump]) -> None:
+        """Dumps written on a timeout: each was taken no earlier than the first op in flight could time out."""
+        due = [
+            e.time_created_ns + e.timeout_ms * 1_000_000
+            for d in by_rank.values()
+            for e in d.entries[-SAMPLE_OPS:]
+            if e.state != "completed" and e.time_created_ns and e.timeout_ms and e.timeout_ms > 0
+        ]
+        if not due:
+            self.notes.append("--dumped-on-timeout: no op in flight carries its creation time and timeout: no clock")
+            return
+        bound = min(due)
+        for r in by_rank:
+            ns, explicit = self.now.get(r, (0, False))
+            if not explicit:
+                self.now[r] = (max(ns, bound), False)
+        self.notes.append(
+            "the dumps were written on a watchdog timeout: each was taken at least one timeout after the oldest "
+            "op in flight was created (a lower bound on the capture time)"
+        )
 
     def _since_previous(self, r: int, e: FREntry) -> float | None:
         """Seconds the op has been unfinished at least: the interval since an earlier capture that showed

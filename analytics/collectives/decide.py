@@ -16,71 +16,15 @@ a hang.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-from rankscope.analytics.collectives.captures import Progress
-from rankscope.analytics.collectives.clock import AGING, OVERDUE, UNKNOWN, YOUNG, Clock
-from rankscope.analytics.collectives.groups import GroupInfo, GroupKey
-from rankscope.analytics.collectives.result import CollectiveAnalysis, GroupStall, Mismatch
-from rankscope.analytics.collectives.waits import P2PWait, Wait, WaitGraph, unrecorded_p2p_victims
+from rankscope.analytics.collectives.clock import AGING, OVERDUE, YOUNG
+from rankscope.analytics.collectives.facts import CollectiveFacts
+from rankscope.analytics.collectives.result import CollectiveAnalysis, GroupStall
+from rankscope.analytics.collectives.waits import P2PWait, Wait, unrecorded_p2p_victims
 from rankscope.analytics.collectives.wording import culprit_words, pg_words, wait_words
 from rankscope.analytics.verdict import Evidence, Severity, rank_ranges
-
-
-@dataclass(frozen=True)
-class CollectiveFacts:
-    """Everything the dumps say, before a decision."""
-
-    graph: WaitGraph
-    stalls: tuple[GroupStall, ...]
-    groups: Mapping[GroupKey, GroupInfo]
-    mismatches: tuple[Mismatch, ...]
-    slow: tuple[int, ...]
-    slow_scores: Mapping[int, float]
-    world: int
-    dumped: tuple[int, ...]
-    no_dump: tuple[int, ...]
-    n_entries: int
-    node: Callable[[int], tuple[str, ...]]  # rank -> its node (empty without a topology)
-    nodes: Callable[[Sequence[int]], tuple[str, ...]]  # ranks -> their nodes
-    clock: Clock
-    progress: Progress | None = None
-    pp_neighbors: Callable[[int], tuple[int, ...]] = lambda r: ()
-    """Adjacent pipeline stages of a rank, where send/recv go unrecorded (gloo): empty otherwise."""
-
-    def time_evidence(self) -> dict[str, Any]:
-        waits = list(self.graph.all_waits())
-        states = Counter(w.timing.state for w in waits)
-        ages = [w.timing.age_s for w in waits if w.timing.age_s is not None]
-        now = self.clock.now.values()
-        kind = "none" if not now else "explicit" if self.clock.explicit else "lower-bound"
-        if now and not self.clock.explicit and any(ex for _, ex in now):
-            kind = "partial"
-        return {
-            "clock": kind,
-            "n_waits": len(waits),
-            **{k: states.get(k, 0) for k in (OVERDUE, AGING, YOUNG, UNKNOWN)},
-            "oldest_wait_seconds": round(max(ages), 3) if ages else None,
-        }
-
-    def common(self) -> dict[str, Any]:
-        """The fields of every :class:`CollectiveAnalysis`, whatever the finding."""
-        return dict(
-            world_size=self.world,
-            dumped_ranks=self.dumped,
-            stalls=self.stalls,
-            mismatches=self.mismatches,
-            slow_ranks=self.slow,
-            slow_scores=dict(self.slow_scores),
-            no_dump_ranks=self.no_dump,
-            waits=self.graph.most_specific(),
-            n_groups=len(self.groups),
-            n_entries=self.n_entries,
-            time_evidence=self.time_evidence(),
-            progress=self.progress.to_dict() if self.progress is not None else {},
-        )
 
 
 def classify(f: CollectiveFacts) -> CollectiveAnalysis:
@@ -205,6 +149,10 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
         strong = False
     else:
         strong = True
+    scattered = _scattered(f, culprits)
+    if scattered:
+        reasons.append(scattered)
+        return _inconclusive(f, reasons, evidence, 0.3)
     cset = set(culprits)
     p2p = [(g, r, peer, op) for g, r, peer, op in f.graph.p2p_waits if peer in cset]
     stop, stopped = _stopped(f, cset, p2p, culprits, reasons)
@@ -237,6 +185,24 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
         evidence=tuple(evidence),
         **stopped,
         **f.common(),
+    )
+
+
+MAX_CULPRIT_NODE_FRACTION = 0.25
+"""Waits ending on more than this share of the job's machines (and more than :data:`_HINT_MAX_NODES`) are
+no machine fault: one stuck machine stops its groups, and every wait leads back to it."""
+
+
+def _scattered(f: CollectiveFacts, culprits: Sequence[int]) -> str:
+    """Why the culprits are not one fault domain (empty when they are)."""
+    mine = set(f.nodes(culprits))
+    every = set(f.nodes(range(f.world)))
+    if not every or len(mine) <= max(_HINT_MAX_NODES, MAX_CULPRIT_NODE_FRACTION * len(every)):
+        return ""
+    return (
+        f"The overdue waits end at {len(culprits)} ranks on {len(mine)} of {len(every)} machines: not one "
+        "machine's fault (one stuck machine stops its groups and every wait leads back to it). A job-wide stop, "
+        "or dumps of a running job read with a wrong clock: nobody is named."
     )
 
 

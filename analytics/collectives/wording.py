@@ -9,7 +9,7 @@ from rankscope.analytics.collectives.waits import P2PWait, Wait
 from rankscope.analytics.verdict import rank_ranges
 
 if TYPE_CHECKING:
-    from rankscope.analytics.collectives.decide import CollectiveFacts
+    from rankscope.analytics.collectives.facts import CollectiveFacts
 
 
 def pg_words(name: str, desc: str, kind: str) -> str:

@@ -33,10 +33,67 @@ class Choice:
     snapshot_times: dict[int, float]
     fr_sources: frozenset[str] | None  # FR source files of the chosen ingest; None: the agent's (not ingested)
     notes: list[str]
+    ingest_id: str | None = None  # the chosen incident's ingest (its own topology rows win); None: the agent's
 
 
 def _utc(t: float) -> str:
     return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _split(stacks: Any) -> tuple[dict[str, set[int]], set[int]]:
+    """The snapshots of each ingest, and those the agent wrote (no ingest id)."""
+    ids = stacks.column("ingest_id").to_pylist() if "ingest_id" in stacks.column_names else [None] * stacks.num_rows
+    by_ingest: dict[str, set[int]] = {}
+    agent: set[int] = set()
+    for s, i in zip(stacks.column("snapshot").to_pylist(), ids):
+        if i is None:
+            agent.add(s)
+        else:
+            by_ingest.setdefault(i, set()).add(s)
+    return by_ingest, agent
+
+
+def agent_series(agent: set[int], snapshot_times: Mapping[int, float], gap_s: float) -> list[set[int]]:
+    """The agent's snapshots cut into capture series (consecutive snapshots at most ``gap_s`` apart), oldest
+    first; snapshots without a time form one series of their own."""
+    timed = sorted((snapshot_times[s], s) for s in agent if s in snapshot_times)
+    out: list[set[int]] = []
+    last = float("-inf")
+    for t, s in timed:
+        if not out or t - last > gap_s:
+            out.append(set())
+        out[-1].add(s)
+        last = t
+    untimed = {s for s in agent if s not in snapshot_times}
+    return ([untimed] if untimed else []) + out
+
+
+def incidents_of(
+    store: Store, job: str, stacks: Any, snapshot_times: Mapping[int, float], gap_s: float
+) -> tuple[list[Incident], Any]:
+    """Every incident of a store job (each ingest; each capture series of the agent, keyed
+    ``capture-<first snapshot>``), and the ingest ledger (None without one)."""
+    by_ingest, agent = _split(stacks)
+    ledger = store.read("ingests", job=job) if store.files("ingests", job=job) else None
+    out = _ingests(by_ingest, snapshot_times, ledger)
+    if ledger is not None:  # ingests without stacks (Flight Recorder, metrics, logs only) are incidents too
+        seen = set(by_ingest)
+        for key, when in _ledger_times(ledger).items():
+            if key not in seen:
+                out.append(Incident(key, when, frozenset(), "ingest"))
+    for series in agent_series(agent, snapshot_times, gap_s):
+        t = max((snapshot_times[s] for s in series if s in snapshot_times), default=float("-inf"))
+        out.append(Incident(f"capture-{min(series)}", t, frozenset(series), "capture"))
+    return sorted(out, key=lambda i: (i.time, i.key)), ledger
+
+
+def _ledger_times(ledger: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for i, w, c in zip(ledger["ingest_id"], ledger["ingest_time"], ledger["capture_time"]):
+        t = c if c is not None else w
+        if t is not None:
+            out[i] = max(out.get(i, float("-inf")), t.timestamp())
+    return out
 
 
 def choose(
@@ -46,17 +103,15 @@ def choose(
     procs: list[ProcStacks],
     snapshot_times: dict[int, float],
     latest_series: Callable[[Mapping[int, float]], set[int]],
+    *,
+    incident: str | None = None,
+    gap_s: float = 120.0,
 ) -> Choice:
-    """The procs and snapshot times of the latest incident, and notes on the ones ignored."""
-    ids = stacks.column("ingest_id").to_pylist() if "ingest_id" in stacks.column_names else [None] * stacks.num_rows
-    snaps = stacks.column("snapshot").to_pylist()
-    by_ingest: dict[str, set[int]] = {}
-    agent: set[int] = set()
-    for s, i in zip(snaps, ids):
-        if i is None:
-            agent.add(s)
-        else:
-            by_ingest.setdefault(i, set()).add(s)
+    """The procs and snapshot times of the latest incident (or of ``incident``, a key of
+    :func:`incidents_of`), and notes on the ones ignored."""
+    if incident is not None:
+        return _chosen(store, job, stacks, procs, snapshot_times, incident, gap_s)
+    by_ingest, agent = _split(stacks)
     ledger = store.read("ingests", job=job) if store.files("ingests", job=job) else None
     incidents = _ingests(by_ingest, snapshot_times, ledger)
     series: set[int] = set()
@@ -87,7 +142,30 @@ def choose(
     chosen = [p for p in procs if p.snapshot in keep]
     times = {s: t for s, t in snapshot_times.items() if s in keep}
     fr = _fr_sources(ledger, best.key)
-    return Choice(chosen, times, fr, notes)
+    return Choice(chosen, times, fr, notes, None if best.key == "agent" else best.key)
+
+
+def _chosen(
+    store: Store,
+    job: str,
+    stacks: Any,
+    procs: list[ProcStacks],
+    snapshot_times: Mapping[int, float],
+    key: str,
+    gap_s: float,
+) -> Choice:
+    """The evidence of incident ``key`` (an InputError naming the valid keys when it is not one)."""
+    from rankscope.spine import InputError
+
+    incidents, ledger = incidents_of(store, job, stacks, snapshot_times, gap_s)
+    best = next((i for i in incidents if i.key == key), None)
+    if best is None:
+        valid = ", ".join(i.key for i in incidents[-10:]) or "none"
+        raise InputError(f"{store.root}: job {job!r} has no incident {key!r} (latest: {valid})")
+    chosen = [p for p in procs if p.snapshot in best.snapshots]
+    times = {s: t for s, t in snapshot_times.items() if s in best.snapshots}
+    agent = best.key.startswith("capture-")
+    return Choice(chosen, times, None if agent else _fr_sources(ledger, best.key), [], None if agent else best.key)
 
 
 def _ingests(by_ingest: Mapping[str, set[int]], snapshot_times: Mapping[int, float], ledger: Any) -> list[Incident]:

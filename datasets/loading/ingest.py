@@ -127,7 +127,10 @@ def ingest_inputs(inputs: Inputs, store: Store, *, job: str | None = None) -> In
         store.write("stacks", stacks)
     counts["stacks"] = stacks.num_rows
     if inputs.topology is not None:
-        topo_rows = inputs.topology.to_rows(name)
+        made_up = set(inputs.inferred_nodes)  # kept, so that a verdict from the store says so too
+        topo_rows = [
+            {**r, "node_inferred": r["node"] in made_up, "ingest_id": ingest_id} for r in inputs.topology.to_rows(name)
+        ]
         store.write("topology", topo_rows)
         counts["topology"] = len(topo_rows)
     dumps = [d for d in inputs.fr_dumps if fresh(d.source_file)]

@@ -182,19 +182,25 @@ def _hook_coords(dd: DumpDir, ranks: Sequence[int], notes: list[str]) -> dict[st
 
 
 def _from_store(
-    root: Path, *, layout: Layout | None, gpus_per_node: int, job: str | None, series_gap_seconds: float
+    root: Path,
+    *,
+    layout: Layout | None,
+    gpus_per_node: int,
+    job: str | None,
+    series_gap_seconds: float,
+    incident: str | None = None,
 ) -> Inputs:
     from rankscope.datasets.store.stacks_table import from_table  # pyarrow: only a store needs it
     from rankscope.datasets.store.store import Store
 
-    store = Store(root)
-    jobs = sorted(
-        set(store.jobs("stacks"))
-        | set(store.jobs("collectives"))
-        | set(store.jobs("fr_dumps"))
-        | set(store.jobs("metrics"))
-        | set(store.jobs("timings"))
-    )
+    store = Store(root, skip_bad=True)  # a corrupt or foreign part file is left out, and said in the notes
+    evidence = ("stacks", "collectives", "fr_dumps", "metrics", "timings")
+    # a named job is looked up in its own partitions: listing every job of a 10,000-job store for each
+    # diagnosis made a batch over it quadratic
+    if job is not None and any(store.files(t, job=job) for t in evidence):
+        jobs = [job]
+    else:
+        jobs = sorted({j for t in evidence for j in store.jobs(t)})
     if job is None:
         if not jobs:
             raise InputError(f"{root}: the store holds no stacks, collectives, metrics or timings")
@@ -213,9 +219,11 @@ def _from_store(
         from_table(stacks_tbl),
         _snapshot_times(stacks_tbl),
         lambda times: latest_series(times, series_gap_seconds),
+        incident=incident,
+        gap_s=series_gap_seconds,
     )
     procs, snapshot_times, notes = chosen.procs, chosen.snapshot_times, list(chosen.notes)
-    topo_df = store.read("topology", job=job).unique(subset=["rank"], keep="last").sort("rank")
+    topo_df = _own_topology(store.read("topology", job=job), chosen.ingest_id)
     from rankscope.datasets.readers.fr_store import read_fr_captures
 
     since = min(snapshot_times.values()) - series_gap_seconds if snapshot_times else None
@@ -228,6 +236,9 @@ def _from_store(
         if store.files("ingests", job=job):
             rows = keep_fr_rows(rows, store.read("ingests", job=job), chosen.fr_sources)
         fr = list(fr_from_table(rows))
+    made_up: tuple[str, ...] = ()
+    if topo_df.height and "node_inferred" in topo_df.columns:  # names ingest made up (node-<rank // N>)
+        made_up = tuple(sorted(set(topo_df.filter(topo_df["node_inferred"].fill_null(False))["node"].to_list())))
     topo: Topology | None
     if topo_df.height and layout is None:
         check_ranks(((int(r), f"{root}/topology") for r in topo_df["rank"].drop_nulls()), layout=None, where=str(root))
@@ -261,7 +272,19 @@ def _from_store(
         str(root),
         exits=tuple(exits),
         snapshot_times=snapshot_times,
+        inferred_nodes=made_up,
     )
+
+
+def _own_topology(topo: Any, ingest_id: str | None) -> Any:
+    """One row per rank: the chosen incident's own rows when the table says which ingest wrote them (a job
+    re-run on other machines is ingested with another topology), else the last written."""
+    if topo.height and "ingest_id" in topo.columns:
+        ids = topo["ingest_id"]
+        mine = topo.filter(ids == ingest_id) if ingest_id is not None else topo.filter(ids.is_null())
+        if mine.height:
+            topo = mine
+    return topo.unique(subset=["rank"], keep="last").sort("rank")
 
 
 def latest_series(snapshot_times: Mapping[int, float], gap_s: float = InputsConfig().series_gap_seconds) -> set[int]:
@@ -299,10 +322,14 @@ def load_inputs(
     gpus_per_node: int | None = None,
     job: str | None = None,
     config: InputsConfig | None = None,
+    incident: str | None = None,
     limits: Limits | None = None,
     follow_symlinks: bool = False,
 ) -> Inputs:
     """Load a dump directory or a store into :class:`Inputs` (InputError on bad input).
+
+    From a store, the latest incident of the job is loaded, or ``incident`` (a key of
+    :func:`rankscope.datasets.loading.incidents.incidents_of`: an ingest id or ``capture-<snapshot>``).
 
     ``gpus_per_node`` None means "not given": sibling trainers and local ranks are numbered with the
     count each host holds, and unnamed machines are ``node-<rank // 8>``. Symbolic links that leave the
@@ -315,6 +342,7 @@ def load_inputs(
             gpus_per_node=gpus_per_node,
             job=job,
             config=config,
+            incident=incident,
             follow_symlinks=follow_symlinks,
         )
 
@@ -327,6 +355,7 @@ def _load(
     gpus_per_node: int | None,
     job: str | None,
     config: InputsConfig | None,
+    incident: str | None,
     follow_symlinks: bool,
 ) -> Inputs:
     lay: Layout | None
@@ -347,6 +376,7 @@ def _load(
             gpus_per_node=gpus_per_node or 8,
             job=job,
             series_gap_seconds=(config or InputsConfig()).series_gap_seconds,
+            incident=incident,
         )
     with paused_gc():  # millions of small acyclic objects: full collections would make loading superlinear
         return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job, follow_symlinks=follow_symlinks)

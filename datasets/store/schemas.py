@@ -108,6 +108,8 @@ TOPOLOGY = TableSpec(
             pa.field("ep", pa.int32()),
             pa.field("dp", pa.int32()),
             pa.field("pp", pa.int32()),
+            pa.field("node_inferred", pa.bool_()),  # true: nobody named the machine, rankscope made node-<r // N> up
+            pa.field("ingest_id", pa.string()),  # the ingest that wrote the row (null: the agent's)
         ]
     ),
     doc="One row per rank: its node and its coordinate along each parallel dimension.",
@@ -128,9 +130,40 @@ VERDICTS = TableSpec(
             pa.field("verdict_json", pa.string()),
             pa.field("incident_time", TIME),  # when the incident happened (see datasets.store.catalog)
             pa.field("incident_source", pa.string()),  # capture | first-failure | flight-recorder | ...
+            # optional (rankscope batch fills them): which incident of the job (an ingest id, capture-<snapshot>
+            # or live) and a digest of its evidence; batch writes a (job, incident_id, input_fingerprint) once
+            pa.field("incident_id", pa.string()),
+            pa.field("input_fingerprint", pa.string()),
         ]
     ),
     doc="One row per diagnosis: the decision, its full JSON, and when the incident it explains happened.",
+)
+
+BATCH_RUNS = TableSpec(
+    "batch_runs",
+    pa.schema(
+        [
+            pa.field("run_id", pa.string(), nullable=False),
+            pa.field("started", TIME, nullable=False),
+            pa.field("finished", TIME),
+            pa.field("duration_seconds", pa.float64()),
+            pa.field("host", pa.string()),
+            pa.field("pid", pa.int64()),
+            pa.field("runner", pa.string()),  # local | ray
+            pa.field("workers", pa.int32()),
+            pa.field("jobs_total", pa.int64()),  # jobs with evidence in the store
+            pa.field("jobs_new", pa.int64()),  # jobs with evidence newer than their watermark
+            pa.field("jobs_done", pa.int64()),
+            pa.field("jobs_failed", pa.int64()),
+            pa.field("incidents_diagnosed", pa.int64()),
+            pa.field("verdicts_written", pa.int64()),
+            pa.field("failures", pa.list_(pa.string())),  # "job: one-line error"
+            pa.field("status", pa.string()),  # ok | failed | stopped
+        ]
+    ),
+    partition_by=(),
+    doc="One row per `rankscope batch` run: how long it took, what it did and which jobs failed (the export's "
+    "batch metrics come from here).",
 )
 
 COLLECTIVES = TableSpec(
@@ -315,6 +348,7 @@ TABLES: dict[str, TableSpec] = {
         TIMINGS,
         INGESTS,
         ACTIONS,
+        BATCH_RUNS,
     )
 }
 

@@ -55,8 +55,11 @@ FORMAT_VERSION = 1
 class Store:
     """A store rooted at a directory. ``Store(path, create=True)`` makes a new one if needed."""
 
-    def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = False, skip_bad: bool = False) -> None:
+        """``skip_bad``: a corrupt or foreign part file is left out of every read (and remembered in
+        :attr:`skipped`) instead of being the error; a table whose every file is bad is still the error."""
         self.root = Path(root)
+        self.skip_bad = skip_bad
         marker = self.root / MARKER
         if not marker.exists():
             if not create:
@@ -116,6 +119,9 @@ class Store:
 
     @staticmethod
     def _partitions(spec: TableSpec, tbl: pa.Table) -> Iterable[tuple[tuple[str, ...], pa.Table]]:
+        if not spec.partition_by:  # a store-wide table (batch_runs): one file under ROOT/<table>/
+            yield (), tbl
+            return
         cols = [tbl.column(c).to_pylist() for c in spec.partition_by]
         keys = list(zip(*cols))
         for key in dict.fromkeys(keys):
@@ -132,10 +138,12 @@ class Store:
             yield tuple(map(str, key)), tbl.filter(mask)
 
     # -- reading -----------------------------------------------------------------------------
-    def files(self, name: str, *, job: str | None = None) -> list[Path]:
-        """The complete Parquet files of table ``name`` (optionally of one job), checked readable and of this
-        table's schema. A corrupt or foreign file is left out and remembered in :attr:`skipped` (one line naming
-        the file and the table): the rest of the store stays usable, and its readers say what was left out."""
+    def files(self, name: str, *, job: str | None = None, skip_bad: bool | None = None) -> list[Path]:
+        """The complete Parquet files of table ``name`` (optionally of one job), checked to be regular files,
+        readable and of this table's schema. A bad file is a :class:`StoreError` naming the file and the table,
+        or, with ``skip_bad`` (default: the store's), left out and remembered in :attr:`skipped`: the rest of
+        the store stays usable, and its readers say what was left out."""
+        skip = self.skip_bad if skip_bad is None else skip_bad
         spec = table(name)
         base = self.root / spec.name
         if job is not None and "job" in spec.partition_by:
@@ -147,6 +155,8 @@ class Store:
             try:
                 self._check(path, spec)
             except StoreError as exc:
+                if not skip:
+                    raise
                 self.skipped[path] = str(exc)
                 continue
             good.append(path)
@@ -217,8 +227,11 @@ class Store:
         for path in progress(self._usable(name, job), f"reading {spec.name}"):
             try:
                 parts.append(conform(pq.read_table(path), spec))
-            except (OSError, pa.ArrowException, InputError) as exc:  # left out, like a file that fails the check
-                self.skipped[path] = f"{path}: table {spec.name}: corrupt Parquet file ({_one_line(exc)})"
+            except (OSError, pa.ArrowException, InputError) as exc:  # like a file that fails the check
+                why = f"{path}: table {spec.name}: corrupt Parquet file ({_one_line(exc)})"
+                if not self.skip_bad:
+                    raise StoreError(why) from None
+                self.skipped[path] = why
         if not parts and self.skipped_in(name, job):
             raise StoreError(self.skipped_in(name, job)[0])
         tbl = pa.concat_tables(parts) if parts else spec.schema.empty_table()
@@ -244,7 +257,7 @@ class Store:
         con = duckdb.connect()
         try:
             for name, spec in TABLES.items():
-                paths = self.files(name)
+                paths = self.files(name, skip_bad=True)  # a bad file of one table leaves the others usable
                 if paths:
                     files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
                     con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}], union_by_name=true)")

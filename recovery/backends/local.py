@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -47,33 +46,11 @@ from ..guardrails import check_placement
 from ..plan import Action, Plan
 from ..procs import descendants, proc_start_time, signal_tree
 from .base import StepResult, check_nodes
+from .checkpoints import COMPLETE_MARKER, checkpoints, newest_complete_checkpoint
 
-COMPLETE_MARKER = "COMPLETE"
+__all__ = ["COMPLETE_MARKER", "STATE_FILE", "LocalBackend", "checkpoints", "newest_complete_checkpoint"]
+
 STATE_FILE = "local-cluster.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-def newest_complete_checkpoint(root: str | os.PathLike[str], *, before_step: int | None = None) -> Path | None:
-    """The ``step-<N>`` directory with the highest N that has its ``COMPLETE`` marker (N < before_step)."""
-    best: tuple[int, Path] | None = None
-    for step, d, complete in checkpoints(root):
-        if complete and (before_step is None or step < before_step) and (best is None or step > best[0]):
-            best = (step, d)
-    return best[1] if best else None
-
-
-def checkpoints(root: str | os.PathLike[str]) -> list[tuple[int, Path, bool]]:
-    """Every ``step-<N>`` directory under ``root``: (N, path, complete), oldest first."""
-    try:
-        entries = list(Path(root).iterdir())
-    except OSError:
-        return []
-    out = []
-    for d in entries:
-        m = _STEP_DIR.match(d.name)
-        if m and d.is_dir():
-            out.append((int(m.group(1)), d, (d / COMPLETE_MARKER).is_file()))
-    return sorted(out)
 
 
 def free_port() -> int:

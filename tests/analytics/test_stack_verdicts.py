@@ -110,7 +110,7 @@ def _throttled(tmp_path: Path, *, prefixes: bool) -> Path:
             text = f.read_text()
             if prefixes and (r // 2) % 2:
                 text = text.replace(
-                    "/work/baseline/src/.venv/lib/python3.11/site-packages/", "/opt/conda/lib/python3.11/site-packages/"
+                    "/opt/rankscope/.venv/lib/python3.11/site-packages/", "/opt/conda/lib/python3.11/site-packages/"
                 )
             dst = out / f"snapshot-{k}" / host / f.name
             dst.parent.mkdir(parents=True, exist_ok=True)

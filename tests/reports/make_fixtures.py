@@ -1,6 +1,6 @@
 """Make the report fixtures (tests/reports/fixtures) from rankscope's real output on real or independent evidence.
 
-    RANKSCOPE_DEVCASES=/work/devcases .venv/bin/python tests/reports/make_fixtures.py [--only hang,crash]
+    RANKSCOPE_DEVCASES=../devcases .venv/bin/python tests/reports/make_fixtures.py [--only hang,crash]
 
 Each case runs ``rankscope diagnose ... --format json`` on real or independently made evidence, loads
 the same evidence with ``load_inputs`` and assembles the report tables
@@ -39,7 +39,7 @@ from rankscope.reports.evidence import save_case
 
 HERE = Path(__file__).resolve().parent
 RANKSCOPE = [sys.executable, "-m", "rankscope"]
-DEVCASES = Path(os.environ.get("RANKSCOPE_DEVCASES", "/work/devcases"))
+DEVCASES = Path(os.environ.get("RANKSCOPE_DEVCASES", "../devcases"))
 GLOO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "torch_gloo_hang_probe"
 HOSTILE_FRAME = "<script>window.__pwned=1</script><svg/onload=window.__pwned=2>"
 """A frame name that runs script if any page inserts it unescaped (no spaces: dump parsers keep it whole)."""
