@@ -57,9 +57,12 @@ FOREIGN: tuple[type[Exception], ...] = (
 _LIMITS: ContextVar[Limits | None] = ContextVar("rankscope_reading_limits", default=None)
 
 
+_DEFAULT = Limits()
+
+
 def limits() -> Limits:
     """The limits in force for the current read (the defaults unless :func:`reading_limits` set others)."""
-    return _LIMITS.get() or Limits()
+    return _LIMITS.get() or _DEFAULT
 
 
 @contextmanager
@@ -111,30 +114,32 @@ def check_regular(path: str | os.PathLike[str], *, max_bytes: int | None = None)
     return st.st_size
 
 
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _nonblocking(path: str, flags: int) -> int:
+    return os.open(path, _OPEN_FLAGS)
+
+
 def open_regular(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> io.BufferedReader:
     """``path`` opened for binary reading when it is a regular file within the size limit.
 
     ``O_NONBLOCK`` keeps the open of a FIFO from waiting for a writer; the check is on the opened
     descriptor (``fstat``), so a file swapped for a FIFO or device between a check and the open is refused."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fh = open(path, "rb", opener=_nonblocking)  # noqa: SIM115 - returned open, or closed below
     except OSError as exc:
         raise ParseError(path, f"unreadable ({exc.strerror or exc})") from None
     try:
-        st = os.fstat(fd)
+        st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(path, f"{_kind(st.st_mode)}, not a regular file: not read")
         cap = limits().max_file_bytes if max_bytes is None else max_bytes
         if st.st_size > cap:
             raise _too_big(path, st.st_size, cap)
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        fh = os.fdopen(fd, "rb")
-        assert isinstance(fh, io.BufferedReader)
-        return fh
+        return fh  # O_NONBLOCK changes nothing for a regular file's reads
     except BaseException:
-        os.close(fd)
+        fh.close()
         raise
 
 
