@@ -329,10 +329,10 @@ def _store_mutation(d: Path, rng: random.Random, ctx: dict[str, Any]) -> str:
         p = rng.choice(parts)
         data = bytearray(p.read_bytes())
         if op == "bitflip_part":
-            for _ in range(rng.choice([1, 8])):
+            for _ in range(rng.choice([1, 8]) if data else 0):
                 data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         else:
-            data = data[: rng.randrange(len(data))]
+            data = data[: rng.randrange(len(data) + 1)]
         p.write_bytes(bytes(data))
         return f"store:{op}:{p.parent.name}"
     if op == "temp_file" and parts:
@@ -363,6 +363,8 @@ def make_input(i: int, seed: int, seeds: dict[str, Path], work: Path, ctx: dict[
             ops.append(_mutate_one(name, dst, rng, ctx))
         except OSError as exc:  # a mutation that met an earlier one (a file made a FIFO or a link)
             ops.append(f"skipped:{exc.strerror}")
+        except (ValueError, IndexError) as exc:  # one that met an empty file
+            ops.append(f"skipped:{type(exc).__name__}")
     mode = "fr" if name.split("-")[0] in FR_ONLY else "dir"
     return {"i": i, "seed_dir": name, "mode": mode, "ops": [o[:60] for o in ops]}
 
