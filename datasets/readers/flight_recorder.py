@@ -229,6 +229,8 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
         return hit
     try:
         out = tuple([Frame(f["name"], f["filename"], f["line"]) for f in v])
+        if not all(_plain_frame(f) for f in out):  # a list for a name, a line out of range: the careful way
+            raise TypeError("odd frame fields")
     except (KeyError, TypeError):
         out = tuple(
             Frame(
@@ -241,6 +243,20 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
         )
     cache[id(v)] = out
     return out
+
+
+def _plain_frame(f: Frame) -> bool:
+    line = f.line
+    return (
+        f.function.__class__ is str
+        and f.file.__class__ is str
+        and (line is None or (line.__class__ is _INT and 0 <= line <= MAX_LINE_NO))
+    )
+
+
+def _dtypes(v: Any) -> tuple[str, ...]:
+    out = tuple(v)
+    return out if all(x.__class__ is str for x in out) else tuple(map(str, out))
 
 
 _new_entry = tuple.__new__
@@ -353,9 +369,9 @@ def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> F
             None if duration is None else _duration(duration),
             tmo,
             shapes(ins) if ins else (),
-            tuple(in_dt) if in_dt else (),
+            _dtypes(in_dt) if in_dt else (),
             shapes(outs) if outs else (),
-            tuple(out_dt) if out_dt else (),
+            _dtypes(out_dt) if out_dt else (),
             _frames(frames, frame_cache) if frames else (),
         ),
     )

@@ -126,9 +126,12 @@ def local_rank_from_cmdline(cmdline: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def natural(name: str) -> tuple[tuple[int, int | str], ...]:
+def natural(name: str) -> tuple[tuple[int, int, str] | tuple[int, str], ...]:
     """Sort key: ``node-2`` before ``node-10``."""
-    return tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", name) if t)
+    # digit runs by value without int() (no digit limit on hostile names)
+    return tuple(
+        (0, len(t.lstrip("0")), t.lstrip("0")) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", name) if t
+    )
 
 
 # -- manifests ----------------------------------------------------------------------------------------

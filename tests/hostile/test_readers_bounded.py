@@ -278,3 +278,25 @@ def test_infinite_durations_and_bit_flipped_parquet_are_notes(stack_dir: Path) -
     inputs = load_inputs(stack_dir)
     notes = " ".join(inputs.notes)
     assert "timings.csv" in notes and "timings_b.parquet" in notes
+
+
+def test_fr_frames_and_dtypes_of_the_wrong_type_never_reach_the_analysis(fr_dir: Path) -> None:
+    raw = pickle.loads((fr_dir / "rank_2").read_bytes())
+    for e in raw["entries"]:
+        e["input_dtypes"] = [["Float"]]
+        e["frames"] = [{"name": ["f"], "filename": {"a": 1}, "line": 2**70}]
+    (fr_dir / "rank_2").write_bytes(pickle.dumps(raw))
+    inputs = load_fr_inputs(fr_dir)
+    (dump,) = [d for d in inputs.fr_dumps if d.rank == 2]
+    frames = [f for e in dump.entries for f in e.frames]
+    assert frames and all(isinstance(f.function, str) and isinstance(f.file, str) and f.line is None for f in frames)
+    assert all(isinstance(t, str) for e in dump.entries for t in e.input_dtypes)
+    assert diagnose(inputs).verdict  # hashable signatures: no TypeError in the analysis
+
+
+def test_a_node_name_with_thousands_of_digits_sorts_without_the_digit_limit(stack_dir: Path) -> None:
+    rows = ["rank,step,op,duration_s,node"] + [
+        f"{r},{s},step,1.0,{'1' + '0' * 5000 if r == 0 else 'n1'}" for r in range(4) for s in range(3)
+    ]
+    (stack_dir / "timings.csv").write_text("\n".join(rows) + "\n")
+    assert diagnose(load_inputs(stack_dir)).verdict == "hang"

@@ -113,3 +113,13 @@ def test_a_killed_ingest_leaves_no_unreadable_part(tmp_path: Path, stack_dir: Pa
         assert not st.skipped, st.skipped
     marker = root / "rankscope-store.json"
     assert not marker.exists() or json.loads(marker.read_text())["version"] >= 1
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_ingest_never_digests_a_device_named_like_a_hook_file(tmp_path: Path, hook_dir: Path) -> None:
+    stack = hook_dir / "pid16480.stack.txt"
+    stack.unlink()
+    stack.symlink_to("/dev/urandom")  # the identity still names the process, and its stack file by name
+    t = time.perf_counter()
+    ingest_path(hook_dir, tmp_path / "s", job="j")
+    assert time.perf_counter() - t < 30
