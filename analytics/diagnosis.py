@@ -23,6 +23,7 @@ from rankscope.analytics.fusion import combine, fuse
 from rankscope.analytics.verdict import Severity, Verdict
 from rankscope.config import Config
 from rankscope.datasets.domain.inputs import Inputs
+from rankscope.spine import InputError
 
 if TYPE_CHECKING:
     from rankscope.analytics.logs import LogFacts
@@ -159,17 +160,19 @@ def _crash(inputs: Inputs, cfg: Config) -> Verdict | None:
 
 
 def _performance(inputs: Inputs, cfg: Config, use: set[str], notes: list[str]) -> Verdict | None:
-    """The metrics-and-timings verdict (metrics of nodes outside the job are dropped, with a note)."""
+    """The metrics-and-timings verdict (metrics of machines outside the job are dropped, with a note)."""
     metrics = inputs.metrics if "metrics" in use else None
     timings = inputs.timings if "timings" in use else None
     if metrics is None and timings is None:
         return None
     from rankscope.analytics import performance
-    from rankscope.analytics.performance.metrics import job_nodes_only
 
-    if metrics is not None and inputs.topology is not None and "node" in metrics.columns:
-        metrics, dropped = job_nodes_only(metrics, inputs.topology)
-        if dropped:
-            notes.append(f"metrics of node(s) outside the job ignored: {', '.join(dropped[:10])}")
-    f = performance.facts(metrics, timings, inputs.topology, config=cfg.performance)
+    # metrics of machines outside the job are left out inside (a note says which)
+    try:
+        f = performance.facts(metrics, timings, inputs.topology, config=cfg.performance)
+    except InputError as exc:  # a metric file found bad as it streams: the other evidence still decides
+        if not (inputs.procs or inputs.fr_dumps or inputs.exits):
+            raise
+        notes.append(f"metrics and timings not used: {exc}")
+        return None
     return performance.verdict(f, inputs.topology, job=inputs.job) if f is not None else None

@@ -1,256 +1,158 @@
-"""Synthetic benchmark of the peer-mode metric detectors; prints JSON.
+"""Speed and memory of the metrics path at the issue's size; prints JSON.
 
-Per fault kind: precision, recall, F1 and onset-to-alert delay; on fault-free runs: false alarms per
-machine-day; optionally recall at milder faults (--sweep); timing-straggler accuracy per scenario (slow machine,
-slow stage, data imbalance,
-job-wide slowdown, healthy); speed of scoring 1,200 machines x 3,600 s x 8 metrics; LSTM-VAE denoiser training time.
+    python benchmarks/bench_metrics.py                       # 1,200 machines x 1 h x 14 metrics at 5 s, 3 runs
+    python benchmarks/bench_metrics.py --machines 300 --minutes 20 --runs 1    # a smoke run
 
-A detection counts when the faulty machine is alerted at or after its onset; an alert on a healthy
-machine, or on a faulty machine before its onset, is a false positive.
-
-    python benchmarks/bench_metrics.py                 # full size (1,200 machines x 1 h), a few minutes
-    python benchmarks/bench_metrics.py --quick         # 300 machines x 30 min, for a smoke run
+Generates once (cached under ``--data``, default ``/tmp/rankscope-bench-metrics``) a job of ``--machines``
+eight-GPU machines, ``--minutes`` long, with the 14 metrics of the issue (9 dcgm-exporter fields per GPU,
+5 node_exporter series per machine, counters since boot among them) sampled every ``--interval`` seconds,
+four benign events and one thermal fault (:mod:`rankscope.harness.metric_cases`), written as one ZSTD
+Parquet file in the long form. Each run is a fresh process pinned to ``--cores`` CPUs (polars and BLAS
+threads capped to match) that does what ``rankscope diagnose`` does with the metrics: stream the file
+into the cube (read + counters + binning), fit the peer-change detector, decide. It reports wall and CPU
+seconds per stage (imports excluded), the peak RSS of the process, and the load average around the run
+(the machine may be shared: a fixed numpy reference workload timed in the same process tells a slow
+machine from slow code).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+CHILD = r"""
+import json, resource, sys, time
 import numpy as np
-
-from rankscope.analytics.performance.metrics import counters_to_rates
-from rankscope.harness.synthetic_metrics import FAULT_KINDS, make_metrics
-from rankscope.models import PeerDistance, PeerMad
-
-
-def _cube(run):
-    return counters_to_rates(run.values, run.metric_names, interval_s=1.0, rate_window_s=120.0, allowance=2.0)
-
-
-def _score_run(det, run, counts, delays, kind):
-    X = _cube(run)
-    alerts = det.fit(X).detect(X)
-    truth = {f.machine: f for f in run.faults}
-    for i in alerts.alerted:
-        f = truth.get(int(i))
-        if f is not None and alerts.alert_index[i] >= f.onset_s:
-            counts[kind]["tp"] += 1
-            delays[kind].append(float(alerts.alert_index[i] - f.onset_s))
-        else:
-            counts[kind]["fp"] += 1
-    detected = {int(i) for i in alerts.alerted}
-    counts[kind]["fn"] += sum(1 for m in truth if m not in detected)
-    return int(alerts.labels.sum())
-
-
-def _prf(c):
-    p = c["tp"] / (c["tp"] + c["fp"]) if c["tp"] + c["fp"] else 1.0
-    r = c["tp"] / (c["tp"] + c["fn"]) if c["tp"] + c["fn"] else 1.0
-    f = 2 * p * r / (p + r) if p + r else 0.0
-    return {"precision": round(p, 4), "recall": round(r, 4), "f1": round(f, 4), **c}
-
-
-def evaluate(make_det, *, machines, seconds, runs_per_kind, faults_per_run, healthy_runs, seed, severity=1.0):
-    counts = {k: {"tp": 0, "fp": 0, "fn": 0} for k in (*FAULT_KINDS, "none")}
-    delays: dict[str, list[float]] = {k: [] for k in counts}
-    onset_range = (min(300.0, seconds * 0.1), seconds * 0.75)
-    s = seed
-    for kind in FAULT_KINDS:
-        for _ in range(runs_per_kind):
-            run = make_metrics(
-                n_machines=machines,
-                duration_s=seconds,
-                faults={kind: faults_per_run},
-                onset_range_s=onset_range,
-                severity=severity,
-                seed=s,
-            )
-            s += 1
-            _score_run(make_det(), run, counts, delays, kind)
-    false_alarms = 0
-    for _ in range(healthy_runs):
-        run = make_metrics(n_machines=machines, duration_s=seconds, seed=s)
-        s += 1
-        false_alarms += _score_run(make_det(), run, counts, delays, "none")
-    total = {k: sum(counts[kind][k] for kind in counts) for k in ("tp", "fp", "fn")}
-    per_kind = {}
-    for kind in FAULT_KINDS:
-        d = np.asarray(delays[kind])
-        per_kind[kind] = {
-            **_prf(counts[kind]),
-            "delay_s_median": round(float(np.median(d)), 1) if d.size else None,
-            "delay_s_p90": round(float(np.quantile(d, 0.9)), 1) if d.size else None,
-        }
-    machine_days = healthy_runs * machines * seconds / 86400.0
-    return {
-        "overall": _prf(total),
-        "per_kind": per_kind,
-        "fault_free": {
-            "runs": healthy_runs,
-            "machine_days": round(machine_days, 2),
-            "false_alarms": false_alarms,
-            "false_alarms_per_machine_day": round(false_alarms / machine_days, 4) if machine_days else None,
-        },
-    }
+from rankscope.analytics.performance.metrics import metric_cube
+from rankscope.analytics.performance.metrics_decide import _peer_change, decide_peer_change
+from rankscope.config import PerfConfig
+from rankscope.datasets.readers.metric_files import open_metrics
+import rankscope.models.peer_change  # scikit-learn's import (~1 s) is not the detector's work
+cfg = PerfConfig()
+w0, c0 = time.perf_counter(), time.process_time()
+ms = open_metrics(sys.argv[1])
+cube = metric_cube(ms, cfg)
+w1, c1 = time.perf_counter(), time.process_time()
+det = _peer_change(cube, cfg)
+w2, c2 = time.perf_counter(), time.process_time()
+found = decide_peer_change(cube, cfg, list(cube.notes), det=det)
+w3, c3 = time.perf_counter(), time.process_time()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+shape = {"rows": cube.rows, "machines": len(cube.machines), "blocks": cube.n_blocks, "block_s": cube.block_s,
+         "features": len(cube.features)}
+del cube, det, ms
+# a fixed numpy workload after the run (its arrays are not in the peak above): a slow machine vs slow code
+_r = np.random.default_rng(0); _i = _r.integers(0, 1_000_000, 20_000_000); _v = _r.random(20_000_000)
+_t = time.perf_counter(); np.bincount(_i, weights=_v); np.sort(_v[:2_000_000]); (_v * 2.0 + 1.0).sum()
+ref_s = time.perf_counter() - _t
+print(json.dumps({
+    "reference_workload_s": round(ref_s, 3), **shape,
+    "verdict": found.kind, "named": list(found.named),
+    "seconds": {"read_and_cube": round(w1 - w0, 3), "detect": round(w2 - w1, 3), "decide": round(w3 - w2, 3),
+                "total": round(w3 - w0, 3)},
+    "cpu_seconds": {"read_and_cube": round(c1 - c0, 3), "detect": round(c2 - c1, 3), "decide": round(c3 - c2, 3),
+                    "total": round(c3 - c0, 3)},
+    "peak_rss_mib": round(peak, 1),
+}))
+"""
 
 
-def timings_accuracy(runs: int, seed: int) -> dict:
-    """Straggler localisation over seeded timing scenarios (Greyhound reports >99 % accuracy, 0 % FP)."""
-    from rankscope.analytics.performance.stragglers import find_stragglers
-    from rankscope.harness.synthetic_metrics import TIMING_SCENARIOS, make_timings
+def _case(a: argparse.Namespace) -> tuple[Path, dict, float | None]:
+    case = Path(a.data) / f"bench-{a.machines}x{a.minutes:g}m-{a.interval:g}s-seed{a.seed}"
+    gen_s = None
+    if not (case / "metrics" / "metrics.parquet").is_file():
+        from rankscope.harness.metric_cases import write_case
+        from rankscope.harness.metric_fleet import BENCH_METRICS, make_job
 
-    rng = np.random.default_rng(seed)
-    layouts = [
-        ("tp=2,pp=4,dp=8", 8),
-        ("tp=4,pp=2,dp=16", 8),
-        ("tp=1,pp=1,dp=32", 1),
-        ("tp=2,pp=2,dp=8", 4),
-        ("tp=2,pp=2,dp=4", 4),
-    ]
-    out: dict = {}
-    t = time.perf_counter()
-    for scenario in TIMING_SCENARIOS:
-        correct = blamed_wrong = 0
-        for r in range(runs):
-            layout, gpn = layouts[r % len(layouts)]
-            slowdown = float(rng.choice([1.3, 1.5, 2.0]))
-            df, topo, truth = make_timings(
-                layout,
-                scenario=scenario,
-                gpus_per_node=gpn,
-                slowdown=slowdown,
-                onset_step=int(rng.integers(30, 150)),
-                seed=seed + r,
-            )
-            rep = find_stragglers(df, topo)
-            if scenario == "slow-machine":
-                correct += rep.slow_nodes[:1] == truth.slow_nodes and len(rep.slow_nodes) == 1
-                blamed_wrong += any(n not in truth.slow_nodes for n in rep.slow_nodes)
-            else:
-                ok = not rep.slow_ranks and (scenario == "healthy") == (not rep.imbalances)
-                correct += ok
-                blamed_wrong += bool(rep.slow_ranks)
-        out[scenario] = {
-            "runs": runs,
-            "accuracy": round(correct / runs, 4),
-            "runs_blaming_a_healthy_machine": int(blamed_wrong),
-        }
-    out["seconds"] = round(time.perf_counter() - t, 1)
-    return out
-
-
-def speed(machines: int, seconds: int, seed: int) -> dict:
-    run = make_metrics(n_machines=machines, duration_s=seconds, faults={"gpu-throttle": 1}, seed=seed)
-    X = _cube(run)
-    det = PeerDistance()
-    t = time.perf_counter()
-    det.fit(X)
-    fit_s = time.perf_counter() - t
-    t = time.perf_counter()
-    det.detect(X)
-    score_s = time.perf_counter() - t
-    return {
-        "shape": list(X.shape),
-        "fit_seconds": round(fit_s, 2),
-        "score_seconds": round(score_s, 2),
-        "target_seconds": 5.0,
-    }
-
-
-def vae(machines: int, seconds: int, seed: int, epochs: int) -> dict:
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        return {"skipped": "torch not installed"}
-    from rankscope.models import lstm_vae
-
-    run = make_metrics(n_machines=machines, duration_s=seconds, faults=dict.fromkeys(FAULT_KINDS, 1), seed=seed)
-    X = _cube(run)
-    train_time = [0.0]
-    original = lstm_vae.train_vae
-
-    def timed(*a, **kw):
         t = time.perf_counter()
-        out = original(*a, **kw)
-        train_time[0] += time.perf_counter() - t
-        return out
-
-    lstm_vae.train_vae = timed
-    try:
-        det = PeerDistance(denoiser="lstm-vae", denoiser_epochs=epochs)
-        t = time.perf_counter()
-        det.fit(X)
-        fit_s = time.perf_counter() - t
-    finally:
-        lstm_vae.train_vae = original
-    t = time.perf_counter()
-    alerts = det.detect(X)
-    score_s = time.perf_counter() - t
-    truth = {f.machine for f in run.faults}
-    found = {int(i) for i in alerts.alerted}
-    return {
-        "shape": list(X.shape),
-        "epochs": epochs,
-        "train_seconds_all_metrics": round(train_time[0], 1),
-        "fit_seconds": round(fit_s, 1),
-        "score_seconds": round(score_s, 1),
-        "faults": len(truth),
-        "detected": len(truth & found),
-        "false_alarms": len(found - truth),
-    }
+        job = make_job(
+            "thermal",
+            seed=a.seed,
+            machines=a.machines,
+            duration_s=a.minutes * 60,
+            dcgm_interval_s=a.interval,
+            node_interval_s=a.interval,
+            metrics=BENCH_METRICS,
+            n_benign=4,
+        )
+        write_case(job, case)
+        gen_s = round(time.perf_counter() - t, 1)
+    return case, json.loads((case / "expected.json").read_text()), gen_s
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--machines", type=int, default=1200)
-    ap.add_argument("--seconds", type=int, default=3600)
-    ap.add_argument("--runs-per-kind", type=int, default=3)
-    ap.add_argument("--faults-per-run", type=int, default=3)
-    ap.add_argument("--healthy-runs", type=int, default=3)
-    ap.add_argument("--vae-machines", type=int, default=200)
-    ap.add_argument("--vae-epochs", type=int, default=10)
-    ap.add_argument("--no-vae", action="store_true")
-    ap.add_argument("--timing-runs", type=int, default=40, help="seeded runs per timing scenario")
-    ap.add_argument("--no-baseline", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="recall of peer-distance at fault severity 0.5, 0.25, 0.1")
-    ap.add_argument("--quick", action="store_true", help="300 machines x 1800 s, 1 run per kind")
-    ap.add_argument("--seed", type=int, default=100)
-    a = ap.parse_args()
-    if a.quick:
-        a.machines, a.seconds, a.runs_per_kind, a.healthy_runs, a.vae_machines = 300, 1800, 1, 1, 100
-        a.timing_runs = 8
-    cfg = dict(
-        machines=a.machines,
-        seconds=a.seconds,
-        runs_per_kind=a.runs_per_kind,
-        faults_per_run=a.faults_per_run,
-        healthy_runs=a.healthy_runs,
-        seed=a.seed,
+def _run(case: Path, cores: int) -> dict:
+    env = dict(
+        os.environ,
+        POLARS_MAX_THREADS=str(cores),
+        OMP_NUM_THREADS=str(cores),
+        OPENBLAS_NUM_THREADS=str(cores),
+        MKL_NUM_THREADS=str(cores),
     )
-    out: dict = {"config": cfg, "convention": "TP = faulty machine alerted at/after onset; any other alert is FP"}
+    cpus = sorted(os.sched_getaffinity(0))[:cores]
+    load_before = os.getloadavg()
     t = time.perf_counter()
-    out["peer_distance"] = evaluate(PeerDistance, **cfg)
-    if not a.no_baseline:
-        out["peer_mad_baseline"] = evaluate(PeerMad, **cfg)
-    if a.sweep:
-        out["severity_sweep"] = {
-            str(sev): {
-                k: v["recall"]
-                for k, v in evaluate(PeerDistance, **{**cfg, "runs_per_kind": 1, "healthy_runs": 0}, severity=sev)[
-                    "per_kind"
-                ].items()
-            }
-            for sev in (0.5, 0.25, 0.1)
-        }
-    out["timings"] = timings_accuracy(a.timing_runs, a.seed)
-    out["speed"] = speed(a.machines, a.seconds, a.seed + 999)
-    if not a.no_vae:
-        out["lstm_vae_denoiser"] = vae(a.vae_machines, a.seconds, a.seed + 1999, a.vae_epochs)
-    out["wall_seconds"] = round(time.perf_counter() - t, 1)
+    cmd = [sys.executable, "-c", CHILD, str(case / "metrics")]
+    if len(cpus) < os.cpu_count() and _has("taskset"):
+        cmd = ["taskset", "-c", ",".join(map(str, cpus)), *cmd]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(json.dumps({"error": proc.stderr.strip().splitlines()[-3:]}))
+    r = json.loads(proc.stdout)
+    r.update(
+        process_wall_s=round(wall, 3),
+        loadavg_before=[round(x, 2) for x in load_before],
+        loadavg_after=[round(x, 2) for x in os.getloadavg()],
+    )
+    return r
+
+
+def _has(tool: str) -> bool:
+    return any((Path(d) / tool).is_file() for d in os.environ.get("PATH", "").split(os.pathsep))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--machines", type=int, default=1200)
+    ap.add_argument("--minutes", type=float, default=60)
+    ap.add_argument("--interval", type=float, default=5.0, help="sampling interval of both exporters (s)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--data", default="/tmp/rankscope-bench-metrics", help="where the generated job is cached")
+    a = ap.parse_args(argv)
+    case, expected, gen_s = _case(a)
+    runs = [_run(case, a.cores) for _ in range(a.runs)]
+    totals = [r["seconds"]["total"] for r in runs]
+    out = {
+        "what": "one job's metrics: stream Parquet into the cube, fit peer-change, decide (wall s, no imports)",
+        "case": str(case),
+        "parquet_mib": round((case / "metrics" / "metrics.parquet").stat().st_size / 2**20, 1),
+        "machines": a.machines,
+        "minutes": a.minutes,
+        "interval_s": a.interval,
+        "metrics": len(expected["metrics"]),
+        "rows": runs[0]["rows"],
+        "cores": a.cores,
+        "generated_in_s": gen_s,
+        "total_s_median": round(statistics.median(totals), 3),
+        "total_s_min": round(min(totals), 3),
+        "cpu_s_median": round(statistics.median(r["cpu_seconds"]["total"] for r in runs), 3),
+        "peak_rss_mib_max": max(r["peak_rss_mib"] for r in runs),
+        "target": {"seconds": 5.0, "rss_mib": 2048},
+        "truth": expected["culprit_nodes"],
+        "right": all(r["named"] == expected["culprit_nodes"] for r in runs),
+        "runs": runs,
+    }
     print(json.dumps(out, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

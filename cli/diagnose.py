@@ -19,9 +19,12 @@ from rankscope.cli.options import (
     JobOpt,
     LayoutOpt,
     MaxFramesOpt,
+    MetricFormatOpt,
+    NodeLabelOpt,
     OrderOpt,
     fr_flags,
     load_settings,
+    metric_input_flags,
     store_topology_notes,
 )
 
@@ -56,6 +59,8 @@ def register(app: typer.Typer) -> None:
         save: bool = typer.Option(
             False, "--save", help="Append the verdict to the store's verdicts table (store PATH only)."
         ),
+        node_label: NodeLabelOpt = None,
+        metric_format: MetricFormatOpt = None,
         dumped_on_timeout: DumpedOnTimeoutOpt = False,
         config: ConfigOpt = None,
         follow_symlinks: FollowSymlinksOpt = False,
@@ -76,7 +81,7 @@ def register(app: typer.Typer) -> None:
             gpus_per_node=gpus_per_node,
             job=job,
             config=config,
-            flags=fr_flags(dumped_on_timeout),
+            flags={**fr_flags(dumped_on_timeout), "inputs": metric_input_flags(node_label, metric_format)},
             follow_symlinks=follow_symlinks,
         )
         if save:

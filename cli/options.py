@@ -59,6 +59,35 @@ FollowSymlinksOpt = Annotated[
         "are listed in the notes and not followed: nothing from outside the input is read).",
     ),
 ]
+
+
+class MetricFormat(str, Enum):
+    """``rankscope.datasets.domain.metrics.METRIC_FORMATS`` (the CLI does not import the readers to list them)."""
+
+    auto = "auto"
+    long = "long"
+    prometheus_text = "prometheus-text"
+    prometheus_json = "prometheus-json"
+
+
+NodeLabelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--node-label",
+        metavar="LABEL",
+        help="The metric label (or column) that names the machine. Default: node, Hostname (dcgm-exporter), "
+        "hostname, instance (node_exporter; the port is dropped).",
+    ),
+]
+MetricFormatOpt = Annotated[
+    MetricFormat | None,
+    typer.Option(
+        "--metric-format",
+        show_default="auto",
+        help="Format of the metric files: auto (each file from its content), long (CSV/Parquet ts,node,metric,value), "
+        "prometheus-text (exposition format scrapes), prometheus-json (query_range/query results).",
+    ),
+]
 DumpedOnTimeoutOpt = Annotated[
     bool,
     typer.Option(
@@ -69,6 +98,11 @@ DumpedOnTimeoutOpt = Annotated[
         "the same). Never set it for on-demand dumps of a running job.",
     ),
 ]
+
+
+def metric_input_flags(node_label: str | None, metric_format: MetricFormat | None) -> dict[str, Any]:
+    """The ``[inputs]`` flags of the metric options (None = not given)."""
+    return {"node_label": node_label, "metric_format": metric_format.value if metric_format is not None else None}
 
 
 def fr_flags(dumped_on_timeout: bool) -> dict[str, Any]:

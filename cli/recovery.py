@@ -21,6 +21,7 @@ from rankscope.cli.options import (
 )
 
 DEFERRED = 3
+COLLECT = 4  # the plan only asks for more evidence: the agent takes another capture series
 """Exit code of ``rankscope recover`` when the cool-down deferred the plan's disruptive actions."""
 
 SourceArg = Annotated[
@@ -222,7 +223,8 @@ def register(app: typer.Typer) -> None:
         "Plan, then carry the plan out through a backend. DRY RUN unless --apply: prints the exact commands or "
         "API calls; --apply makes them, one executor per job (a lock), each action recorded in the audit trail. "
         "Exit 1 when an applied step failed, 3 when a guardrail deferred the actions (the cool-down: the plan "
-        "says until when; run it again then).",
+        "says until when; run it again then), 4 when the plan only asks for more evidence (collect: the agent's "
+        "--recover takes another capture series and plans again).",
         epilog=RECOVER_EXAMPLES,
     )
     @handle_errors
@@ -312,6 +314,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
         if any(g.decision == "deferred" for g in rep.plan.guardrails):
             raise typer.Exit(DEFERRED)
+        if rep.plan.actions and all(a.kind == "collect" for a in rep.plan.actions):
+            raise typer.Exit(COLLECT)
 
     @app.command(
         help="Size the warm standby pool for a job (machines to keep ready).\n\n"

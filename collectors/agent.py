@@ -412,6 +412,11 @@ class Agent(Tracking, Capturing):
         if self.recovery is not None:
             for ev in self.recovery.tick(now, self.captures, self.detector.busy):
                 self._event(ev)
+            if self.recovery.collect_rounds and not self.detector.busy:
+                self.detector.rounds = self.recovery.collect_rounds
+                self.detector.schedule(now, "collect", "the recovery plan asked for more evidence")
+                self.detector.rounds = self.cfg.capture_rounds
+                self.recovery.collect_rounds = 0
 
     # -- capture -------------------------------------------------------------------------------
 

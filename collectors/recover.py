@@ -8,7 +8,9 @@ for the same incident act once; re-running an incident changes nothing (its idem
 
 Stopping the job is part of an eviction, and the agent sees the trainers die: captures that start while
 its own recovery runs, or within ``quiet_seconds`` after, are the recovery's doing, not a new incident,
-and start nothing. A run the cool-down deferred (exit 3, "held until T") is run again at T. Each run's
+and start nothing. A run the cool-down deferred (exit 3, "held until T") is run again at T. A plan that only
+collects (exit 4: the verdict was too weak to act on) makes the agent take another capture series of
+:data:`COLLECT_ROUNDS` rounds (at most :data:`MAX_COLLECTS` in a row), whose verdict is planned again. Each run's
 output is kept in ``RUN_DIR/recover-<time>.log`` and its outcome becomes a ``recovery`` event in the store.
 """
 
@@ -28,6 +30,11 @@ from rankscope.collectors.events import Event
 from rankscope.config import AgentConfig
 
 DEFERRED = 3  # rankscope recover's exit code when the cool-down held the plan's disruptive actions
+COLLECT = 4  # ... when the plan only asks for more evidence (a weak verdict): capture again, then plan again
+MAX_COLLECTS = 2
+"""Capture series the loop asks for in a row on "collect" plans before it leaves the job to a person."""
+COLLECT_ROUNDS = 3
+"""Rounds of such a series (several snapshots of a stuck job say more than one)."""
 BOOTSTRAP = "import sys; del sys.path[0]; sys.argv[0] = 'rankscope'; from rankscope.cli.main import app; app()"
 """Runs the CLI with the working directory off ``sys.path`` (as the daemon itself does)."""
 
@@ -59,6 +66,8 @@ class RecoveryLoop:
         self.log: Path | None = None
         self.quiet_until = 0.0
         self.retry_at: float | None = None  # a run the cool-down deferred is re-planned then
+        self.collect_rounds = 0  # >0: the last plan asked for more evidence: the agent captures this many rounds
+        self.collects = 0  # such requests in a row
         self.runs = 0
 
     def argv(self) -> list[str]:
@@ -121,8 +130,13 @@ class RecoveryLoop:
             self.proc.wait()
             what, severity = f"killed after {self.timeout_seconds:g} s (timeout)", "warning"
         else:
-            what = {0: "done", 1: "a step failed", DEFERRED: "deferred by the cool-down"}.get(code, f"exit {code}")
-            severity = "info" if code in (0, DEFERRED) else "warning"
+            what = {
+                0: "done",
+                1: "a step failed",
+                DEFERRED: "deferred by the cool-down",
+                COLLECT: "asked for more evidence",
+            }.get(code, f"exit {code}")
+            severity = "info" if code in (0, DEFERRED, COLLECT) else "warning"
         tail = _tail(self.log)
         if code == DEFERRED:
             try:
@@ -134,6 +148,13 @@ class RecoveryLoop:
         self.proc = None
         self.handled = max(self.handled, n_captures)  # what fired meanwhile was the recovery's own doing
         self.quiet_until = time.time() + self.quiet_seconds
+        if code == COLLECT and self.collects < MAX_COLLECTS:
+            self.collects += 1
+            self.collect_rounds = COLLECT_ROUNDS
+            self.quiet_until = time.time()  # nothing was stopped: the next capture is evidence, not our doing
+            what += f"; capturing {COLLECT_ROUNDS} more rounds ({self.collects} of {MAX_COLLECTS})"
+        elif code != COLLECT:
+            self.collects = 0
         return [
             Event(
                 "recovery",

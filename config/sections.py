@@ -58,9 +58,11 @@ class StragglerConfig:
     """Timing stragglers (ratios are durations over the peers' median; NVRx's relative score inverted)."""
 
     min_slowdown_ratio: float = 1.25
-    min_episode_steps: int = 5
+    min_episode_steps: int = 5  # a rank is blamed once it stayed slower for this many steps plus 3
     min_significance: float = 5.0
     intermittent_fraction: float = 0.05
+    false_alarm_per_worker: float = 1e-3  # calibration of the rank test: false ranks per job and op
+    max_slow_machine_fraction: float = 0.1  # more slow machines than this share (and than 2): an imbalance
 
     def __post_init__(self) -> None:
         where = "performance.stragglers."
@@ -71,25 +73,37 @@ class StragglerConfig:
         check_positive(where + "min_significance", self.min_significance, error=ConfigError)
         if check_fraction(where + "intermittent_fraction", self.intermittent_fraction, error=ConfigError) >= 1:
             raise ConfigError(f"{where}intermittent_fraction={self.intermittent_fraction!r} must be in (0, 1)")
+        check_fraction(where + "max_slow_machine_fraction", self.max_slow_machine_fraction, error=ConfigError)
+        if check_fraction(where + "false_alarm_per_worker", self.false_alarm_per_worker, error=ConfigError) >= 1:
+            raise ConfigError(f"{where}false_alarm_per_worker={self.false_alarm_per_worker!r} must be in (0, 1)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class PerfConfig:
-    """Metrics among peers (Minder: 4-minute continuity) and timing stragglers (NVRx)."""
+    """Metrics among peers (the peer-change detector, Minder's 4-minute continuity) and timing stragglers."""
 
-    window_seconds: float = 10.0
-    continuity_seconds: float = 240.0
-    threshold: float = 12.0  # peer-distance score that alerts
-    detector: str = "peer-distance"  # a rankscope.models.DETECTORS name (checked where the metrics are scored)
-    rate_window_seconds: float = 120.0
-    counter_allowance: float = 2.0  # counter increments forgiven per rate window (normal wear)
+    detector: str = "peer-change"  # a rankscope.models.DETECTORS name (checked where the metrics are scored)
+    continuity_seconds: float = 240.0  # a change must last this long (events shorter than it name nobody)
+    baseline_seconds: float = 300.0  # a machine's own earlier relation to its peers, before an onset
+    min_baseline_seconds: float = 120.0
+    false_alarms_per_1000_machine_hours: float = 1.0  # the per-job calibration target of peer-change
+    max_named_fraction: float = 0.02  # more machines changed than this share (and than 2): not one machine's
     min_machines: int = 3
+    window_seconds: float = 10.0  # the other detectors (detect --detector): window of one score
+    threshold: float = 12.0  # the other detectors: peer-distance score that alerts
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
 
     def __post_init__(self) -> None:
-        for name in ("window_seconds", "continuity_seconds", "threshold", "rate_window_seconds"):
+        for name in (
+            "continuity_seconds",
+            "baseline_seconds",
+            "min_baseline_seconds",
+            "false_alarms_per_1000_machine_hours",
+            "window_seconds",
+            "threshold",
+        ):
             check_positive(f"performance.{name}", getattr(self, name), error=ConfigError)
-        check_non_negative("performance.counter_allowance", self.counter_allowance, error=ConfigError)
+        check_fraction("performance.max_named_fraction", self.max_named_fraction, error=ConfigError)
         check_int("performance.min_machines", self.min_machines, minimum=3, error=ConfigError)
 
 
@@ -112,9 +126,14 @@ class InputsConfig:
     """Loading a store or a dump directory."""
 
     series_gap_seconds: float = 120.0  # captures further apart are separate incidents (rounds are 10 s apart)
+    node_label: str = ""  # the metric label (or column) that names the machine; "" = node, Hostname, instance
+    metric_format: str = "auto"  # auto | long | prometheus-text | prometheus-json (auto: from each file's content)
 
     def __post_init__(self) -> None:
         check_positive("inputs.series_gap_seconds", self.series_gap_seconds, error=ConfigError)
+        formats = ("auto", "long", "prometheus-text", "prometheus-json")
+        if self.metric_format not in formats:
+            raise ConfigError(f"inputs.metric_format={self.metric_format!r} must be one of {', '.join(formats)}")
 
 
 @dataclass(frozen=True, kw_only=True)

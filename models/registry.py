@@ -10,11 +10,13 @@ from rankscope.models.base import BaseDetector
 from rankscope.models.iforest import IsolationForestDetector
 from rankscope.models.lstm_vae import LstmVae
 from rankscope.models.mad import MadZScore
+from rankscope.models.peer_change import PeerChangeDetector
 from rankscope.models.peer_distance import PeerDistance
 from rankscope.models.peer_mad import PeerMad
 from rankscope.spine import InputError
 
 DETECTORS: dict[str, Callable[..., BaseDetector]] = {
+    "peer-change": PeerChangeDetector,  # peer mode: a change in a machine's relation to its peers (the default)
     "peer-distance": PeerDistance,  # peer mode (machines x time x metrics), Minder-style
     "peer-mad": PeerMad,  # peer mode, robust baseline
     "mad": MadZScore,  # temporal mode (each machine against its own history)
@@ -35,9 +37,9 @@ def make_detector(name: str, **params: Any) -> BaseDetector:
         raise InputError(f"detector {name!r}: {exc}") from None
 
 
-PEER_DETECTORS = tuple(DETECTORS)
-"""Every detector can compare machines: the peer ones directly, the temporal ones through
-:class:`~rankscope.models.pooled.PooledWindows`."""
+PEER_DETECTORS = tuple(d for d in DETECTORS if d != "peer-change")
+"""The windowed detectors of machines among peers: the peer ones directly, the temporal ones through
+:class:`~rankscope.models.pooled.PooledWindows` (``peer-change`` has its own decision)."""
 
 
 def make_peer_detector(name: str, *, threshold: float | None = None, **peer_params: Any) -> PeerDetector:
@@ -51,6 +53,8 @@ def make_peer_detector(name: str, *, threshold: float | None = None, **peer_para
 
     if name not in DETECTORS:
         raise InputError(f"unknown detector {name!r}; valid detectors: {', '.join(DETECTORS)}")
+    if name == "peer-change":
+        raise InputError("peer-change is not a windowed peer detector; fit PeerChangeDetector on a MetricCube")
     extra: dict[str, Any] = {} if threshold is None else {"threshold": threshold}
     if name in TEMPORAL:
         return PooledWindows(detector=name, **peer_params, **extra)

@@ -158,7 +158,9 @@ def current_launch(inputs: Any, since: float, store: Any = None) -> Any:
 
         if timings is not None and "start_s" in timings.columns:  # the agent's step times: wall-clock starts
             timings = timings.filter(pl.col("start_s").is_null() | (pl.col("start_s") > since))
-        if metrics is not None and isinstance(metrics.schema.get("ts"), pl.Datetime):
+        if metrics is not None and hasattr(metrics, "after"):  # a MetricSet: older samples skipped as it streams
+            metrics = metrics.after(since)
+        elif metrics is not None and isinstance(metrics.schema.get("ts"), pl.Datetime):
             cut = datetime.fromtimestamp(since, timezone.utc)
             metrics = metrics.filter(pl.col("ts") > pl.lit(cut).cast(metrics.schema["ts"]))
     notes = (*inputs.notes, f"{len(inputs.procs) - len(procs)} process stack(s) from before the last restart ignored")

@@ -224,7 +224,9 @@ def evidence_from_inputs(
     inputs: Inputs, verdict: Mapping[str, Any], *, bucket_seconds: float | None = None
 ) -> ReportEvidence:
     """Everything the figures need from the loaded :class:`Inputs` and the verdict (its JSON form)."""
-    metrics = _epoch_seconds(inputs.metrics)
+    from rankscope.datasets.readers.metric_files import metric_frame
+
+    metrics = _epoch_seconds(metric_frame(inputs.metrics) if inputs.metrics is not None else None)
     if bucket_seconds is None and metrics is not None and metrics.height:
         ts = metrics["ts"]
         span = float(cast(float, ts.max())) - float(cast(float, ts.min()))

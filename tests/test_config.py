@@ -58,7 +58,9 @@ def test_json_files_and_bad_files_are_one_clear_error(tmp_path: Path) -> None:
     assert load_config(env={}, config_file=good).crashes.tie_seconds == 0.5
     unknown = tmp_path / "u.toml"
     unknown.write_text("[performance]\ncontinuity = 3\n")
-    with pytest.raises(ConfigError, match=r"\[performance\]: unknown settings \['continuity'\]; valid: window_seconds"):
+    with pytest.raises(
+        ConfigError, match=r"\[performance\]: unknown settings \['continuity'\]; valid: detector, continuity_seconds"
+    ):
         load_config(env={}, config_file=unknown)
     section = tmp_path / "s.toml"
     section.write_text("[perf]\nthreshold = 3\n")

@@ -118,6 +118,7 @@ class Clock:
                 self.now[r] = (max(explicit, own), True)
             elif own:
                 self.now[r] = (own, False)
+        self.watchdog = False  # now is the watchdog's bound (an assumption a later capture can refute)
         if cfg.dumped_on_timeout:
             self._watchdog_clock(by_rank)
         if bad:
@@ -143,13 +144,15 @@ class Clock:
             self.notes.append("--dumped-on-timeout: no op in flight carries its creation time and timeout: no clock")
             return
         bound = min(due)
+        self.watchdog = True
         for r in by_rank:
             ns, explicit = self.now.get(r, (0, False))
             if not explicit:
                 self.now[r] = (max(ns, bound), False)
         self.notes.append(
-            "the dumps were written on a watchdog timeout: each was taken at least one timeout after the oldest "
-            "op in flight was created (a lower bound on the capture time)"
+            "taken as dumps the watchdog wrote on a timeout (--dumped-on-timeout, or a timeout in the logs): each "
+            "was taken at least one timeout after the oldest op in flight was created (a lower bound on the capture "
+            "time)"
         )
 
     def _since_previous(self, r: int, e: FREntry) -> float | None:

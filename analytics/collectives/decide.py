@@ -45,7 +45,9 @@ def classify(f: CollectiveFacts) -> CollectiveAnalysis:
                 0.5,
             )
         )
-    for rule in (mismatch, hang, progressing, fail_slow):
+    # two captures that show the job moving refute "dumped on a timeout" (an assumed clock, not a measured one)
+    rules = (mismatch, progressing, hang, fail_slow) if f.clock.watchdog else (mismatch, hang, progressing, fail_slow)
+    for rule in rules:
         found = rule(f, reasons, evidence)
         if found is not None:
             return found

@@ -1,11 +1,12 @@
 """Metrics and timings as evidence: facts in (:func:`facts`), a verdict out (:func:`verdict`).
 
-Facts: long-form metrics (``ts, node, metric, value[, gpu]``) scored among peers (:mod:`.metrics`, the
-Minder-style :class:`~rankscope.models.PeerDistance`), and per-rank timings (``rank, step, op,
-duration_s[, start_s, node, tp, pp, dp]``) against symmetric peers (:mod:`.stragglers`). Then small
-pure classifiers decide: slow ranks (``fail-slow``, with the metric outliers that agree), else metric
-outliers alone (``degraded`` for wear, ``fail-slow`` when nothing says training is fine), else an
-``imbalance`` no machine is blamed for, else ``inconclusive`` or ``healthy``.
+Facts: metrics (a :class:`~rankscope.datasets.domain.metrics.MetricSet` of files in any supported format,
+or a long-form frame) read into a cube and decided by the peer-change detector (:mod:`.metrics`,
+:mod:`.metrics_decide`), and per-rank timings (``rank, step, op, duration_s[, start_s, node, tp, pp,
+dp]``) against symmetric peers (:mod:`.stragglers`). Then small pure classifiers decide: slow ranks
+(``fail-slow``, with the metric findings that agree), else machines the metrics name (``degraded`` for
+wear, or when the timings show training is not slowed; ``fail-slow`` otherwise), else an ``imbalance``
+no machine is blamed for (from either source), else ``inconclusive`` or ``healthy``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rankscope.analytics.performance.metrics import (
 from rankscope.analytics.performance.stragglers import StragglerReport, find_stragglers
 from rankscope.analytics.verdict import Evidence, Severity, Verdict, merge_nodes
 from rankscope.config import PerfConfig
+from rankscope.datasets.domain.metrics import MetricSet
 from rankscope.datasets.domain.topology import Topology
 
 
@@ -39,19 +41,22 @@ class PerfFacts:
 
 
 def facts(
-    metrics: pl.DataFrame | None,
+    metrics: MetricSet | pl.DataFrame | None,
     timings: pl.DataFrame | None,
     topology: Topology | None,
     *,
     config: PerfConfig | None = None,
 ) -> PerfFacts | None:
-    """Metric outliers and timing stragglers; None when there are neither metrics nor timings."""
+    """Metric findings and timing stragglers; None when there are neither metrics nor timings. Metrics of
+    machines outside the job (``topology``) are left out when some metric machines are job machines."""
     cfg = config or PerfConfig()
-    have_metrics = metrics is not None and metrics.height > 0
+    have_metrics = metrics is not None and (not metrics.empty if isinstance(metrics, MetricSet) else metrics.height > 0)
     have_timings = timings is not None and timings.height > 0
     if not have_metrics and not have_timings:
         return None
-    findings = detect_metric_outliers(metrics, config=cfg) if metrics is not None and have_metrics else None
+    findings = (
+        detect_metric_outliers(metrics, config=cfg, topology=topology) if metrics is not None and have_metrics else None
+    )
     report = find_stragglers(timings, topology, config=cfg.stragglers) if timings is not None and have_timings else None
     sources = tuple(s for s, ok in (("metrics", have_metrics), ("timings", have_timings)) if ok)
     return PerfFacts(findings, report, sources, cfg)
@@ -72,36 +77,32 @@ class _Words:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def _threshold(f: PerfFacts) -> str:
-    """The alert threshold in words, with the detector when it is not the default one."""
-    if f.findings is None or f.findings.detector == "peer-distance":
-        return f"{f.findings.threshold if f.findings else f.config.threshold:g}"
-    return f"{f.findings.threshold:g} of detector {f.findings.detector}"
-
-
 def _metric_words(f: PerfFacts, w: _Words) -> None:
-    alerts = list(f.findings.alerts) if f.findings else []
-    for a in alerts:
+    fd = f.findings
+    if fd is None:
+        w.details["metric_alerts"] = []
+        return
+    for a in fd.alerts:
+        if a.node not in fd.named:
+            continue
         w.metric_nodes.setdefault(a.node, a)
         w.drivers.setdefault(a.node, [])
         w.drivers[a.node] += [d for d in a.drivers if d not in w.drivers[a.node]]
-        w.onset[a.node] = min(w.onset.get(a.node, iso(a.onset_s)), iso(a.onset_s))
+        if a.onset_s is not None:
+            w.onset[a.node] = min(w.onset.get(a.node) or iso(a.onset_s) or "", iso(a.onset_s) or "")
         w.evidence.append(
             Evidence(
                 "metrics",
-                "peer-outlier",
-                f"{a.unit} unlike its {a.level} peers since {iso(a.onset_s)} (score {a.score:.1f}; "
-                f"driven by {', '.join(a.drivers)})",
+                "peer-change" if fd.detector == "peer-change" else "peer-outlier",
+                f"{a.unit} changed relative to its peers from {iso(a.onset_s)} (score {a.score:.1f} over "
+                f"threshold {fd.threshold:.1f}; driven by {', '.join(a.drivers)})",
                 nodes=(a.node,),
-                weight=min(1.0, a.score / 50),
+                weight=min(1.0, max(a.score, 0.0) / 50),
             )
         )
-    for a in list(w.metric_nodes.values())[:5]:
-        w.metric_reasons.append(
-            f"{a.unit} has behaved unlike its peers since {iso(a.onset_s)} (score "
-            f"{a.score:.1f}, threshold {_threshold(f)}), driven by {', '.join(a.drivers)}"
-        )
-    w.details["metric_alerts"] = [a.to_dict() for a in alerts]
+    w.metric_reasons += list(fd.reasons)
+    w.details["metric_alerts"] = [a.to_dict() for a in fd.alerts if a.node in fd.named]
+    w.details["metrics"] = {"verdict": fd.kind, "detector": fd.detector, "named": list(fd.named), **fd.details}
 
 
 def _timing_words(report: StragglerReport, w: _Words) -> None:
@@ -141,6 +142,7 @@ def _words(f: PerfFacts) -> _Words:
         "onset_by_node": w.onset,
         "onset_step": w.step_onset,
         "metric_alerts": w.details["metric_alerts"],
+        **({"metrics": w.details["metrics"]} if "metrics" in w.details else {}),
         "timings": f.report.to_dict() if f.report is not None else None,
     }
     return w
@@ -198,24 +200,26 @@ def _slow_ranks(f: PerfFacts, w: _Words, job: str) -> Verdict | None:
 
 
 def _metric_outliers(f: PerfFacts, w: _Words, job: str) -> Verdict | None:
-    if not w.metric_nodes:
+    fd = f.findings
+    if fd is None or not fd.named:
         return None
     reasons = w.metric_reasons + w.notes
-    suspects = tuple(w.metric_nodes)
-    top = w.metric_nodes[suspects[0]].score
-    culprits = tuple(n for n in suspects if w.metric_nodes[n].score >= 0.5 * top)
-    health = all(is_health_only(w.metric_nodes[n].drivers) for n in culprits)
-    w.details["onset"] = min(w.onset[n] for n in culprits)
+    suspects = fd.named
+    health = fd.kind == "degraded" or all(
+        is_health_only(w.metric_nodes[n].drivers) for n in suspects if n in w.metric_nodes
+    )
+    onsets = [w.onset[n] for n in suspects if n in w.onset]
+    w.details["onset"] = min(onsets) if onsets else None
     if f.report is not None:
         reasons += [i.reason for i in f.report.imbalances]
-        reasons.append("the timings show no straggler: the outlier has not (yet) slowed training")
+        reasons.append("the timings show no straggler: the change has not (yet) slowed training")
     kind = Severity.DEGRADED if health or f.report is not None else Severity.FAIL_SLOW
     return Verdict(
         kind,
         job=job,
-        confidence=0.7 if not health else 0.6,
+        confidence=fd.confidence if not health else min(fd.confidence, 0.8),
         suspect_nodes=suspects,
-        culprit_nodes=culprits,
+        culprit_nodes=suspects,
         reasons=tuple(reasons),
         evidence=tuple(w.evidence),
         sources=f.sources,
@@ -225,24 +229,26 @@ def _metric_outliers(f: PerfFacts, w: _Words, job: str) -> Verdict | None:
 
 
 def _imbalance(f: PerfFacts, w: _Words, job: str) -> Verdict | None:
-    if f.report is None or not f.report.imbalances:
+    timing = [i.reason for i in f.report.imbalances] if f.report is not None else []
+    metric = f.findings is not None and f.findings.kind == "imbalance"
+    if not timing and not metric:
         return None
-    reasons = w.metric_reasons + w.notes + [i.reason for i in f.report.imbalances] + ["no machine is blamed"]
+    reasons = w.metric_reasons + w.notes + timing + ["no machine is blamed"]
     return Verdict(
         Severity.IMBALANCE,
         job=job,
-        confidence=0.7,
-        reasons=tuple(reasons),
+        confidence=0.7 if timing else 0.6,
+        reasons=tuple(dict.fromkeys(reasons)),
         evidence=tuple(w.evidence),
         sources=f.sources,
-        world_size=f.report.n_ranks,
+        world_size=_world(f),
         details=w.details,
     )
 
 
 def _quiet(f: PerfFacts, w: _Words, job: str) -> Verdict:
     reasons = w.metric_reasons + w.notes
-    if f.report is None and f.findings is not None and f.findings.n_units == 0:
+    if f.report is None and f.findings is not None and f.findings.kind == "inconclusive":
         return Verdict(
             Severity.INCONCLUSIVE,
             job=job,
@@ -251,9 +257,8 @@ def _quiet(f: PerfFacts, w: _Words, job: str) -> Verdict:
             sources=f.sources,
             details=w.details,
         )
-    reasons.append(
-        "no machine behaves unlike its peers" + (" and no rank is slower than its peers" if f.report else "")
-    )
+    if f.report is not None:
+        reasons.append("no rank is slower than its peers")
     return Verdict(
         Severity.HEALTHY,
         job=job,

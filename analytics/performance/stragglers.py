@@ -170,8 +170,11 @@ def _peers(df: pl.DataFrame, topo: Topology) -> _Peers:
 def _rank_episodes(p: _Peers, cfg: StragglerConfig) -> tuple[Episodes, Episodes]:
     """Each rank against its stage peers, per compute op; and each replica spread over several nodes.
 
-    A replica spread over several nodes that is slow at every stage is slow because of its data: that
-    common part is taken out before blaming ranks.
+    A rank is blamed for a persistent change of its ratio to its peers against its own earlier ratio,
+    calibrated on the job (:class:`~rankscope.models.straggler.StragglerDetector`): a rank that was
+    slower from the start (a heavier share, a slower part) is an offset, not a straggler. A replica spread
+    over several nodes that is slow at every stage is slow because of its data: that common part is
+    taken out before blaming ranks.
     """
     k, min_log = cfg.min_episode_steps, float(np.log(cfg.min_slowdown_ratio))
     topo, dp = p.topo, p.dp
@@ -181,33 +184,62 @@ def _rank_episodes(p: _Peers, cfg: StragglerConfig) -> tuple[Episodes, Episodes]
     per_replica: Episodes = {}
     for op in p.compute_ops:
         m = p.mats[op]
-        lr = np.log(np.clip(m, 1e-12, None) / np.clip(group_reference(m, p.gid, topo.node_index), 1e-12, None))
-        common = np.zeros_like(lr)
-        rep_lr = np.zeros((lr.shape[0], reps.size))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            for j, rep in enumerate(reps):
-                cols = dp == rep
-                if not spread[int(rep)]:
-                    continue
-                rep_lr[:, j] = np.nanmedian(lr[:, cols], axis=1)
-                for nd in np.unique(topo.node_index[cols]):  # the replica's slowness seen on its *other* nodes
-                    mine = cols & (topo.node_index == nd)
-                    common[:, mine] = np.nanmedian(lr[:, cols & ~mine], axis=1, keepdims=True)
+        ref = group_reference(m, p.gid, topo.node_index)
+        lr = np.log(np.clip(m, 1e-12, None) / np.clip(ref, 1e-12, None))
+        common, rep_lr = _replica_parts(lr, dp, reps, spread, topo.node_index)
         # only a replica's *slowness* is explained by its data; when its other ranks look fast, that is
         # because their own reference holds the slow machine (two nodes per stage), not a lighter batch
-        resid = lr - np.maximum(common, 0.0)
-        for r, ep in enumerate(episodes(resid, min_log=min_log, k=k, noise=noise(resid))):
-            if ep is not None and ep.significance >= cfg.min_significance:
-                per_rank.setdefault(r, []).append((op, ep))
+        for r, ep in _changed_ranks(m, ref * np.exp(np.maximum(common, 0.0)), cfg).items():
+            per_rank.setdefault(r, []).append((op, ep))
         if any(spread.values()):
-            for j, ep in enumerate(episodes(rep_lr, min_log=min_log, k=k, noise=noise(rep_lr))):
-                if ep is not None and ep.significance >= cfg.min_significance and spread[int(reps[j])]:
-                    per_replica.setdefault(int(reps[j]), []).append((op, ep))
+            for j, rep_ep in enumerate(episodes(rep_lr, min_log=min_log, k=k, noise=noise(rep_lr))):
+                if rep_ep is not None and rep_ep.significance >= cfg.min_significance and spread[int(reps[j])]:
+                    per_replica.setdefault(int(reps[j]), []).append((op, rep_ep))
     return per_rank, per_replica
 
 
-def _blame(p: _Peers, per_rank: Episodes, per_replica: Episodes) -> tuple[list[SlowRank], list[Imbalance]]:
+def _replica_parts(
+    lr: np.ndarray, dp: np.ndarray, reps: np.ndarray, spread: dict[int, bool], node: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank, its replica's slowness seen on the replica's *other* nodes; per replica, its median."""
+    common = np.zeros_like(lr)
+    rep_lr = np.zeros((lr.shape[0], reps.size))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for j, rep in enumerate(reps):
+            cols = dp == rep
+            if not spread[int(rep)]:
+                continue
+            rep_lr[:, j] = np.nanmedian(lr[:, cols], axis=1)
+            for nd in np.unique(node[cols]):
+                mine = cols & (node == nd)
+                common[:, mine] = np.nanmedian(lr[:, cols & ~mine], axis=1, keepdims=True)
+    return common, rep_lr
+
+
+def _changed_ranks(m: np.ndarray, reference: np.ndarray, cfg: StragglerConfig) -> dict[int, Episode]:
+    """Ranks whose ratio to ``reference`` changed persistently (calibrated on this op's own windows)."""
+    from rankscope.models.straggler import StragglerDetector
+
+    det = StragglerDetector(
+        continuity_steps=max(2, cfg.min_episode_steps + 3),
+        min_slowdown=cfg.min_slowdown_ratio,
+        false_alarm_per_worker=cfg.false_alarm_per_worker,
+    )
+    try:
+        det.fit(m, reference=reference)
+    except InputError:  # too few steps or ranks for a baseline and a continuity window
+        return {}
+    out = {}
+    for r in np.flatnonzero(det.labels_):
+        score = float(det.decision_scores_[r])
+        out[int(r)] = Episode(int(det.onset_index_[r]), m.shape[0], float(det.ratio_[r]), score)
+    return out
+
+
+def _blame(
+    p: _Peers, per_rank: Episodes, per_replica: Episodes, max_fraction: float
+) -> tuple[list[SlowRank], list[Imbalance]]:
     """Slow ranks to blame; a slow replica no blamed machine explains, or more than half of the ranks
     slow, is an imbalance instead."""
     imbalances: list[Imbalance] = []
@@ -228,14 +260,18 @@ def _blame(p: _Peers, per_rank: Episodes, per_replica: Episodes) -> tuple[list[S
             )
         )
     world = p.topo.world_size
-    if len(slow_set) > world // 2:
+    machines = _slow_machines(p, per_rank, slow_set)
+    n_nodes = len(p.topo.node_names)
+    if len(slow_set) > world // 2 or len(machines) > max(2, int(max_fraction * n_nodes)):
         imbalances.append(
             Imbalance(
                 "job-wide",
                 1.0,
-                "more than half of the ranks",
+                f"{len(machines)} of {n_nodes} machines",
                 None,
-                f"{len(slow_set)} of {world} ranks are slower than their peers: no single machine stands out",
+                f"{len(slow_set)} of {world} ranks on {len(machines)} of {n_nodes} machines became slower than "
+                "their peers: more than a machine fault explains (an imbalance or a job-wide change); "
+                "no machine is named",
             )
         )
         slow_set = set()
@@ -256,6 +292,16 @@ def _blame(p: _Peers, per_rank: Episodes, per_replica: Episodes) -> tuple[list[S
             )
         )
     return slow_ranks, imbalances
+
+
+def _slow_machines(p: _Peers, per_rank: Episodes, slow: set[int]) -> set[str]:
+    """The machines of the slow ranks; without machine names (every rank its own ``rank-N``), ranks that
+    slowed at the same step count as one machine (a node's GPUs slow down together)."""
+    if not all(n.startswith("rank-") for n in p.topo.node_names):
+        return {p.topo.node_of(r) for r in slow}
+    onsets = sorted(min(ep.start for _, ep in per_rank[r]) for r in slow)
+    groups = [o for i, o in enumerate(onsets) if i == 0 or o - onsets[i - 1] > 8]
+    return {f"onset-{o}" for o in groups}
 
 
 def _stage_imbalance(p: _Peers, cfg: StragglerConfig, busy: np.ndarray, slow_set: set[int]) -> list[Imbalance]:
@@ -358,7 +404,7 @@ def find_stragglers(
         raise InputError("timings: no rows with a finite duration_s")
     notes: list[str] = []
     p = _peers(df, topology_for(df, topology, notes))
-    slow_ranks, imbalances = _blame(p, *_rank_episodes(p, cfg))
+    slow_ranks, imbalances = _blame(p, *_rank_episodes(p, cfg), cfg.max_slow_machine_fraction)
     total = sum_ops(list(p.mats.values()))  # steps x ranks, all ops (what the job waits for)
     busy = sum_ops([p.mats[op] for op in p.compute_ops]) if p.compute_ops else total  # the work, without waits
     if p.n_pp > 1:

@@ -172,6 +172,8 @@ def json_too_deep(data: bytes, max_depth: int) -> bool:
     brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
     if len(brackets) <= max_depth:
         return False
+    if re.search(rb"[\[{]{%d}" % (max_depth + 1), brackets):  # a run of openers deeper than the limit
+        return True
     # innermost pairs vanish one level per pass; what remains after max_depth passes nests deeper
     for _ in range(max_depth):
         shorter = _INNERMOST.sub(b"", brackets)  # one level per pass (a chained replace would take two)

@@ -145,7 +145,12 @@ def ingest_inputs(inputs: Inputs, store: Store, *, job: str | None = None) -> In
         store.write("collectives", fr_rows)
         counts["collectives"] = len(fr_rows)
     kinds = dict(inputs.source_files)
-    for table, df in (("metrics", inputs.metrics), ("timings", inputs.timings)):
+    from rankscope.datasets.readers.metric_files import store_frame
+
+    for table, df in (
+        ("metrics", store_frame(inputs.metrics) if inputs.metrics is not None else None),
+        ("timings", inputs.timings),
+    ):
         files = [f for f, k in kinds.items() if k == table]
         if df is not None and df.height and (not files or any(fresh(f) for f in files)):
             import polars as pl

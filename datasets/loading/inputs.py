@@ -35,13 +35,21 @@ def _ranks_and_nodes(procs: Sequence[ProcStacks]) -> tuple[list[int], dict[int, 
 
 
 def _from_dir(
-    root: Path, *, layout: Layout | None, gpus_per_node: int | None, job: str | None, follow_symlinks: bool = False
+    root: Path,
+    *,
+    layout: Layout | None,
+    gpus_per_node: int | None,
+    job: str | None,
+    config: InputsConfig,
+    follow_symlinks: bool = False,
 ) -> Inputs:
     from rankscope.datasets.loading.sources import read_sources
 
     dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node, follow_symlinks=follow_symlinks)
     g = gpus_per_node or 8
-    src = read_sources(dd, gpus_per_node=gpus_per_node)
+    src = read_sources(
+        dd, gpus_per_node=gpus_per_node, node_label=config.node_label or None, metric_format=config.metric_format
+    )
     round_notes: list[str] = []
     rounds = stack_rounds(src.procs, root, round_notes)  # the hook's run directory: every dump is a round
     procs = rounds.procs
@@ -181,6 +189,15 @@ def _hook_coords(dd: DumpDir, ranks: Sequence[int], notes: list[str]) -> dict[st
     return coords
 
 
+def _store_metrics(files: Sequence[Path], node_label: str | None) -> Any:
+    """The store's metrics table as a MetricSet (streamed when analysed, never read whole here)."""
+    if not files:
+        return None
+    from rankscope.datasets.domain.metrics import MetricSet
+
+    return MetricSet(tuple((Path(f), "long") for f in files), node_label=node_label)
+
+
 def _from_store(
     root: Path,
     *,
@@ -188,6 +205,7 @@ def _from_store(
     gpus_per_node: int,
     job: str | None,
     series_gap_seconds: float,
+    node_label: str | None = None,
     incident: str | None = None,
 ) -> Inputs:
     from rankscope.datasets.store.stacks_table import from_table  # pyarrow: only a store needs it
@@ -255,7 +273,7 @@ def _from_store(
             topo = Topology.from_layout(layout, gpus_per_node=gpus_per_node)
         else:
             topo = None
-    metrics = store.read("metrics", job=job) if store.files("metrics", job=job) else None
+    metrics = _store_metrics(store.files("metrics", job=job), node_label)
     timings = store.read("timings", job=job) if store.files("timings", job=job) else None
     exits = exits_from_events(store.read("events", job=job)) if store.files("events", job=job) else []
     if store.skipped:  # corrupt or foreign files: left out, and said
@@ -376,10 +394,18 @@ def _load(
             gpus_per_node=gpus_per_node or 8,
             job=job,
             series_gap_seconds=(config or InputsConfig()).series_gap_seconds,
+            node_label=(config or InputsConfig()).node_label or None,
             incident=incident,
         )
     with paused_gc():  # millions of small acyclic objects: full collections would make loading superlinear
-        return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job, follow_symlinks=follow_symlinks)
+        return _from_dir(
+            root,
+            layout=lay,
+            gpus_per_node=gpus_per_node,
+            job=job,
+            config=config or InputsConfig(),
+            follow_symlinks=follow_symlinks,
+        )
 
 
 def load_fr_inputs(

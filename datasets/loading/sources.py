@@ -37,8 +37,11 @@ class Sources:
     assumed_ranks: list[int] = field(default_factory=list)
 
 
-def read_sources(dd: DumpDir, *, gpus_per_node: int | None) -> Sources:
-    """Stacks, Flight Recorder dumps, logs, exits, metrics and timings of ``dd``, with machine names."""
+def read_sources(
+    dd: DumpDir, *, gpus_per_node: int | None, node_label: str | None = None, metric_format: str = "auto"
+) -> Sources:
+    """Stacks, Flight Recorder dumps, logs, exits, metrics and timings of ``dd``, with machine names. Metric
+    files are checked here (a bad one is a note) and streamed when analysed (:class:`MetricSet`)."""
     src = Sources(from_dump_dir(dd), notes=list(dd.notes))
     for rank, (node, how) in dd.named_nodes.items():
         src.names.add(rank, node, how)
@@ -49,8 +52,9 @@ def read_sources(dd: DumpDir, *, gpus_per_node: int | None) -> Sources:
     exit_notes: list[str] = []
     src.exits = read_exit_records(dd.exit_files, nodes=nodes, notes=exit_notes) + src.exits
     src.notes += exit_notes
-    src.metrics, src.timings = _read_tables(dd, nodes, src.notes)
-    for df, how in ((src.timings, "timings"), (src.metrics, "metrics")):  # their node columns name machines too
+    src.metrics = _metric_set(dd, node_label, metric_format, src.notes)
+    src.timings = _read_tables(dd, nodes, src.notes)
+    for df, how in ((src.timings, "timings"),):  # their node column names machines too
         if df is not None and "node" in df.columns and "rank" in df.columns:
             pairs = df.select("rank", "node").drop_nulls().unique().iter_rows()
             src.names.add_all((int(r), str(n), how) for r, n in pairs)
@@ -156,29 +160,45 @@ def _read_logs(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> None:
             src.notes.append("logs: faulthandler stacks in the logs not used (the stack dump files are)")
 
 
-def _read_tables(dd: DumpDir, nodes: dict[int, str], notes: list[str]) -> tuple[Any, Any]:
-    """Metrics and timings files (each bad file a note) and the hook's step records."""
-    if not dd.metric_files and not dd.timing_files and not dd.step_files:
-        return None, None
+def _metric_set(dd: DumpDir, node_label: str | None, metric_format: str, notes: list[str]) -> Any:
+    """The metric files as a MetricSet (each file's format from its content unless forced; a file that
+    cannot be metrics is a note)."""
+    if not dd.metric_files:
+        return None
+    from rankscope.datasets.domain.metrics import MetricSet
+    from rankscope.datasets.readers.metric_files import check_metric_file, sniff_metric_file
+
+    files = []
+    for p in dd.metric_files:
+        try:
+            fmt = sniff_metric_file(p) if metric_format == "auto" else metric_format
+            check_metric_file(p, fmt, node_label)
+        except (ParseError, InputError) as exc:
+            notes.append(f"unreadable: {exc}")
+            continue
+        files.append((p, fmt))
+    return MetricSet(tuple(files), node_label=node_label) if files else None
+
+
+def _read_tables(dd: DumpDir, nodes: dict[int, str], notes: list[str]) -> Any:
+    """Timings files (each bad file a note) and the hook's step records."""
+    if not dd.timing_files and not dd.step_files:
+        return None
     import polars as pl
 
     from rankscope.datasets.readers import tables
 
-    def each(paths: Sequence[Path], read: Any) -> Any:
-        frames = []
-        for p in paths:
-            try:
-                frames.append(read([p]))
-            except (ParseError, InputError) as exc:
-                notes.append(f"unreadable: {exc}")
-        return pl.concat(frames, how="diagonal_relaxed") if frames else None
-
-    metrics = each(dd.metric_files, tables.read_metrics)
-    timings = each(dd.timing_files, tables.read_timings)
+    frames = []
+    for p in dd.timing_files:
+        try:
+            frames.append(tables.read_timings([p]))
+        except (ParseError, InputError) as exc:
+            notes.append(f"unreadable: {exc}")
+    timings = pl.concat(frames, how="diagonal_relaxed") if frames else None
     if dd.step_files:  # the hook's log_step records: per-rank step times
         from rankscope.datasets.readers.rundir import read_steps
 
         steps = read_steps(list(dd.step_files), nodes)
         if steps is not None:
             timings = steps if timings is None else pl.concat([timings, steps], how="diagonal_relaxed")
-    return metrics, timings
+    return timings

@@ -9,11 +9,13 @@ is given an identity with its provenance (:mod:`.identity`):
 - Flight Recorder dumps (pickle or JSON objects with FR keys), handed to the Flight Recorder reader;
 - logs (torchrun consoles, ``--log-dir`` trees, training logs) and TorchElastic error files, handed to
   :mod:`.logs` and :mod:`.torchelastic`;
-- ``metrics*`` / ``timings*`` CSV/Parquet; the hook's ``*.exit.json`` records and run directory;
+- ``metrics*`` / ``timings*`` CSV/Parquet, Prometheus text exposition (``*.prom``, or text that parses as
+  one) and Prometheus query results (JSON with ``data.resultType``): metrics evidence, read by
+  :mod:`.metric_files`; the hook's ``*.exit.json`` records and run directory;
 - ``manifest.csv`` at any depth (see :mod:`.identity`). Under a manifest's folder, stack files it does
   not list are ignored (and reported); a listed file that is absent is a failed capture.
 
-What is not evidence (a training ``config.json``, W&B metadata, a Prometheus query result, unknown text)
+What is not evidence (a training ``config.json``, W&B metadata, unknown text)
 is skipped with one note saying why; one unreadable file is a note, never an abort. Two different
 processes claiming one rank are resolved (host + local rank) or refused with one line naming both files.
 """
@@ -44,6 +46,7 @@ _STACK_KINDS = ("pyspy-text", "pyspy-error", "traceback", "pyspy-json")
 _READ_WHOLE = frozenset((*_STACK_KINDS, "json", "empty"))
 _COMMON_SUFFIXES = frozenset((".txt", ".json"))  # stack dumps: go straight to the content
 _TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
+_EXPOSITION_SUFFIXES = (".prom", ".metrics", ".openmetrics")  # Prometheus text exposition by name
 _NOT_EVIDENCE = frozenset((".csv", ".parquet", ".pq", ".gz", ".tgz", ".zip", ".png", ".jpg", ".svg", ".html", ".md"))
 _JSON_WHOLE_LIMIT = 8 << 20  # a JSON object whose kind the head does not tell is decoded up to this size
 
@@ -211,6 +214,9 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         if low.startswith("timings") and low.endswith(_TABLE_SUFFIXES):
             sc.timings.append(Path(abs_path))
             return
+        if low.endswith(_EXPOSITION_SUFFIXES):
+            sc.metrics.append(Path(abs_path))
+            return
         if suffix in _NOT_EVIDENCE:
             sc.skipped.append(f"{rel} (a {suffix[1:]} file that is neither metrics* nor timings*)")
             return
@@ -221,7 +227,8 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         with open_regular(abs_path) as fh:  # a regular file within the size limit, or a ParseError: skipped
             head = fh.peek(HEAD_BYTES)[:HEAD_BYTES]  # buffered: the whole read below costs no second copy
             s = sniff(head, rel)
-            data = fh.read() if s.kind in _READ_WHOLE else head
+            whole = s.kind in _READ_WHOLE and not (s.kind == "json" and b'"resultType"' in head)  # metrics: later
+            data = fh.read() if whole else head
     except OSError as exc:
         sc.skipped.append(f"{rel} (unreadable: {exc.strerror})")
         return
@@ -257,14 +264,25 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
             )
         else:
             sc.skipped.append(f"{rel} (empty)")
+    elif kind == "unknown" and _exposition(head):
+        sc.metrics.append(Path(abs_path))
     else:
         sc.skipped.append(f"{rel} ({s.why or 'not a recognised format'})")
+
+
+def _exposition(head: bytes) -> bool:
+    from rankscope.datasets.readers.prometheus import looks_like_exposition
+
+    return looks_like_exposition(head)
 
 
 def _json_bucket(sc: _Scan, abs_path: str, rel: str, head: bytes, data: bytes) -> str | None:
     """Route a JSON object by its keys; returns ``pyspy-json`` when it is a stack dump after all."""
     if json_kind_from_head(head) == "fr":
         sc.fr.append((abs_path, rel))
+        return None
+    if b'"resultType"' in head:  # a Prometheus query result (query_range / query): metrics evidence
+        sc.metrics.append(Path(abs_path))
         return None
     if len(data) > _JSON_WHOLE_LIMIT:
         sc.skipped.append(f"{rel} (a large JSON object with no Flight Recorder keys)")
@@ -284,7 +302,7 @@ def _json_bucket(sc: _Scan, abs_path: str, rel: str, head: bytes, data: bytes) -
     elif kind == "pyspy-json":
         return "pyspy-json"
     elif kind == "prometheus":
-        sc.skipped.append(f"{rel} (a Prometheus query result: metrics in that format are not read yet)")
+        sc.metrics.append(Path(abs_path))
     elif kind == "hook-identity":
         sc.skipped.append(f"{rel} (a process identity without the hook's pid<PID>.json name)")
     else:

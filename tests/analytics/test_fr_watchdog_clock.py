@@ -26,7 +26,7 @@ def test_a_timeout_dump_names_the_rank_that_never_joined(seed: int) -> None:
     assert a.status == "hang" and a.culprit_ranks == syn.truth.culprit_ranks
     v = collectives.verdict(a, syn.topology)
     assert set(v.culprit_nodes) == set(syn.topology.nodes_of(syn.truth.culprit_ranks))
-    assert any("watchdog timeout" in r for r in v.reasons)
+    assert any("watchdog wrote on a timeout" in r for r in v.reasons)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -68,3 +68,25 @@ def test_cli_flag_and_a_watchdog_log_line_give_the_same_time_evidence(tmp_path: 
     (dumps / "train.log").write_text("".join(WATCHDOG.format(r=r) for r in waiting))
     from_logs = _diagnose(dumps)
     assert from_logs["verdict"] == "hang" and set(from_logs["culprit_nodes"]) == culprits
+
+
+def test_two_captures_of_a_running_job_refute_the_timeout_assumption(tmp_path: Path) -> None:
+    """Real gloo dumps of a healthy job 3.7 s apart, their capture times removed (as FR writes them): every
+    waiting rank moved on between them, so they were not written by a watchdog on a timeout, whatever the flag
+    says."""
+    import shutil
+
+    from rankscope.analytics import diagnose
+    from rankscope.config import Config
+    from rankscope.datasets.loading.inputs import load_inputs
+
+    data = tmp_path / "mp8_healthy"
+    shutil.copytree(Path(__file__).parents[1] / "data" / "fr_gloo" / "mp8_healthy", data)
+    for f in data.glob("snapshot-*/*.json"):
+        raw = json.loads(f.read_text())
+        raw.pop("rankscope_dump_time_ns", None)
+        f.write_text(json.dumps(raw))
+    inputs = load_inputs(data, layout="tp=2,pp=2,dp=2", gpus_per_node=2)
+    v = diagnose(inputs, Config(collectives=ON_TIMEOUT))
+    assert v.verdict == "healthy" and not v.suspect_nodes
+    assert any("every waiting rank advanced" in r for r in v.reasons)

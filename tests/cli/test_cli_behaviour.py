@@ -132,10 +132,14 @@ def test_detect_chooses_among_the_readme_detectors(tmp_path: Path) -> None:
         assert v["culprit_nodes"] == [run.faults[0].node], (name, v["reasons"])
         assert f"of detector {name}" in " ".join(v["reasons"])
     err = _one_error_line(_run("detect", tmp_path / "m", "--detector", "prophet"))
-    assert "'peer-distance', 'peer-mad', 'mad', 'iforest', 'lstm-vae'" in err
+    assert "'peer-change', 'peer-distance', 'peer-mad', 'mad', 'iforest', 'lstm-vae'" in err
     # from the environment or a config file: one line naming the valid detectors when the metrics are scored
     env = _run("detect", tmp_path / "m", env={"RANKSCOPE_PERFORMANCE_DETECTOR": "prophet"})
-    assert "unknown detector 'prophet'; valid detectors: peer-distance, peer-mad" in _one_error_line(env)
+    assert "unknown detector 'prophet'; valid detectors: peer-change, peer-distance" in _one_error_line(env)
+    default = json.loads(_run("detect", tmp_path / "m", "--format", "json").stdout)  # peer-change
+    assert (
+        default["culprit_nodes"] == [run.faults[0].node] and default["details"]["metrics"]["detector"] == "peer-change"
+    )
 
 
 # -- options that do not apply -------------------------------------------------------------------------------

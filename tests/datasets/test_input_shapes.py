@@ -158,11 +158,13 @@ def test_stray_json_is_skipped_with_one_note_and_an_error_file_is_an_exit(tmp_pa
     src = next(err.rglob("attempt_0/1/error.json"))
     shutil.copy(src, tmp_path / "error.json")
     inputs, v = _verdict(tmp_path, gpus_per_node=1)
-    skipped = [n for n in inputs.notes if n.startswith("skipped 3 file(s)")]
+    skipped = [n for n in inputs.notes if n.startswith("skipped 2 file(s)")]
     assert len(skipped) == 1
-    for name in ("config.json", "wandb-metadata.json", "prometheus_query.json"):
+    for name in ("config.json", "wandb-metadata.json"):
         assert name in skipped[0]
-    assert "metrics in that format are not read yet" in skipped[0]
+    # a Prometheus query result next to stack dumps is metrics evidence, not a broken FR dump
+    assert "prometheus_query.json" not in skipped[0]
+    assert inputs.metrics is not None and [p.name for p in inputs.metrics.paths] == ["prometheus_query.json"]
     assert v.verdict.value == "hang" and v.culprit_ranks == (3,), v.explain()
     assert any("error.json" in n and "no rank" in n for n in inputs.notes)  # the error file names no rank here
 

@@ -9,6 +9,7 @@ from rankscope.models import DETECTORS, NotFittedError, make_detector
 from rankscope.spine import InputError, RankscopeError
 
 SMALL = {
+    "peer-change": {"continuity_s": 60.0, "baseline_s": 60.0, "min_baseline_s": 30.0},
     "peer-distance": {"window_s": 10.0, "continuity_s": 60.0},
     "peer-mad": {"window_s": 10.0, "continuity_s": 60.0},
     "mad": {},
@@ -37,7 +38,7 @@ def _data(det, seed=0):
     if det.input_ndim == 3:
         X = rng.normal(size=(12, 300, 3)).astype(np.float32)
         X[:, :, 1] += np.sin(np.arange(300) / 5.0)  # shared "training" periodicity
-        X[0, :, 0] += 8.0
+        X[0, 120:, 0] += 8.0  # a lasting change from t=120 (peer-change sees changes, not static offsets)
         return X, np.array([0])
     X = rng.normal(size=(240, 4))
     X[[50, 120, 200], :] += 9.0

@@ -119,3 +119,31 @@ def test_a_relaunched_job_is_no_stall_and_its_steps_count_again() -> None:
     d.progress(21, 1081.0)
     d.progress(22, 1082.0)
     assert d.check(1083.0) is None and d.check(1093.0) is not None  # a new stall is seen again
+
+
+def _finish(loop: RecoveryLoop, caps: list[Cap]) -> list:
+    deadline = time.time() + 20
+    done: list = []
+    while not done and time.time() < deadline:
+        done = loop.tick(time.time(), caps, busy=False)
+        time.sleep(0.05)
+    return done
+
+
+def test_a_plan_that_only_collects_asks_for_another_capture_series_twice_at_most(tmp_path: Path) -> None:
+    """A verdict too weak to act on (recover exits 4): capture again and plan again, not wait for a person
+    forever and not loop forever either."""
+    from rankscope.collectors.recover import COLLECT_ROUNDS, MAX_COLLECTS
+
+    loop = _loop(tmp_path, "import sys; print('collect: another capture round'); sys.exit(4)", quiet_seconds=30)
+    caps = [Cap(int(time.time()))]
+    for n in range(1, MAX_COLLECTS + 2):
+        loop.tick(time.time(), caps, busy=False)
+        done = _finish(loop, caps)
+        assert done[0].labels["exit_code"] == 4 and "asked for more evidence" in done[0].message
+        if n <= MAX_COLLECTS:
+            assert loop.collect_rounds == COLLECT_ROUNDS and f"({n} of {MAX_COLLECTS})" in done[0].message
+            loop.collect_rounds = 0  # the agent scheduled the series
+            caps.append(Cap(int(time.time()) + n))  # its capture is evidence: no quiet period after a collect
+        else:
+            assert loop.collect_rounds == 0  # enough: the job is left to a person (the plan says what to collect)

@@ -173,3 +173,18 @@ def test_the_agent_needs_a_backend_before_it_applies_anything(tmp_path: Path) ->
     assert res.exit_code == 2 and "--apply and --recover-args need --recover local|slurm|k8s" in res.stderr
     res = _run("agent", tmp_path / "store", "--recover", "pbs")
     assert res.exit_code == 2 and "recover='pbs' must be local, slurm, k8s" in res.stderr
+
+
+def test_recover_exits_4_when_the_plan_only_collects(tmp_path: Path, verdict_file: Path) -> None:
+    """A hang too weak to evict on: dry run, nothing to do but collect, exit 4 (the agent captures again)."""
+    import json
+
+    weak = json.loads(verdict_file.read_text())
+    weak["confidence"] = 0.4
+    path = tmp_path / "weak.json"
+    path.write_text(json.dumps(weak))
+    res = _run(
+        "recover", path, "--backend", "slurm", "--slurm-job-id", "4242", "--machines", "node-0,node-1,node-2,node-3"
+    )
+    assert res.exit_code == 4, res.output
+    assert "collect" in res.stdout and "scontrol" not in res.stdout

@@ -1,0 +1,156 @@
+"""Read a :class:`~rankscope.datasets.domain.metrics.MetricSet` into a :class:`MetricCube` (:func:`build_cube`).
+
+The streaming pass (:mod:`.metric_binning`) leaves, per series and block, value sums and counts (gauges)
+and increase and seconds sums (counters); here the metrics of unknown kind are decided, series are
+folded into units and features (:func:`~rankscope.datasets.readers.metric_series.fold_plan`), the time
+range is trimmed to blocks that hold data, blocks are widened when a metric samples more slowly than
+the first rows showed, and the result is one float32 array per level.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rankscope.datasets.domain.metrics import LevelCube, MetricCube, MetricSet
+from rankscope.datasets.readers.metric_binning import COUNTER, BlockRule, Stream, resolve_unknown, stream
+from rankscope.datasets.readers.metric_series import fold_plan
+from rankscope.spine import InputError
+
+
+class NoMetricSamples(InputError):
+    """The metric files hold no usable sample (empty results, every row skipped): nothing to compare."""
+
+
+def build_cube(ms: MetricSet, *, block_s: float | BlockRule, max_gap_s: float | None = None) -> MetricCube:
+    """Bin ``ms`` into a cube (counters as rates, gauges as block means); ``block_s`` is the block length
+    in seconds or a function of the measured sampling intervals (``{metric: seconds}``) that chooses it.
+    ``max_gap_s`` (default 10 sampling intervals, at least 300 s): a longer silence of a counter is unknown."""
+    st = stream(ms, block_s, max_gap_s)
+    if st.grid is None or st.counters is None or st.reg.n == 0:
+        raise NoMetricSamples("metrics: no samples with a finite time (every row was empty or skipped)")
+    resolve_unknown(st)
+    n = st.reg.n
+    kinds = np.asarray(st.kinds, np.int64)
+    is_c_slot = kinds[st.reg.slot_metric[:n]] == COUNTER
+    cnt = st.counters
+    resets = int(sum(acc[2] for m, acc in cnt.by_metric.items() if kinds[m] == COUNTER))
+    if resets:
+        st.notes.append(
+            f"{resets} counter reset(s) (a drop: reboot or exporter restart): those intervals count as unknown"
+        )
+    spans = [r for r in (st.grid.used(), cnt.grid.used()) if r is not None]
+    if not spans:
+        raise NoMetricSamples("metrics: no samples with a finite value")
+    lo, hi = min(r[0] for r in spans), max(r[1] for r in spans)
+    S, K = st.grid.columns(lo, hi)
+    S, K = S[:n], K[:n]
+    Inc, Sec = cnt.grid.columns(lo, hi)
+    Inc, Sec = Inc[: cnt.slots.size], Sec[: cnt.slots.size]
+    intervals = dict(st.intervals)
+    _more_intervals(st, K, is_c_slot, intervals)
+    L = st.grid.block_s
+    t0 = st.grid.t0 + lo * L
+    L_needed = float(block_s(intervals)) if callable(block_s) else L
+    if L_needed > L * 1.01:
+        k = math.ceil(L_needed / L - 1e-9)
+        t0, (S, K, Inc, Sec) = _coarsen(k, L, t0, (S, K, Inc, Sec))
+        st.notes.append(f"blocks widened to {k * L:g} s: a metric samples every {max(intervals.values()):g} s")
+        L *= k
+    return _fold(st, (S, K, Inc, Sec), is_c_slot, t0, L, intervals)
+
+
+def _coarsen(k: int, L: float, t0: float, arrays: tuple[np.ndarray, ...]) -> tuple[float, list[np.ndarray]]:
+    """Merge every ``k`` adjacent blocks (aligned to multiples of ``k * L``)."""
+    b_abs = int(round(t0 / L))
+    front = b_abs % k
+    out = []
+    for a in arrays:
+        nb = a.shape[1] + front
+        padded = np.zeros((a.shape[0], nb + (-nb) % k), a.dtype)
+        padded[:, front : front + a.shape[1]] = a
+        out.append(padded.reshape(a.shape[0], -1, k).sum(axis=2, dtype=a.dtype))
+    return (b_abs - front) * L, out
+
+
+def _more_intervals(st: Stream, K: np.ndarray, is_counter: np.ndarray, out: dict[str, float]) -> None:
+    """Sampling intervals of metrics the first rows did not show: counters from their mean interval,
+    gauges from the counts (blocks spanned x block length / samples)."""
+    assert st.grid is not None and st.counters is not None
+    reg, cnt, L = st.reg, st.counters, st.grid.block_s
+    per_metric = {m: acc[4] / acc[5] for m, acc in cnt.by_metric.items() if acc[5] > 0}
+    samples = K.sum(axis=1)
+    has = K > 0
+    first = np.argmax(has, axis=1)
+    last = K.shape[1] - np.argmax(has[:, ::-1], axis=1)
+    ok = (samples >= 2) & ~is_counter
+    per_g = np.where(ok, (last - first) * L / np.maximum(samples, 1), np.nan)
+    g_metric = reg.slot_metric[: K.shape[0]]
+    for m, name in enumerate(reg.metrics.names):
+        if name is None or name in out:
+            continue
+        if st.kinds[m] == COUNTER:
+            if m in per_metric:
+                out[name] = float(per_metric[m])
+            continue
+        vals = per_g[g_metric == m]
+        vals = vals[np.isfinite(vals)]
+        if vals.size:
+            out[name] = float(np.median(vals))
+
+
+def _fold(
+    st: Stream, grids: tuple[np.ndarray, ...], is_c_slot: np.ndarray, t0: float, L: float, intervals: dict[str, float]
+) -> MetricCube:
+    """Series -> units x features per level, as float32 cubes (module docstring)."""
+    assert st.counters is not None
+    S, K, Inc, Sec = grids
+    reg = st.reg
+    has = (K > 0).any(axis=1) & ~is_c_slot
+    crow = np.full(reg.n, -1, np.int64)
+    crow[st.counters.slots] = np.arange(st.counters.slots.size)
+    has[st.counters.slots] |= (Sec > 0).any(axis=1) & is_c_slot[st.counters.slots]
+    slots = np.flatnonzero(has)
+    plan = fold_plan(reg, slots)
+    nb = S.shape[1]
+    kinds = np.asarray(st.kinds, np.int64)
+    levels = []
+    for lv, name in ((0, "gpu"), (1, "node")):
+        sel = plan.level == lv
+        feats = plan.features[lv]
+        if not sel.any() or not feats:
+            continue
+        nu, nf = plan.unit_machine[lv].size, len(feats)
+        cell = plan.unit[sel] * nf + plan.feature[sel]
+        s_lv = slots[sel]
+        num = np.zeros((nu * nf, nb), np.float32)
+        den = np.zeros((nu * nf, nb), np.float32)
+        g = ~is_c_slot[s_lv]
+        # one series per cell (no pooled labels): plain assignment; else pooled sums
+        put = _assign if np.unique(cell).size == cell.size else np.add.at
+        if g.any():
+            put(num, cell[g], S[s_lv[g]])
+            put(den, cell[g], K[s_lv[g]])
+        if (~g).any():
+            rows = crow[s_lv[~g]]
+            put(num, cell[~g], Inc[rows])
+            put(den, cell[~g], Sec[rows])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            num /= den
+        values = np.ascontiguousarray(num.reshape(nu, nf, nb).transpose(0, 2, 1))
+        fk: tuple[str, ...] = tuple("counter" if kinds[m] == COUNTER else "gauge" for m in plan.feature_metric[lv])
+        levels.append(LevelCube(name, values, plan.unit_machine[lv], plan.unit_gpu[lv], feats, fk))  # type: ignore[arg-type]
+    return MetricCube(plan.machines, tuple(levels), t0, L, nb, intervals, tuple(_dedupe(st.notes)), st.rows)
+
+
+def _assign(out: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    out[rows] = values
+
+
+def _dedupe(items: list[str], limit: int = 20) -> list[str]:
+    seen: dict[str, int] = {}
+    for it in items:
+        seen[it] = seen.get(it, 0) + 1
+    out = [k if v == 1 else f"{k} (x{v})" for k, v in seen.items()]
+    return out[:limit] + ([f"... {len(out) - limit} more notes"] if len(out) > limit else [])

@@ -1,0 +1,94 @@
+"""Timing stragglers as a persistent change against the peers (ported from proto-metrics): the worker that became
+slow is named by the data's own name, a worker slower from the start and a job-wide slowdown are not; the
+calibrated rank test keeps the scikit-learn contract; the real Alibaba PAI job 1 names worker-6 (also with a
+``--layout``) and its healthy stretches name nobody."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from rankscope.analytics import performance
+from rankscope.models import StragglerDetector
+from rankscope.spine import InputError
+
+PAI = Path("/work/shared/data/alibaba_pai_minibatch/job_1_norm.csv")
+
+
+def _frame(rng, slow=None, offset=None, steps=300, workers=16):
+    d = 100 * rng.lognormal(0, 0.03, (steps, workers)) * rng.lognormal(0, 0.05, (steps, 1))
+    if offset is not None:
+        d[:, offset] *= 1.15  # slower from the first step: a static offset, not a fault
+    if slow is not None:
+        d[150:, slow] *= 1.4
+    s, w = np.meshgrid(np.arange(steps), np.arange(workers), indexing="ij")
+    return pl.DataFrame(
+        {
+            "rank": w.ravel(),
+            "step": s.ravel(),
+            "op": "forward",
+            "duration_s": d.ravel(),
+            "node": [f"gpu-{i}" for i in w.ravel()],
+        }
+    )
+
+
+def _verdict(df):
+    return performance.verdict(performance.facts(None, df, None), None, job="j")
+
+
+def test_names_the_worker_that_became_slow_not_the_offset_one():
+    v = _verdict(_frame(np.random.default_rng(0), slow=5, offset=9))
+    assert v.verdict == "fail-slow" and v.suspect_nodes == ("gpu-5",) == v.culprit_nodes
+
+
+def test_offsets_and_a_job_wide_slowdown_name_nobody():
+    f = _frame(np.random.default_rng(1), offset=3)
+    f = f.with_columns(pl.when(pl.col("step") > 150).then(pl.col("duration_s") * 1.5).otherwise(pl.col("duration_s")))
+    v = _verdict(f)
+    assert v.suspect_nodes == () and v.verdict in ("healthy", "imbalance")
+
+
+def test_straggler_detector_contract():
+    det = StragglerDetector(continuity_steps=6)
+    assert det.get_params()["continuity_steps"] == 6
+    X = np.random.default_rng(2).lognormal(0, 0.03, (200, 8))
+    assert det.fit(X) is det and det.labels_.shape == (8,) and det.decision_scores_.shape == (8,)
+    assert det.labels_.sum() == 0
+    with pytest.raises(InputError, match="quorum"):
+        StragglerDetector(quorum=0.2).fit(X)
+
+
+@pytest.fixture(scope="module")
+def pai_job_1(tmp_path_factory):
+    if not PAI.is_file():
+        pytest.skip("Alibaba PAI data not present")
+    from rankscope.harness.public import load_alibaba_job
+
+    return load_alibaba_job(1, root=PAI.parents[1])
+
+
+@pytest.mark.parametrize("layout", [None, "dp=10"])
+def test_alibaba_pai_job_1_names_worker_6_from_the_data(pai_job_1, tmp_path, layout):
+    from rankscope.cli.main import app
+
+    pai_job_1.write_csv(tmp_path / "timings.csv")
+    args = ["detect", str(tmp_path), "--format", "json"] + (
+        ["--layout", layout, "--gpus-per-node", "1"] if layout else []
+    )
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    v = json.loads(res.stdout)
+    assert v["verdict"] == "fail-slow" and v["suspect_nodes"] == ["worker-6"]  # the file's name, never node-6
+    assert v["details"]["onset"].startswith("step 18")  # the trace's times jump at iteration ~1811
+
+
+def test_alibaba_pai_job_1_healthy_stretches_name_nobody(pai_job_1):
+    for lo, hi in ((1, 1741), (2001, 2988)):
+        v = _verdict(pai_job_1.filter(pl.col("step").is_between(lo, hi)))
+        assert v.suspect_nodes == (), (lo, hi, v.reasons)
