@@ -301,3 +301,12 @@ def test_a_node_name_with_thousands_of_digits_sorts_without_the_digit_limit(stac
     ]
     (stack_dir / "timings.csv").write_text("\n".join(rows) + "\n")
     assert diagnose(load_inputs(stack_dir)).verdict == "hang"
+
+
+def test_metric_samples_far_apart_in_time_are_refused_before_the_cube_is_allocated(stack_dir: Path) -> None:
+    rows = ["ts,node,metric,value"] + [f"{1_700_000_000 + i},node-0,gpu_util,50" for i in range(5)]
+    rows.append("4000000000,node-1,gpu_util,50")  # year 2096: inside the limits, 73 years after the others
+    (stack_dir / "metrics.csv").write_text("\n".join(rows) + "\n")
+    v = diagnose(load_inputs(stack_dir))
+    assert v.verdict == "hang"
+    assert "time blocks" in " ".join(map(str, v.to_dict().get("details", {}).get("notes", [])))
