@@ -40,6 +40,7 @@ class _Known:
     stack_offset: int = 0
     dead_since: float | None = None
     identity: dict[str, Any] = field(default_factory=dict)
+    exit_reported: bool = False  # its exception was recorded before the process was gone
 
 
 class Tracking:
@@ -77,7 +78,22 @@ class Tracking:
                     gone = True
             if gone:
                 self._mark_dead(pid, info, now)
+            elif info.role == "trainer":
+                self._exception_written(pid, info, now)
         self._last_alive_check = now  # the survivors were alive at this moment
+
+    def _exception_written(self, pid: int, info: discovery.ProcInfo, now: float) -> None:
+        """A trainer whose hook wrote its uncaught exception is dying, however long its teardown takes (torch
+        destroying process groups, atexit handlers): record the exit now, so a capture that fires meanwhile
+        (the peers stall at once) already holds the first failure."""
+        k = self.known.get(pid)
+        if k is None or k.exit_reported or not rf.path(self.run_dir, pid, rf.EXIT).exists():
+            return
+        rec = self._exit_record(pid)
+        if not rec or rec.get("type") == "exit":
+            return  # a normal exit (or a record still being written): the liveness check records it
+        k.exit_reported = True
+        self._exit_event(pid, info, rec, now)
 
     def _mark_dead(self, pid: int, info: discovery.ProcInfo, now: float) -> None:
         """``pid`` is gone: record the exit (and its exception, if the hook saw one); a trainer's arms the
@@ -86,7 +102,9 @@ class Tracking:
         k = self.known.get(pid)
         if k is not None:
             k.dead_since = now
-        if info.role == "trainer":
+        if info.role == "trainer" and k is not None and k.exit_reported:
+            self._next_discovery = 0.0  # its exit is already recorded (it wrote its exception while alive)
+        elif info.role == "trainer":
             exit_rec = self._exit_record(pid)
             if not exit_rec:  # no exception record: did faulthandler write a dump as it died?
                 how = stacks.death_signal(
@@ -94,28 +112,32 @@ class Tracking:
                 )  # 1 s: mtime granularity
                 if how is not None:
                     exit_rec = {"type": how[0], "message": how[1], "time": how[2], "time_source": "stack-dump"}
-            normal = exit_rec.get("type") == "exit"
-            msg = (
-                f"rank {info.rank} (pid {pid}) exited: {exit_rec.get('type')}: {exit_rec.get('message')}"
-                if exit_rec
-                else f"rank {info.rank} (pid {pid}) vanished (signal or os._exit)"
-            )
-            self._event(
-                Event(
-                    "process_exit",
-                    msg,
-                    severity="info" if normal else "",
-                    action="none" if normal else "",
-                    rank=info.rank,
-                    pid=pid,
-                    node=self._node_of(info.rank, pid),
-                    ts=float(exit_rec.get("time", now)) if exit_rec else now,
-                    labels=_exit_labels(exit_rec),
-                )
-            )
-            if not normal and self._crash_since is None and not self._crash_captured:
-                self._crash_since = now
+            self._exit_event(pid, info, exit_rec, now)
             self._next_discovery = 0.0
+
+    def _exit_event(self, pid: int, info: discovery.ProcInfo, exit_rec: dict[str, Any], now: float) -> None:
+        """The ``process_exit`` event of a trainer (arms the crash capture unless it exited normally)."""
+        normal = exit_rec.get("type") == "exit"
+        msg = (
+            f"rank {info.rank} (pid {pid}) exited: {exit_rec.get('type')}: {exit_rec.get('message')}"
+            if exit_rec
+            else f"rank {info.rank} (pid {pid}) vanished (signal or os._exit)"
+        )
+        self._event(
+            Event(
+                "process_exit",
+                msg,
+                severity="info" if normal else "",
+                action="none" if normal else "",
+                rank=info.rank,
+                pid=pid,
+                node=self._node_of(info.rank, pid),
+                ts=float(exit_rec.get("time", now)) if exit_rec else now,
+                labels=_exit_labels(exit_rec),
+            )
+        )
+        if not normal and self._crash_since is None and not self._crash_captured:
+            self._crash_since = now
 
     def _exit_record(self, pid: int) -> dict[str, Any]:
         try:
