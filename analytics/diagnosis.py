@@ -23,6 +23,7 @@ from rankscope.analytics.fusion import combine, fuse
 from rankscope.analytics.verdict import Severity, Verdict
 from rankscope.config import Config
 from rankscope.datasets.domain.inputs import Inputs
+from rankscope.spine import InputError
 
 if TYPE_CHECKING:
     from rankscope.analytics.logs import LogFacts
@@ -167,5 +168,11 @@ def _performance(inputs: Inputs, cfg: Config, use: set[str], notes: list[str]) -
     from rankscope.analytics import performance
 
     # metrics of machines outside the job are left out inside (a note says which)
-    f = performance.facts(metrics, timings, inputs.topology, config=cfg.performance)
+    try:
+        f = performance.facts(metrics, timings, inputs.topology, config=cfg.performance)
+    except InputError as exc:  # a metric file found bad as it streams: the other evidence still decides
+        if not (inputs.procs or inputs.fr_dumps or inputs.exits):
+            raise
+        notes.append(f"metrics and timings not used: {exc}")
+        return None
     return performance.verdict(f, inputs.topology, job=inputs.job) if f is not None else None

@@ -12,6 +12,7 @@ from rankscope.cli.options import (
     DEFAULT_ORDER,
     ConfigOpt,
     DumpedOnTimeoutOpt,
+    FollowSymlinksOpt,
     Format,
     FormatOpt,
     GpusPerNodeOpt,
@@ -62,6 +63,7 @@ def register(app: typer.Typer) -> None:
         metric_format: MetricFormatOpt = None,
         dumped_on_timeout: DumpedOnTimeoutOpt = False,
         config: ConfigOpt = None,
+        follow_symlinks: FollowSymlinksOpt = False,
     ) -> None:
         """Name the machines to isolate from a job's dumps or its store.
 
@@ -80,6 +82,7 @@ def register(app: typer.Typer) -> None:
             job=job,
             config=config,
             flags={**fr_flags(dumped_on_timeout), "inputs": metric_input_flags(node_label, metric_format)},
+            follow_symlinks=follow_symlinks,
         )
         if save:
             from rankscope.datasets.store.catalog import verdict_row
@@ -99,13 +102,23 @@ def run_diagnosis(
     config: Path | None,
     sources: tuple[str, ...] | None = None,
     flags: dict[str, Any] | None = None,
+    follow_symlinks: bool = False,
 ) -> tuple[Verdict, Inputs]:
     """Load PATH and diagnose it as ``rankscope diagnose`` does (``report`` and ``detect`` share it)."""
     from rankscope.analytics import diagnose as run
     from rankscope.datasets.loading.inputs import load_inputs
 
     cfg = load_settings(config, flags)
-    inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=cfg.inputs)
+    inputs = load_inputs(
+        path,
+        layout=layout,
+        order=order,
+        gpus_per_node=gpus_per_node,
+        job=job,
+        config=cfg.inputs,
+        limits=cfg.limits,
+        follow_symlinks=follow_symlinks,
+    )
     return run(inputs, cfg, sources=sources), inputs
 
 

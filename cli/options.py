@@ -51,6 +51,14 @@ MaxFramesOpt = Annotated[
     typer.Option("--max-frames", metavar="N", help="Frames shown per cluster in text output (0 = all)."),
 ]
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+FollowSymlinksOpt = Annotated[
+    bool,
+    typer.Option(
+        "--follow-symlinks",
+        help="Also read files that symbolic links inside PATH point to outside it (by default such links "
+        "are listed in the notes and not followed: nothing from outside the input is read).",
+    ),
+]
 
 
 class MetricFormat(str, Enum):

@@ -11,6 +11,7 @@ from rankscope.cli.console import echo, fail, handle_errors
 from rankscope.cli.options import (
     DEFAULT_ORDER,
     ConfigOpt,
+    FollowSymlinksOpt,
     GpusPerNodeOpt,
     JobOpt,
     LayoutOpt,
@@ -55,6 +56,7 @@ def register(app: typer.Typer) -> None:
             False, "--saved", help="Store only: draw the job's latest saved verdict instead of diagnosing again."
         ),
         config: ConfigOpt = None,
+        follow_symlinks: FollowSymlinksOpt = False,
     ) -> None:
         """Write a self-contained HTML report (and PNG figures) of a verdict.
 
@@ -74,6 +76,7 @@ def register(app: typer.Typer) -> None:
             "job": "--job",
             "config": "--config",
             "saved": "--saved",
+            "follow_symlinks": "--follow-symlinks",
         }
         if source.is_file():
             from rankscope.reports.evidence import load_verdict
@@ -89,7 +92,7 @@ def register(app: typer.Typer) -> None:
             verdict, evidence = _saved(source, job)
         else:
             store_topology_notes(ctx, source, job)
-            verdict, evidence = _diagnosed(source, layout, order, gpus_per_node, job, config)
+            verdict, evidence = _diagnosed(source, layout, order, gpus_per_node, job, config, follow_symlinks)
         from rankscope.reports.html import write_report
 
         files = write_report(verdict, evidence, html_path=output, png_dir=png)
@@ -98,12 +101,26 @@ def register(app: typer.Typer) -> None:
 
 
 def _diagnosed(
-    source: Path, layout: str | None, order: str, gpus_per_node: int | None, job: str | None, config: Path | None
+    source: Path,
+    layout: str | None,
+    order: str,
+    gpus_per_node: int | None,
+    job: str | None,
+    config: Path | None,
+    follow_symlinks: bool = False,
 ) -> tuple[dict[str, Any], ReportEvidence]:
     from rankscope.cli.diagnose import run_diagnosis
     from rankscope.reports.assemble import evidence_from_inputs
 
-    v, inputs = run_diagnosis(source, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, config=config)
+    v, inputs = run_diagnosis(
+        source,
+        layout=layout,
+        order=order,
+        gpus_per_node=gpus_per_node,
+        job=job,
+        config=config,
+        follow_symlinks=follow_symlinks,
+    )
     verdict = v.to_dict()
     return verdict, evidence_from_inputs(inputs, verdict)
 

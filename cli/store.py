@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from rankscope.cli.console import echo, handle_errors
-from rankscope.cli.options import DEFAULT_ORDER, GpusPerNodeOpt, LayoutOpt, OrderOpt
+from rankscope.cli.options import DEFAULT_ORDER, FollowSymlinksOpt, GpusPerNodeOpt, LayoutOpt, OrderOpt
 from rankscope.cli.tables import TableFormat
 
 INGEST_EXAMPLES = """\b
@@ -37,11 +37,20 @@ def register(app: typer.Typer) -> None:
         layout: LayoutOpt = None,
         order: OrderOpt = DEFAULT_ORDER,
         gpus_per_node: GpusPerNodeOpt = None,
+        follow_symlinks: FollowSymlinksOpt = False,
     ) -> None:
         """Append a dump directory to a store (atomic, append-only)."""
         from rankscope.datasets.loading.ingest import ingest_path
 
-        rep = ingest_path(path, store, job=job, layout=layout, order=order, gpus_per_node=gpus_per_node)
+        rep = ingest_path(
+            path,
+            store,
+            job=job,
+            layout=layout,
+            order=order,
+            gpus_per_node=gpus_per_node,
+            follow_symlinks=follow_symlinks,
+        )
         rows = ", ".join(f"{n} {t} rows" for t, n in rep.rows.items()) or "nothing new"
         echo(f"ingested job {rep.job}: {rows} (ingest {rep.ingest_id})")
         for note in rep.notes:

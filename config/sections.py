@@ -138,11 +138,27 @@ class InputsConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
-    """Bounds on what one diagnosis keeps and reports (hostile or huge inputs must not blow up the output)."""
+    """Bounds on what one diagnosis reads, keeps and reports: hostile or huge inputs must not blow up the
+    reading or the output. Every reader enforces the reading limits (``rankscope.datasets.domain.bounds``);
+    one that bites is one error line naming the file, the value and this field."""
 
     max_evidence_items: int = 100  # per-rank evidence entries listed before "N more"
     max_reported_clusters: int = 50  # stack clusters listed in a verdict
+    max_file_bytes: int = 2 << 30  # one evidence file read into memory (an FR dump of a big job: ~100s of MB)
+    max_json_depth: int = 64  # JSON nesting (FR, py-spy --json, the hook's files nest at most ~6 levels)
+    max_files: int = 2_000_000  # files under one dump directory (100,000 ranks x a few files each)
+    max_world_size: int = 1 << 22  # ranks in one job (4M: far above any job run today)
+    sparse_rank_factor: int = 64  # no --layout: the largest rank may be this many times the ranks seen
+    min_year: int = 1970  # timestamps in metrics, timings and records outside these years are refused
+    max_year: int = 2100
 
     def __post_init__(self) -> None:
         check_int("limits.max_evidence_items", self.max_evidence_items, minimum=1, error=ConfigError)
         check_int("limits.max_reported_clusters", self.max_reported_clusters, minimum=1, error=ConfigError)
+        check_int("limits.max_file_bytes", self.max_file_bytes, minimum=1, error=ConfigError)
+        check_int("limits.max_json_depth", self.max_json_depth, minimum=4, error=ConfigError)
+        check_int("limits.max_files", self.max_files, minimum=1, error=ConfigError)
+        check_int("limits.max_world_size", self.max_world_size, minimum=1, error=ConfigError)
+        check_int("limits.sparse_rank_factor", self.sparse_rank_factor, minimum=1, error=ConfigError)
+        check_int("limits.min_year", self.min_year, minimum=1970, error=ConfigError)
+        check_int("limits.max_year", self.max_year, minimum=self.min_year + 1, error=ConfigError)

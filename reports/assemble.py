@@ -146,7 +146,8 @@ def metric_bands(
     out: list[pl.DataFrame] = []
     for a in units:
         unit, node = str(a["unit"]), str(a["node"])
-        gpu = int(unit.rsplit("/gpu", 1)[1]) if "/gpu" in unit and unit.rsplit("/gpu", 1)[1].isdigit() else None
+        tail = unit.rsplit("/gpu", 1)[1] if "/gpu" in unit else ""
+        gpu = int(tail) if tail.isdigit() and len(tail) < 10 else None
         for metric in list(a.get("drivers") or ())[:max_drivers]:
             m = metrics.filter(pl.col("metric") == metric)
             if m.height == 0:

@@ -34,7 +34,7 @@ from typing import IO, Any
 import polars as pl
 
 from rankscope.reports.errors import ReportInputError
-from rankscope.spine import atomic_write, atomic_write_with
+from rankscope.spine import InputError, atomic_write, atomic_write_with
 
 SCHEMAS: dict[str, tuple[dict[str, type[pl.DataType]], dict[str, type[pl.DataType]]]] = {
     # table: (required columns, optional columns) -> the dtype each is cast to
@@ -161,11 +161,13 @@ def _write_parquet(table: pl.DataFrame, fh: IO[bytes]) -> None:
 
 def load_verdict(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A verdict JSON file (``rankscope diagnose --format json``), checked for the fields a report needs."""
+    from rankscope.datasets.domain.bounds import load_json_file
+
     p = Path(path)
     try:
-        verdict = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ReportInputError(f"{p}: not a readable verdict JSON ({exc})") from None
+        verdict = load_json_file(p, what="verdict JSON")  # a regular file, within the size and depth limits
+    except InputError as exc:
+        raise ReportInputError(f"{p}: not a readable verdict JSON ({str(exc).removeprefix(f'{p}: ')})") from None
     if not isinstance(verdict, dict) or not isinstance(verdict.get("verdict"), str):
         raise ReportInputError(
             f"{p}: not a verdict (expected an object with a 'verdict' field, as "

@@ -319,8 +319,9 @@ class Topology:
         ]
 
 
-def _natural(name: str) -> tuple[int | str, ...]:
-    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+def _natural(name: str) -> tuple[tuple[int, str] | str, ...]:
+    # a digit run sorts by its value without int(): a 5,000-digit node name must not meet Python's digit limit
+    return tuple((len(t.lstrip("0")), t.lstrip("0")) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
 def _index_nodes(names: np.ndarray) -> tuple[tuple[str, ...], np.ndarray]:

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankscope.datasets.domain.bounds import open_regular
 from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.loading.inputs import load_inputs
 from rankscope.datasets.store.stacks_table import to_table
 from rankscope.datasets.store.store import Store
+from rankscope.spine import InputError
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,10 @@ def digest(path: str | os.PathLike[str]) -> str | None:
     """BLAKE2b-128 of a file's bytes (None when it cannot be read)."""
     h = hashlib.blake2b(digest_size=16)
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path, max_bytes=1 << 62) as fh:  # a FIFO or a device is never read (no end to it)
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
-    except OSError:
+    except (OSError, InputError):
         return None
     return h.hexdigest()
 
@@ -201,7 +203,10 @@ def ingest_path(
     layout: str | None = None,
     order: str | None = None,
     gpus_per_node: int | None = None,
+    follow_symlinks: bool = False,
 ) -> IngestReport:
     """Load a dump directory (see :func:`load_inputs`) and append it to the store at ``store_root``."""
-    inputs = load_inputs(path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job)
+    inputs = load_inputs(
+        path, layout=layout, order=order, gpus_per_node=gpus_per_node, job=job, follow_symlinks=follow_symlinks
+    )
     return ingest_inputs(inputs, Store(store_root, create=True), job=job)

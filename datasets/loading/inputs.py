@@ -8,16 +8,17 @@ manifest or the store's ``topology`` table. The analysis then runs on the in-mem
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rankscope.config import InputsConfig
+from rankscope.config import InputsConfig, Limits
+from rankscope.datasets.domain.bounds import reading_limits
 from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
-from rankscope.datasets.loading.names import infer_topology, inferred_nodes, inferred_note
+from rankscope.datasets.loading.names import check_ranks, infer_topology, inferred_nodes, inferred_note
 from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events
 from rankscope.datasets.readers.rundir_rounds import stack_rounds
@@ -34,11 +35,17 @@ def _ranks_and_nodes(procs: Sequence[ProcStacks]) -> tuple[list[int], dict[int, 
 
 
 def _from_dir(
-    root: Path, *, layout: Layout | None, gpus_per_node: int | None, job: str | None, config: InputsConfig
+    root: Path,
+    *,
+    layout: Layout | None,
+    gpus_per_node: int | None,
+    job: str | None,
+    config: InputsConfig,
+    follow_symlinks: bool = False,
 ) -> Inputs:
     from rankscope.datasets.loading.sources import read_sources
 
-    dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node)
+    dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node, follow_symlinks=follow_symlinks)
     g = gpus_per_node or 8
     src = read_sources(
         dd, gpus_per_node=gpus_per_node, node_label=config.node_label or None, metric_format=config.metric_format
@@ -53,6 +60,7 @@ def _from_dir(
         | {e.rank for e in src.exits}
         | (set(src.logs.ranks) if src.logs is not None else set())
     )
+    check_ranks(_rank_sources(procs, src), layout=layout, where=str(root))  # before any list sized by a rank
     notes: list[str] = list(src.notes) + round_notes
     topo: Topology | None
     coords = _hook_coords(dd, world_ranks, notes) if layout is None else None
@@ -115,6 +123,24 @@ def _from_dir(
             )
         ),
     )
+
+
+def _rank_sources(procs: Sequence[ProcStacks], src: Any) -> Iterator[tuple[int, str]]:
+    """Every rank the evidence names, with the file that names it."""
+    for p in procs:
+        if p.rank is not None:
+            yield p.rank, p.source
+    for d in src.fr:
+        yield d.rank, d.source_file
+    for e in src.exits:
+        yield e.rank, e.source
+    if src.logs is not None:
+        for r in src.logs.ranks:
+            yield r, "the logs"
+    for d in src.fr:
+        for pg in d.pg_config.values():
+            for r in pg.ranks or ():
+                yield r, f"{d.source_file} (pg_config)"
 
 
 def _source_files(dd: DumpDir, procs: Sequence[ProcStacks], fr: Sequence[Any]) -> tuple[tuple[str, str], ...]:
@@ -185,7 +211,7 @@ def _from_store(
     from rankscope.datasets.store.stacks_table import from_table  # pyarrow: only a store needs it
     from rankscope.datasets.store.store import Store
 
-    store = Store(root)
+    store = Store(root, skip_bad=True)  # a corrupt or foreign part file is left out, and said in the notes
     evidence = ("stacks", "collectives", "fr_dumps", "metrics", "timings")
     # a named job is looked up in its own partitions: listing every job of a 10,000-job store for each
     # diagnosis made a batch over it quadratic
@@ -233,6 +259,7 @@ def _from_store(
         made_up = tuple(sorted(set(topo_df.filter(topo_df["node_inferred"].fill_null(False))["node"].to_list())))
     topo: Topology | None
     if topo_df.height and layout is None:
+        check_ranks(((int(r), f"{root}/topology") for r in topo_df["rank"].drop_nulls()), layout=None, where=str(root))
         coords = {d: topo_df[d].to_list() for d in DIMS if topo_df[d].null_count() == 0}
         topo = Topology.from_table(topo_df["rank"].to_list(), topo_df["node"].to_list(), coords=coords or None)
     else:
@@ -249,6 +276,9 @@ def _from_store(
     metrics = _store_metrics(store.files("metrics", job=job), node_label)
     timings = store.read("timings", job=job) if store.files("timings", job=job) else None
     exits = exits_from_events(store.read("events", job=job)) if store.files("events", job=job) else []
+    if store.skipped:  # corrupt or foreign files: left out, and said
+        shown = list(store.skipped.values())
+        notes.append(f"{len(shown)} store file(s) left out: {shown[0]}" + (" ..." if len(shown) > 1 else ""))
     return Inputs(
         job,
         topo,
@@ -311,6 +341,8 @@ def load_inputs(
     job: str | None = None,
     config: InputsConfig | None = None,
     incident: str | None = None,
+    limits: Limits | None = None,
+    follow_symlinks: bool = False,
 ) -> Inputs:
     """Load a dump directory or a store into :class:`Inputs` (InputError on bad input).
 
@@ -318,8 +350,32 @@ def load_inputs(
     :func:`rankscope.datasets.loading.incidents.incidents_of`: an ingest id or ``capture-<snapshot>``).
 
     ``gpus_per_node`` None means "not given": sibling trainers and local ranks are numbered with the
-    count each host holds, and unnamed machines are ``node-<rank // 8>``."""
-    root = Path(path)
+    count each host holds, and unnamed machines are ``node-<rank // 8>``. Symbolic links that leave the
+    directory are not followed (nothing from outside the input is read) unless ``follow_symlinks``."""
+    with reading_limits(limits):  # every reader below keeps to these (file size, JSON depth, ranks, times)
+        return _load(
+            Path(path),
+            layout=layout,
+            order=order,
+            gpus_per_node=gpus_per_node,
+            job=job,
+            config=config,
+            incident=incident,
+            follow_symlinks=follow_symlinks,
+        )
+
+
+def _load(
+    root: Path,
+    *,
+    layout: str | Layout | None,
+    order: str | None,
+    gpus_per_node: int | None,
+    job: str | None,
+    config: InputsConfig | None,
+    incident: str | None,
+    follow_symlinks: bool,
+) -> Inputs:
     lay: Layout | None
     if order:
         parse_order(order)  # validate even without a layout
@@ -342,7 +398,14 @@ def load_inputs(
             incident=incident,
         )
     with paused_gc():  # millions of small acyclic objects: full collections would make loading superlinear
-        return _from_dir(root, layout=lay, gpus_per_node=gpus_per_node, job=job, config=config or InputsConfig())
+        return _from_dir(
+            root,
+            layout=lay,
+            gpus_per_node=gpus_per_node,
+            job=job,
+            config=config or InputsConfig(),
+            follow_symlinks=follow_symlinks,
+        )
 
 
 def load_fr_inputs(
@@ -355,11 +418,13 @@ def load_fr_inputs(
     job: str | None = None,
 ) -> Inputs:
     """A directory of Flight Recorder dumps alone (or one file), with the topology their ranks imply."""
-    from rankscope.datasets.readers.flight_recorder import read_fr_dir
+    from rankscope.datasets.readers.flight_recorder import read_fr_dir_noted
 
-    dumps = read_fr_dir(path, prefix=prefix)
+    with reading_limits(None):
+        dumps, read_notes = read_fr_dir_noted(path, prefix=prefix)
     lay = Layout.parse(layout, order or "tp-cp-ep-dp-pp") if layout else None
+    check_ranks(((d.rank, d.source_file) for d in dumps), layout=lay, where=str(path))
     topo, notes = infer_topology(
         [d.rank for d in dumps], {}, layout=lay, gpus_per_node=gpus_per_node or 8, where=str(path)
     )
-    return Inputs(job or "", topo, (), tuple(dumps), notes=tuple(notes), source=str(path))
+    return Inputs(job or "", topo, (), tuple(dumps), notes=tuple(read_notes + notes), source=str(path))

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from rankscope.datasets.domain.bounds import limits
 from rankscope.datasets.domain.topology import Layout, Topology
-from rankscope.spine import InputError, LayoutError
+from rankscope.spine import InputError, LayoutError, LimitError
 
 PRIORITY = {"manifest": 0, "hook": 1, "log": 2, "host-folder": 3, "timings": 4, "metrics": 5}
 
@@ -77,6 +78,40 @@ class Names:
         return [f"machine names disagree between sources; the more trusted one is used: {'; '.join(self.conflicts)}"]
 
 
+SPARSE_FLOOR = 1024
+"""Without --layout, ranks up to this are believed from a single file (a job's last node may be all that dumped)."""
+
+
+def check_ranks(sources: Iterable[tuple[int, str]], *, layout: Layout | None, where: str) -> None:
+    """Refuse ranks no job can have, naming the file that gives one: negative, beyond ``--layout``'s world,
+    over ``limits.max_world_size``, or (no layout) far beyond the ranks actually found: the world size is never
+    taken from the largest rank alone (a file named ``rank2147483648.json`` would make a 2-billion-rank job)."""
+    first: dict[int, str] = {}
+    for r, src in sources:
+        first.setdefault(r, src or where)
+    if not first:
+        return
+    lo, hi = min(first), max(first)
+    if lo < 0:
+        raise InputError(f"{first[lo]}: rank {lo} is negative")
+    if layout is not None:
+        if hi >= layout.world_size:
+            raise LayoutError(f"{first[hi]}: rank {hi} is outside the layout {layout} (world size {layout.world_size})")
+        return
+    lim = limits()
+    if hi >= lim.max_world_size:
+        raise LimitError(
+            f"{first[hi]}: rank {hi} is over the limit of {lim.max_world_size:,} ranks (limits.max_world_size; "
+            "raise it with RANKSCOPE_LIMITS_MAX_WORLD_SIZE)"
+        )
+    bound = max(SPARSE_FLOOR, lim.sparse_rank_factor * len(first))
+    if hi >= bound:
+        raise InputError(
+            f"{first[hi]}: rank {hi} is far beyond the {len(first)} rank(s) found (without --layout the largest rank "
+            f"may be at most {bound - 1}): pass --layout to state the job's world size, or remove the file"
+        )
+
+
 def infer_topology(
     ranks: Sequence[int],
     nodes: Mapping[int, str],
@@ -91,6 +126,7 @@ def infer_topology(
     notes: list[str] = []
     if gpus_per_node < 1:
         raise LayoutError(f"--gpus-per-node {gpus_per_node}: must be at least 1")
+    check_ranks(((r, where) for r in ranks), layout=layout, where=where)
     max_rank = max(ranks) if ranks else -1
     if layout is not None:
         world = layout.world_size

@@ -94,7 +94,7 @@ def _read_fr(dd: DumpDir, src: Sources) -> list[FRDump]:
             manifest_rank = ident is not None and ident.source("rank") == "manifest"
             try:
                 d = read_fr_file(p, rank=ident.rank if manifest_rank and ident is not None else None)
-            except ParseError as exc:
+            except InputError as exc:  # corrupt, over a limit, not a regular file: a note
                 if "refused pickle" in str(exc):
                     raise  # code in a pickle: refuse the whole input, never skip past it
                 bad.append(str(exc))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from rankscope.datasets.domain.bounds import FOREIGN, limits, load_json, open_regular, read_bounded
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, from_dump
 from rankscope.datasets.readers import runfiles as rf
@@ -39,7 +40,7 @@ from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 from rankscope.datasets.readers.sniff import HEAD_BYTES, json_kind, json_kind_from_head, sniff
 from rankscope.datasets.readers.stackid import Found
 from rankscope.datasets.readers.walk import walk
-from rankscope.spine import InputError, paused_gc, progress
+from rankscope.spine import InputError, LimitError, RankscopeError, paused_gc, progress
 
 _STACK_KINDS = ("pyspy-text", "pyspy-error", "traceback", "pyspy-json")
 _READ_WHOLE = frozenset((*_STACK_KINDS, "json", "empty"))
@@ -94,10 +95,9 @@ def read_stack_file(
     name = display or path
     if raw is None:
         try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-        except OSError as exc:
-            return [failed_dump(name, "unknown", f"unreadable ({exc.strerror})", kind="unreadable")]
+            raw = read_bounded(path)
+        except InputError as exc:
+            return [failed_dump(name, "unknown", _why(exc, path), kind="unreadable")]
     s = sniff(raw[:HEAD_BYTES], name)
     return parse_stack_bytes(raw, name, s.kind, prefixed=s.prefixed)
 
@@ -118,7 +118,9 @@ def parse_stack_bytes(raw: bytes, name: str, kind: str, *, prefixed: bool = Fals
     return parse_pyspy_text(text, name, prefixed=prefixed)
 
 
-def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int | None = 8) -> DumpDir:
+def scan_dump_dir(
+    path: str | os.PathLike[str], *, gpus_per_node: int | None = 8, follow_symlinks: bool = False
+) -> DumpDir:
     """Find and parse every piece of evidence under ``path``. Raises InputError when nothing is usable.
 
     ``gpus_per_node`` None means "not given": sibling trainers and local ranks are then numbered with the
@@ -126,7 +128,7 @@ def scan_dump_dir(path: str | os.PathLike[str], *, gpus_per_node: int | None = 8
     small acyclic objects, and its full collections would make reading 100,000 files superlinear.
     """
     with paused_gc():
-        return _scan(path, gpus_per_node=gpus_per_node)
+        return _scan(path, gpus_per_node=gpus_per_node, follow_symlinks=follow_symlinks)
 
 
 @dataclass
@@ -146,7 +148,7 @@ class _Scan:
     notes: list[str] = field(default_factory=list)
 
 
-def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None) -> DumpDir:
+def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_symlinks: bool = False) -> DumpDir:
     root = Path(path)
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
@@ -154,7 +156,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None) -> DumpDir
         raise InputError(f"{root}: expected a directory of dumps or a rankscope store, got a file")
     if gpus_per_node is not None and gpus_per_node < 1:
         raise InputError(f"--gpus-per-node {gpus_per_node}: must be at least 1")
-    w = walk(str(root))
+    w = walk(str(root), follow_outside=follow_symlinks)
     present = {rel for _, rel in w.files}
     manifests = Manifests()
     for abs_path, rel in w.files:
@@ -162,14 +164,30 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None) -> DumpDir
             manifests.add(rel, read_manifest(abs_path, rel), present)
     sc = _Scan(root, notes=w.notes())
     hooked: dict[tuple[str, int], object] = {}
+    cap = limits().max_files
+    if len(w.files) > cap:
+        raise LimitError(
+            f"{root}: {len(w.files):,} files is over the {cap:,}-file limit (limits.max_files; raise it with "
+            "RANKSCOPE_LIMITS_MAX_FILES, or point rankscope at one incident's folder)"
+        )
     for abs_path, rel in progress(w.files, f"reading {root.name or root}"):
-        _classify(sc, abs_path, rel, manifests, hooked)
+        try:
+            _classify(sc, abs_path, rel, manifests, hooked)
+        except RankscopeError as exc:  # one bad file never loses the others: it is a note
+            sc.skipped.append(f"{rel} ({_why(exc, abs_path)})")
+        except FOREIGN as exc:  # a reader's bug on hostile bytes: the file is skipped, named, with the cause
+            sc.skipped.append(f"{rel} (unreadable: {type(exc).__name__}: {str(exc)[:80]})")
     for row in manifests.absent(present):  # listed but not there: that process's capture is missing
         why = f"listed in {row.manifest} but the file is absent"
         sc.found.append(Found(row.file, failed_dump(row.file, "unknown", why, row.pid, kind="absent"), None, 0))
     from rankscope.datasets.readers.dumpscan import finish
 
     return finish(sc, manifests, hooked, gpus_per_node=gpus_per_node)
+
+
+def _why(exc: Exception, abs_path: str) -> str:
+    text = str(exc)
+    return text[len(abs_path) + 2 :] if text.startswith(abs_path + ": ") else text
 
 
 def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: dict[tuple[str, int], object]) -> None:
@@ -206,7 +224,7 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         sc.exits.append(Path(abs_path))
         return
     try:
-        with open(abs_path, "rb") as fh:
+        with open_regular(abs_path) as fh:  # a regular file within the size limit, or a ParseError: skipped
             head = fh.peek(HEAD_BYTES)[:HEAD_BYTES]  # buffered: the whole read below costs no second copy
             s = sniff(head, rel)
             whole = s.kind in _READ_WHOLE and not (s.kind == "json" and b'"resultType"' in head)  # metrics: later
@@ -225,7 +243,12 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         if rows is None and manifests.scope_of(rel) is not None:
             sc.unlisted.append(rel)
             return
-        for i, proc in enumerate(parse_stack_bytes(data, rel, kind, prefixed=s.prefixed)):
+        try:
+            procs = parse_stack_bytes(data, rel, kind, prefixed=s.prefixed)
+        except FOREIGN as exc:  # the capture exists but cannot be read: no evidence either way, not "missing"
+            why = f"unreadable ({type(exc).__name__}: {str(exc)[:80]})"
+            procs = [failed_dump(rel, kind, why, kind="unreadable")]
+        for i, proc in enumerate(procs):
             sc.found.append(Found(rel, proc, rows, i))
     elif kind == "pickle":
         if any(k in head for k in (b"entries", b"pg_config", b"pg_status", b"version")):
@@ -265,11 +288,9 @@ def _json_bucket(sc: _Scan, abs_path: str, rel: str, head: bytes, data: bytes) -
         sc.skipped.append(f"{rel} (a large JSON object with no Flight Recorder keys)")
         return None
     try:
-        from rankscope.datasets.readers.sniff import load_json
-
-        obj = load_json(data)
-    except (ValueError, RecursionError) as exc:
-        sc.skipped.append(f"{rel} (not valid JSON: {str(exc)[:60]})")
+        obj = load_json(data, rel)
+    except InputError as exc:
+        sc.skipped.append(f"{rel} (not valid JSON: {_why(exc, rel)[:80]})")
         return None
     kind, why = json_kind(obj)
     if kind == "fr":

@@ -3,10 +3,10 @@ written, and the refusal when nothing usable is left (see :mod:`.dumpdir`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rankscope.datasets.domain.bounds import load_json_file, to_float
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.identity import Manifests, path_facts
@@ -211,10 +211,11 @@ def _int(v: object) -> int | None:
 def _record_time(path: str) -> float:
     """The ``time`` of a hook exit record; +inf when unreadable (kept, and reported by the exit reader)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return float(json.load(fh)["time"])
-    except (OSError, ValueError, KeyError, TypeError):
+        rec = load_json_file(path)
+    except InputError:
         return float("inf")
+    t = to_float(rec.get("time")) if isinstance(rec, dict) else None
+    return float("inf") if t is None else t
 
 
 __all__ = ["Found", "finish"]

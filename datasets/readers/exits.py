@@ -14,8 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rankscope.datasets.domain.bounds import limits, load_json_file, plausible_epoch, to_float, to_int
 from rankscope.datasets.domain.exits import ProcessExit
-from rankscope.spine import ParseError
+from rankscope.spine import InputError, ParseError
 
 _EVENT_TEXT = re.compile(r"exited: (?P<type>[^:]+): (?P<message>.*)", re.S)
 
@@ -31,18 +32,17 @@ def read_exit_record(path: str | os.PathLike[str], *, node: str = "") -> Process
     """The abnormal exit in one hook ``*.exit.json`` file; None for a normal exit or a record without
     a rank. Raises ParseError (naming the file and the reason) when the file is not an exit record."""
     p = Path(path)
-    try:
-        rec = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ParseError(p, f"unreadable exit record ({exc})") from None
+    rec = load_json_file(p, what="exit record")  # a ParseError/LimitError naming the file
     if not isinstance(rec, dict) or "type" not in rec or "time" not in rec:
         raise ParseError(p, "not an exit record (expected 'type' and 'time' keys)")
     if rec["type"] == "exit" or rec.get("rank") is None:
         return None
-    try:
-        rank, when = int(rec["rank"]), float(rec["time"])
-    except (TypeError, ValueError):
-        raise ParseError(p, f"rank {rec.get('rank')!r} / time {rec.get('time')!r} are not numbers") from None
+    rank = to_int(rec["rank"], lo=0, hi=limits().max_world_size - 1)
+    when = to_float(rec["time"])
+    if rank is None or when is None or not plausible_epoch(when):
+        raise ParseError(
+            p, f"rank {str(rec.get('rank'))[:40]!r} / time {str(rec.get('time'))[:40]!r} are not a rank and a time"
+        )
     return ProcessExit(
         rank,
         when,
@@ -66,7 +66,7 @@ def read_exit_records(
     for path in paths:
         try:
             e = read_exit_record(path)
-        except ParseError as exc:
+        except InputError as exc:  # not an exit record, over a limit, not a regular file
             bad.append(str(exc))
             continue
         if e is not None:

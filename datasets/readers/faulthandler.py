@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rankscope.datasets.domain.bounds import MAX_LINE_CHARS, MAX_LINE_NO, int_text
 from rankscope.datasets.domain.stacks import (
     Frame,
     ProcessDump,
@@ -32,18 +33,23 @@ _INTERN = Interner()
 FORMAT = "faulthandler"
 
 _FH_THREAD = re.compile(r"^(Current thread|Thread) (0[xX][0-9a-fA-F]+)(?: \[(.*?)\])? \(most recent call first\):")
-_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.+?)\s*$')
+# frame lines are matched right-stripped, so no lazy group is followed by a trailing-space run (the
+# ``(.+?)\s*$`` shape backtracks quadratically on a long run of spaces before a final character)
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.+)$')
 _TB_HEAD = re.compile(r"^(Traceback|Stack) \(most recent call last\):")
-_TB_FRAME = re.compile(r'^\s+File "(.*)", line (\d+), in (.+?)\s*$')
+_TB_FRAME = re.compile(r'^\s+File "(.*)", line (\d+), in (.+)$')
 _PARTIAL_FILE = re.compile(r'^\s+File "([^"]+)"')  # a frame line cut in half (the dump stopped there)
 _RECIPE_THREAD = re.compile(r"^#\s*Thread(?:ID)?:\s*(?:(.*?)\s*\((\d+)\)|(\d+))\s*$")
 
 
 def _int(x: str) -> int | None:
-    return int(x) if x.isdigit() else None
+    return int_text(x, lo=0, hi=MAX_LINE_NO) if x.isdigit() else None
 
 
 def _frame(line: str) -> Frame | None:
+    if len(line) > MAX_LINE_CHARS:  # no frame line is this long: garbage, never handed to a pattern
+        return None
+    line = line.rstrip()
     m = _FH_FRAME.match(line) or _TB_FRAME.match(line)
     return Frame(m.group(3), m.group(1), _int(m.group(2))) if m else None
 
@@ -146,7 +152,7 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
         if m:
             close()
             cur = {
-                "tid": int(m.group(2), 16),
+                "tid": int_text(m.group(2), lo=0),
                 "name": m.group(3),
                 "innermost_first": True,
                 "frames": [],
@@ -158,7 +164,13 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
         if m:
             close()
             tid = m.group(2) or m.group(3)
-            cur = {"tid": int(tid), "name": m.group(1), "innermost_first": False, "frames": [], "main": False}
+            cur = {
+                "tid": int_text(tid, lo=0),
+                "name": m.group(1),
+                "innermost_first": False,
+                "frames": [],
+                "main": False,
+            }
             continue
         m = _TB_HEAD.match(line)
         if m:

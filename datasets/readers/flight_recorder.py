@@ -22,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from rankscope.datasets.domain.bounds import FOREIGN, INT64_MAX, INT64_MIN, MAX_LINE_NO, to_float, to_int
 from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry
 from rankscope.datasets.domain.stacks import Frame
 from rankscope.datasets.readers.fr_files import (
@@ -32,11 +33,12 @@ from rankscope.datasets.readers.fr_files import (
     read_bytes,
     select_fr_files,
 )
-from rankscope.datasets.readers.fr_groups import opt_int as _opt_int
 from rankscope.datasets.readers.fr_groups import pg_config as _pg_config
 from rankscope.datasets.readers.fr_groups import pg_status as _pg_status
+from rankscope.datasets.readers.walk import walk
 from rankscope.spine import InputError, ParseError, paused_gc, progress
 
+_GROUP_ERRORS: tuple[type[Exception], ...] = (*FOREIGN, SyntaxError)
 _P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
 
 
@@ -51,7 +53,7 @@ def parse_dump(
 ) -> FRDump:
     """An :class:`FRDump` from an already decoded FR dict (e.g. the bytes of ``_dump_fr_trace``)."""
     if rank is None and isinstance(raw.get("rank"), int):
-        rank = int(raw["rank"])
+        rank = to_int(raw["rank"], lo=0)
     if rank is None:
         rank = rank_from_name(path)
     if rank is None or rank < 0:
@@ -64,21 +66,21 @@ def parse_dump(
     frame_cache: dict[int, tuple[Frame, ...]] = {}
     try:  # the hot path: one comprehension; a bad entry is found again below to name it
         entries = [_entry(e, frame_cache) for e in entries_raw]
-    except (TypeError, ValueError, KeyError, AttributeError):
+    except FOREIGN:
         entries = []
         for i, e in enumerate(entries_raw):
             if type(e) is not dict and not isinstance(e, Mapping):
                 raise ParseError(path, f"entry {i} is a {type(e).__name__}, not a dict") from None
             try:
                 entries.append(_entry(e, frame_cache))
-            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            except FOREIGN as exc:
                 raise ParseError(path, f"entry {i}: {exc}") from None
     notes: list[str] = []
     try:
         pg_config = _pg_config(raw.get("pg_config"))
         pg_status = _pg_status(raw.get("pg_status"), {e.pg_id: e.pg_name for e in entries}, notes)
-        dump_time = _opt_int(raw.get(DUMP_TIME_KEY))
-    except (TypeError, ValueError, SyntaxError) as exc:
+        dump_time = _opt_i64(raw.get(DUMP_TIME_KEY))
+    except _GROUP_ERRORS as exc:
         raise ParseError(path, f"bad pg_config/pg_status/{DUMP_TIME_KEY}: {exc}") from None
     return FRDump(
         rank=int(rank),
@@ -98,25 +100,31 @@ def read_fr_dir(path: str | os.PathLike[str], *, prefix: str | None = None) -> l
     """Every rank's dump under ``path`` (recursively, hidden entries skipped), sorted by rank.
 
     See :func:`read_fr_files` for how one family of files is chosen; files that are not FR dumps
-    are skipped.
+    are skipped, and so is a corrupt dump beside good ones (:func:`read_fr_dir_noted` says which).
     """
+    return read_fr_dir_noted(path, prefix=prefix)[0]
+
+
+def read_fr_dir_noted(path: str | os.PathLike[str], *, prefix: str | None = None) -> tuple[list[FRDump], list[str]]:
+    """:func:`read_fr_dir` with the notes on what was left out: corrupt dumps (named, with why), links that
+    leave the directory, FIFOs and devices (never opened). A corrupt dump with no good one beside it is the
+    error; a pickle that names code is always the error (the input is refused, never skipped past)."""
     root = Path(path)
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
     if root.is_file():
-        return [read_fr_file(root)]
-    paths = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        paths += [
-            os.path.join(dirpath, n)
-            for n in sorted(filenames)
-            if not n.startswith(".") and rank_from_name(n) is not None
-        ]
+        return [read_fr_file(root)], []
+    w = walk(str(root))  # confined: links that leave the directory are not followed, FIFOs/devices not listed
+    notes = w.notes()
+    paths = [a for a, rel in w.files if rank_from_name(rel.rsplit("/", 1)[-1]) is not None]
     while paths:  # the chosen family's files are sniffed as they are read (one open each)
-        dumps, not_fr = _read(select_fr_files(paths, prefix=prefix), freeze=True, skip_non_fr=True)
+        dumps, not_fr, bad = _read(select_fr_files(paths, prefix=prefix), freeze=True, skip_non_fr=True)
         if dumps:
-            return dumps
+            if bad:
+                notes.append(f"{len(bad)} Flight Recorder file(s) skipped: {bad[0]}" + (" ..." if len(bad) > 1 else ""))
+            return dumps, notes
+        if bad:
+            raise ParseError(bad[0].split(": ", 1)[0], bad[0].split(": ", 1)[-1])
         paths = [p for p in paths if p not in set(not_fr)]
     raise InputError(f"{root}: no Flight Recorder dumps (files named <prefix><rank>)")
 
@@ -134,19 +142,27 @@ def read_fr_files(
     return _read(select_fr_files(paths, prefix=prefix), freeze=freeze, skip_non_fr=False)[0]
 
 
-def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[list[FRDump], list[str]]:
-    """(the dumps of ``paths`` sorted by rank, the paths skipped as not FR dumps when ``skip_non_fr``)."""
+def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[list[FRDump], list[str], list[str]]:
+    """(the dumps of ``paths`` sorted by rank, the paths skipped as not FR dumps, and, when ``skip_non_fr``,
+    the corrupt dumps skipped: ``"FILE: why"``; without it a corrupt dump is the error)."""
     seen: dict[int, str] = {}
     dumps = []
     skipped = []
+    bad: list[str] = []
     with paused_gc():
         for p in progress(paths, "reading Flight Recorder dumps"):
-            data = read_bytes(p)
-            if skip_non_fr and not is_fr_bytes(data[:SNIFF_BYTES]):
-                skipped.append(p)
+            try:
+                data = read_bytes(p)
+                if skip_non_fr and not is_fr_bytes(data[:SNIFF_BYTES]):
+                    skipped.append(p)
+                    continue
+                raw, fmt = load_raw(p, data)
+                d = parse_dump(raw, path=str(p), source_format=fmt)
+            except InputError as exc:  # corrupt, over a limit, not a regular file
+                if not skip_non_fr or "refused pickle" in str(exc):
+                    raise  # code in a pickle: refuse the whole input
+                bad.append(str(exc))
                 continue
-            raw, fmt = load_raw(p, data)
-            d = parse_dump(raw, path=str(p), source_format=fmt)
             if d.rank in seen:
                 raise InputError(
                     f"rank {d.rank} has two Flight Recorder dumps, {seen[d.rank]} and {p}; "
@@ -156,7 +172,7 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
             dumps.append(d)
         if freeze and dumps:
             gc.freeze()
-    return sorted(dumps, key=lambda d: d.rank), skipped
+    return sorted(dumps, key=lambda d: d.rank), skipped, bad
 
 
 # -- field parsing ----------------------------------------------------------------------------
@@ -175,13 +191,34 @@ def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
 
 
 def shapes(v: Any) -> tuple[tuple[int, ...], ...]:
+    """Tensor shapes as tuples of ints; anything else (deeper nesting, strings, huge numbers) a ValueError."""
     if not v:
         return ()
     try:
-        return tuple(map(tuple, v))  # the decoders only produce plain scalars, so no per-number check
+        out = tuple(map(tuple, v))
+        if all(x.__class__ is _INT for s in out for x in s):  # what PyTorch writes: plain ints
+            return out
     except TypeError:
         pass
-    return tuple(tuple(int(x) for x in s) if isinstance(s, (list, tuple)) else (int(s),) for s in v)
+    return tuple(tuple(_i64(x) for x in s) if isinstance(s, (list, tuple)) else (_i64(s),) for s in v)
+
+
+def _i64(v: Any, default: int | None = None) -> int:
+    """A 64-bit integer field (``default`` when absent); anything else is a ValueError naming the value."""
+    if v is None and default is not None:
+        return default
+    out = to_int(v)
+    if out is None:
+        raise ValueError(f"{str(v)[:40]!r} is not a 64-bit integer")
+    return out
+
+
+def _opt_i64(v: Any) -> int | None:
+    return None if v is None or v == "" else _i64(v)
+
+
+def _duration(v: Any) -> float | None:
+    return None if v is None else to_float(v)
 
 
 def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
@@ -192,18 +229,34 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
         return hit
     try:
         out = tuple([Frame(f["name"], f["filename"], f["line"]) for f in v])
+        if not all(_plain_frame(f) for f in out):  # a list for a name, a line out of range: the careful way
+            raise TypeError("odd frame fields")
     except (KeyError, TypeError):
         out = tuple(
             Frame(
                 str(f.get("name", f.get("function", "?"))),
                 str(f.get("filename", f.get("file", ""))),
-                int(f["line"]) if f.get("line") is not None else None,
+                to_int(f.get("line"), lo=0, hi=MAX_LINE_NO),
             )
             for f in v
             if isinstance(f, Mapping)
         )
     cache[id(v)] = out
     return out
+
+
+def _plain_frame(f: Frame) -> bool:
+    line = f.line
+    return (
+        f.function.__class__ is str
+        and f.file.__class__ is str
+        and (line is None or (line.__class__ is _INT and 0 <= line <= MAX_LINE_NO))
+    )
+
+
+def _dtypes(v: Any) -> tuple[str, ...]:
+    out = tuple(v)
+    return out if all(x.__class__ is str for x in out) else tuple(map(str, out))
 
 
 _new_entry = tuple.__new__
@@ -236,6 +289,7 @@ _SPLIT: dict[str, tuple[str, str, int | None, int | None]] = {}
 _PG_ID: dict[object, str] = {}
 _INT = int
 _NONE = type(None)
+_LO, _HI = INT64_MIN, INT64_MAX
 
 
 def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
@@ -277,8 +331,13 @@ def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> F
         or t1.__class__ not in (_INT, _NONE)
         or t2.__class__ not in (_INT, _NONE)
         or tmo.__class__ not in (_INT, _NONE)
+        or not (_LO <= seq <= _HI and _LO <= record_id <= _HI and _LO <= op_id <= _HI and _LO <= p2p_seq <= _HI)
+        or not (t0 is None or _LO <= t0 <= _HI)
+        or not (t1 is None or _LO <= t1 <= _HI)
+        or not (t2 is None or _LO <= t2 <= _HI)
+        or not (tmo is None or _LO <= tmo <= _HI)
     ):
-        return _entry_tolerant(e, frame_cache)
+        return _entry_tolerant(e, frame_cache)  # checks each field: a value out of 64 bits is a ValueError
     split = _SPLIT.get(pname)
     if split is None:
         split = _SPLIT[pname] = split_profiling_name(pname)
@@ -307,12 +366,12 @@ def _entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> F
             t0,
             t1,
             t2,
-            None if duration is None else float(duration),
+            None if duration is None else _duration(duration),
             tmo,
             shapes(ins) if ins else (),
-            tuple(in_dt) if in_dt else (),
+            _dtypes(in_dt) if in_dt else (),
             shapes(outs) if outs else (),
-            tuple(out_dt) if out_dt else (),
+            _dtypes(out_dt) if out_dt else (),
             _frames(frames, frame_cache) if frames else (),
         ),
     )
@@ -336,13 +395,13 @@ def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ..
     p2p_seq, op_id, duration = get("p2p_seq_id"), get("op_id"), get("duration_ms")
     in_dt, out_dt = get("input_dtypes"), get("output_dtypes")
     return FREntry(
-        int(get("record_id", -1)),
+        _i64(get("record_id"), -1),
         str(pg_id) if pg_id is not None else pg_name,
         pg_name,
         pg_desc,
-        int(seq) if seq is not None else -1,
-        int(p2p_seq) if p2p_seq is not None else -1,
-        int(op_id) if op_id is not None else -1,
+        _i64(seq, -1),
+        _i64(p2p_seq, -1),
+        _i64(op_id, -1),
         pname,
         backend,
         op,
@@ -351,11 +410,11 @@ def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ..
         dst,
         str(get("state") or ""),
         bool(get("retired", False)),
-        _opt_int(get("time_created_ns")),
-        _opt_int(get("time_discovered_started_ns")),
-        _opt_int(get("time_discovered_completed_ns")),
-        float(duration) if duration is not None else None,
-        _opt_int(get("timeout_ms")),
+        _opt_i64(get("time_created_ns")),
+        _opt_i64(get("time_discovered_started_ns")),
+        _opt_i64(get("time_discovered_completed_ns")),
+        _duration(duration),
+        _opt_i64(get("timeout_ms")),
         shapes(get("input_sizes")),
         tuple(map(str, in_dt)) if in_dt else (),
         shapes(get("output_sizes")),

@@ -8,16 +8,18 @@ containers and scalars and refuses any reference to a class or function before i
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
 import re
+import threading
 from collections import OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from rankscope.spine import ParseError
+from rankscope.datasets.domain.bounds import load_json, read_bounded
+from rankscope.spine import InputError, ParseError
 
 
 class RefusedPickle(pickle.UnpicklingError):
@@ -60,8 +62,54 @@ class SafeUnpickler(pickle.Unpickler):
 
 
 def safe_loads(data: bytes) -> Any:
-    """Unpickle ``data`` admitting only plain containers and scalars (see :class:`SafeUnpickler`)."""
-    return SafeUnpickler(io.BytesIO(data)).load()
+    """Unpickle ``data`` admitting only plain containers and scalars (see :class:`SafeUnpickler`), within a
+    memory budget: the C unpickler sizes its memo by the index a ``LONG_BINPUT`` names (a 40-byte pickle can
+    ask for 16 GiB), so the address space may grow by at most :func:`_budget` while it runs and more is a
+    ``MemoryError`` (a :class:`ParseError` at the caller), never an exhausted machine."""
+    with _address_space_budget(_budget(len(data))):
+        return SafeUnpickler(io.BytesIO(data)).load()
+
+
+def _budget(size: int) -> int:
+    return (1 << 30) + 32 * size  # decoded FR dumps take ~5-10x their pickle; the memo bomb asks for GiBs
+
+
+def _vm_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextmanager
+def _address_space_budget(extra: int) -> Iterator[None]:
+    """``RLIMIT_AS`` at the current address space + ``extra`` for the block (no-op where unsupported, or when a
+    lower limit is already set)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        yield
+        return
+    vm = _vm_bytes()
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = None if vm is None else vm + extra
+    if (
+        want is None
+        or (soft != resource.RLIM_INFINITY and soft <= want)
+        or (hard != resource.RLIM_INFINITY and want > hard)
+    ):
+        yield
+        return
+    with _RLIMIT_LOCK:
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+        try:
+            yield
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+_RLIMIT_LOCK = threading.Lock()
 
 
 SNIFF_BYTES = 1 << 12  # an FR dict's first key (version, entries, pg_config...) is in its first bytes
@@ -77,9 +125,8 @@ _RANK_AT_END = re.compile(r"^(.*?)(\d+)$")
 def is_fr_file(path: str | os.PathLike[str]) -> bool:
     """Cheap check: a pickle, or a JSON object whose first bytes name an FR key. Never raises."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(SNIFF_BYTES)
-    except OSError:
+        head = read_bounded(path, head=SNIFF_BYTES)
+    except InputError:  # unreadable, not a regular file, too big
         return False
     return is_fr_bytes(head)
 
@@ -120,12 +167,8 @@ def _family(path: str | os.PathLike[str]) -> str:
 
 
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
-    """A file's bytes; an unreadable file is a :class:`ParseError` naming it."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError as exc:
-        raise ParseError(path, f"unreadable ({exc.strerror or exc})") from None
+    """A regular file's bytes within the size limit; anything else is a :class:`ParseError` naming it."""
+    return read_bounded(path)
 
 
 def load_raw(path: str | os.PathLike[str], data: bytes | None = None) -> tuple[dict[str, Any], str]:
@@ -152,12 +195,16 @@ def load_raw(path: str | os.PathLike[str], data: bytes | None = None) -> tuple[d
             UnicodeDecodeError,
         ) as exc:
             raise ParseError(path, f"corrupt or truncated pickle ({type(exc).__name__}: {exc})") from None
+        except MemoryError:
+            raise ParseError(
+                path, f"corrupt pickle: it asks for more than {_budget(len(data)) >> 20} MiB to decode"
+            ) from None
     else:
         fmt = "fr-json"
         try:
-            obj = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise ParseError(path, f"neither a pickle nor valid JSON ({exc})") from None
+            obj = load_json(data, path, what="JSON")
+        except ParseError as exc:
+            raise ParseError(path, f"neither a pickle nor valid JSON ({exc.what})") from None
     if not isinstance(obj, dict):
         raise ParseError(path, f"top level is a {type(obj).__name__}, not a Flight Recorder dict")
     if not any(k in obj for k in ("entries", "pg_config", "pg_status")):

@@ -3,38 +3,55 @@ pg_id, filed under pg names through the dump's own entries)."""
 
 from __future__ import annotations
 
-import ast
-import json
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
+from rankscope.datasets.domain.bounds import limits, to_int
 from rankscope.datasets.domain.flight_recorder import PGInfo, PGStatus
 
 
 def opt_int(v: Any) -> int | None:
-    """An optional integer field (None or ``""`` is None; JSON dumps write counters as strings)."""
+    """An optional 64-bit integer field (None or ``""`` is None; JSON dumps write counters as strings);
+    anything else is a ValueError."""
     if v is None or v == "":
         return None
-    return int(v)
+    out = to_int(v)
+    if out is None:
+        raise ValueError(f"{str(v)[:40]!r} is not a 64-bit integer")
+    return out
+
+
+def _rank(r: Any) -> int:
+    out = to_int(r, lo=0, hi=limits().max_world_size - 1)
+    if out is None:
+        raise ValueError(f"group member {str(r)[:40]!r} is not a rank (0 .. limits.max_world_size - 1)")
+    return out
 
 
 def _ranks(v: Any) -> tuple[int, ...] | None:
     if v is None:
         return None
-    ranks = _ranks_text(v) if isinstance(v, str) else tuple(int(r) for r in v)
+    ranks = _ranks_text(v) if isinstance(v, str) else tuple(_rank(r) for r in v)
     return ranks or None  # gloo writes '[]' (unknown), never a real empty group
+
+
+_RANK_LIST = re.compile(r"^\s*((?:[-+]?\w+\s*,\s*)*[-+]?\w+)?\s*,?\s*$")
+_PAIRS = {"[": "]", "(": ")", "{": "}"}
 
 
 @lru_cache(maxsize=4096)
 def _ranks_text(text: str) -> tuple[int, ...]:
-    """``"[0, 1, 2]"`` -> ``(0, 1, 2)``; cached: every member of the default group repeats the same string."""
-    text = text.strip() or "[]"
-    try:
-        v = json.loads(text)
-    except ValueError:
-        v = ast.literal_eval(text)
-    return tuple(int(r) for r in v)
+    """``"[0, 1, 2]"`` (JSON or a Python tuple/set's text) -> ``(0, 1, 2)``; cached: every member of the default
+    group repeats the same string. Parsed by a flat pattern (no eval, no nesting); anything else a ValueError."""
+    text = text.strip()
+    if text[:1] in _PAIRS:
+        text = text[1:-1] if len(text) > 1 and text[-1] == _PAIRS[text[0]] else "?"
+    m = _RANK_LIST.match(text)
+    if m is None:
+        raise ValueError(f"group members {text[:40]!r} are not a list of ranks")
+    return tuple(_rank(t) for t in re.split(r"\s*,\s*", m.group(1))) if m.group(1) else ()
 
 
 def pg_config(v: Any) -> dict[str, PGInfo]:

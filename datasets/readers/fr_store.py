@@ -14,7 +14,7 @@ from typing import Any
 
 from rankscope.datasets.domain.flight_recorder import FRDump
 from rankscope.datasets.readers.flight_recorder import read_fr_file
-from rankscope.spine import ParseError
+from rankscope.spine import InputError
 
 
 def read_fr_captures(
@@ -42,7 +42,7 @@ def read_fr_captures(
             path = store.root / row["path"]
             try:
                 d = read_fr_file(path, rank=rank)
-            except (ParseError, OSError) as exc:
+            except (InputError, OSError) as exc:
                 bad.append(str(exc))
                 continue
             when = d.dump_time_ns or int(t.timestamp() * 1e9)

@@ -23,13 +23,15 @@ Rules (the order is the order of trust; see :mod:`rankscope.datasets.domain.iden
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from rankscope.spine import InputError
+from rankscope.datasets.domain.bounds import int_text, limits, open_regular
+from rankscope.spine import InputError, ParseError
 
 MANIFEST = "manifest.csv"
 
@@ -72,7 +74,7 @@ def _dir_facts(dirpart: str) -> tuple[int | None, int | None, int | None, str | 
     for part in parts:
         m = SNAPSHOT_DIR.match(part)
         if m:
-            snap = int(m.group(1))
+            snap = int_text(m.group(1), lo=0, hi=2**31 - 1)  # a snapshot number the store's int32 holds, or none
     # torchrun --log-dir: .../<run_id>/attempt_<k>/<local_rank>/
     if len(parts) >= 2 and parts[-1].isdigit() and _ATTEMPT.match(parts[-2]):
         local, log_dir = int(parts[-1]), True
@@ -124,9 +126,12 @@ def local_rank_from_cmdline(cmdline: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def natural(name: str) -> tuple[tuple[int, int | str], ...]:
+def natural(name: str) -> tuple[tuple[int, int, str] | tuple[int, str], ...]:
     """Sort key: ``node-2`` before ``node-10``."""
-    return tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", name) if t)
+    # digit runs by value without int() (no digit limit on hostile names)
+    return tuple(
+        (0, len(t.lstrip("0")), t.lstrip("0")) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", name) if t
+    )
 
 
 # -- manifests ----------------------------------------------------------------------------------------
@@ -155,7 +160,7 @@ def _roles() -> tuple[str, ...]:
 def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
     """Rows of one manifest.csv, validated (one clear error naming the file and line)."""
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with io.TextIOWrapper(open_regular(path), newline="", encoding="utf-8") as fh:
             reader = csv.reader(fh)
             header = [h.strip() for h in next(reader, [])]
             missing = {"file", "rank"} - set(header)
@@ -176,18 +181,29 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
                 if not row["file"]:
                     raise InputError(f"{rel}: line {i}: empty 'file'")
                 if not row["rank"].isdigit():
-                    raise InputError(f"{rel}: line {i}: rank {row['rank']!r} is not a non-negative integer")
+                    raise InputError(f"{rel}: line {i}: rank {row['rank'][:40]!r} is not a non-negative integer")
+                if int_text(row["rank"], lo=0, hi=limits().max_world_size - 1) is None:
+                    raise InputError(
+                        f"{rel}: line {i}: rank {row['rank'][:40]!r} is not a rank (an integer 0 .. "
+                        f"{limits().max_world_size - 1}, limits.max_world_size)"
+                    )
                 role = row.get("role")
                 if role and role not in _roles():
                     raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(_roles())}")
-                for col in ("pid", "snapshot", "local_rank"):
+                for col, hi in (
+                    ("pid", 2**63 - 1),
+                    ("snapshot", 2**31 - 1),
+                    ("local_rank", limits().max_world_size - 1),
+                ):
                     v = row.get(col)
-                    if v and not v.isdigit():
-                        raise InputError(f"{rel}: line {i}: {col} {v!r} is not an integer")
+                    if v and (not v.isdigit() or int_text(v, lo=0, hi=hi) is None):
+                        raise InputError(f"{rel}: line {i}: {col} {v[:40]!r} is not an integer 0 .. {hi}")
                 rows.append(row)
             return rows
     except UnicodeDecodeError:
         raise InputError(f"{rel}: not a UTF-8 CSV file") from None
+    except ParseError as exc:  # not a regular file, unreadable
+        raise InputError(f"{rel}: {exc.what}") from None
     except csv.Error as exc:
         raise InputError(f"{rel}: malformed CSV ({exc})") from None
     except OSError as exc:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankscope.datasets.domain.bounds import FOREIGN
 from rankscope.datasets.domain.exits import ProcessExit
 from rankscope.datasets.domain.logs import GlooRecord, LauncherFailure, LogEvidence, StepRecord, WatchdogRecord
 from rankscope.datasets.domain.stacks import ProcessDump
@@ -24,6 +25,7 @@ from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.identity import natural, path_facts
 from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_file, to_epoch, year_of
 from rankscope.datasets.readers.torchelastic import ElasticError, read_error_file, split_exception
+from rankscope.spine import InputError
 
 
 @dataclass
@@ -122,6 +124,10 @@ def read_logs(
             reads.append(read_log_file(path, rel))
         except OSError as exc:
             notes.append(f"log {rel} unreadable ({exc.strerror})")
+        except InputError as exc:  # not a regular file, over the size limit
+            notes.append(f"log {rel} not read ({exc})")
+        except FOREIGN as exc:  # a line the parser did not expect: the file is skipped, the others kept
+            notes.append(f"log {rel} unreadable ({type(exc).__name__}: {str(exc)[:80]})")
     errors = [(rel, e) for path, rel in elastic if (e := read_error_file(path, rel)) is not None]
     fallback = next((time.gmtime(e.time).tm_year for _, e in errors if e.time), time.gmtime().tm_year)
     year = year_of(reads, fallback)

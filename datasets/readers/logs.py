@@ -20,12 +20,14 @@ global rank by the lines that carry both, by the launcher's summary, else by hos
 from __future__ import annotations
 
 import calendar
+import io
 import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankscope.datasets.domain.bounds import open_regular
 from rankscope.datasets.readers.identity import host_from_log_name, path_facts
 from rankscope.datasets.readers.sniff import C10_LOG, GLOG, RAY, STAMP, WORKER_PREFIX
 from rankscope.datasets.readers.torchelastic import SummaryParser, split_exception
@@ -144,15 +146,19 @@ def _split(line: str) -> tuple[str, int | None, int | None, Stamp | None]:
     return text, rank, local, stamp
 
 
+MAX_LOG_LINE = 1 << 16
+"""Log lines are matched on their first 64 KiB: every record the patterns look for is far shorter."""
+
+
 def read_log_file(path: str, rel: str) -> FileRead:
     """Parse one log file into per-process streams (identities still local to the file)."""
     facts = path_facts(rel)
     host, how = (facts.host, "host-folder") if facts.host else (host_from_log_name(rel), "host-folder")
     fr = FileRead(rel, host, how, facts.local_rank if facts.log_dir_layout else None, facts.rank)
     summary = SummaryParser(rel)
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with io.TextIOWrapper(open_regular(path), encoding="utf-8", errors="replace") as fh:
         for lineno, raw in enumerate(fh, 1):
-            line = raw.rstrip("\n")
+            line = raw.rstrip("\n")[:MAX_LOG_LINE]  # the patterns see a bounded line (a megabyte tensor print)
             text, rank, local, stamp = _split(line)
             if rank is not None and local is not None:
                 fr.pairs.setdefault(local, rank)

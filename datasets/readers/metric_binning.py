@@ -30,10 +30,15 @@ import pyarrow as pa
 from rankscope.datasets.domain.counters import declared_kind
 from rankscope.datasets.domain.metrics import MetricSet
 from rankscope.datasets.readers.metric_series import Registry
+from rankscope.spine import InputError
 
 BUFFER_ROWS = 2_000_000
 GAUGE, COUNTER, UNKNOWN, SKIP = 0, 1, 2, 3
 BlockRule = Callable[[dict[str, float]], float]
+
+
+MAX_BLOCKS = 1 << 24
+"""Time blocks one grid may span (16M: years at one-minute blocks); more is a corrupt timestamp, refused."""
 
 
 @dataclass
@@ -74,6 +79,11 @@ class Grid:
         n_slots = max(n_slots, rows)
         if n_slots == rows and nb and lo == self.b_lo and hi == self.b_lo + nb - 1:
             return
+        if hi - lo + 1 > MAX_BLOCKS:  # before allocating: a corrupt timestamp far from the others
+            raise InputError(
+                f"metrics: the samples span {hi - lo + 1:,} time blocks (at most {MAX_BLOCKS:,}): a timestamp far "
+                "outside the others (check the files' ts columns)"
+            )
         S = np.zeros((n_slots, hi - lo + 1), self.S.dtype)
         K = np.zeros((n_slots, hi - lo + 1), self.K.dtype)
         off = self.b_lo - lo

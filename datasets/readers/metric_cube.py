@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from rankscope.datasets.domain.bounds import FOREIGN
 from rankscope.datasets.domain.metrics import LevelCube, MetricCube, MetricSet
 from rankscope.datasets.readers.metric_binning import COUNTER, BlockRule, Stream, resolve_unknown, stream
 from rankscope.datasets.readers.metric_series import fold_plan
@@ -26,7 +27,16 @@ class NoMetricSamples(InputError):
 def build_cube(ms: MetricSet, *, block_s: float | BlockRule, max_gap_s: float | None = None) -> MetricCube:
     """Bin ``ms`` into a cube (counters as rates, gauges as block means); ``block_s`` is the block length
     in seconds or a function of the measured sampling intervals (``{metric: seconds}``) that chooses it.
-    ``max_gap_s`` (default 10 sampling intervals, at least 300 s): a longer silence of a counter is unknown."""
+    ``max_gap_s`` (default 10 sampling intervals, at least 300 s): a longer silence of a counter is unknown.
+    The reader's edge: anything but rankscope's own error on hostile samples is an :class:`InputError`."""
+    try:
+        return _build_cube(ms, block_s=block_s, max_gap_s=max_gap_s)
+    except FOREIGN as exc:
+        files = ", ".join(str(p) for p, _ in ms.files[:2]) or "the metrics"
+        raise InputError(f"{files}: metric samples unusable ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
+def _build_cube(ms: MetricSet, *, block_s: float | BlockRule, max_gap_s: float | None = None) -> MetricCube:
     st = stream(ms, block_s, max_gap_s)
     if st.grid is None or st.counters is None or st.reg.n == 0:
         raise NoMetricSamples("metrics: no samples with a finite time (every row was empty or skipped)")

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rankscope.datasets.domain.bounds import check_regular, read_bounded
 from rankscope.datasets.domain.metrics import METRIC_FORMATS, MetricSet
 from rankscope.datasets.readers.metric_long import (
     CHUNK_ROWS,
@@ -47,11 +48,7 @@ def sniff_metric_file(path: Path, head: bytes | None = None) -> str:
     if name.endswith((".parquet", ".pq", ".gz")):
         return "long"
     if head is None:
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(4096)
-        except OSError as exc:
-            raise ParseError(path, f"cannot read ({exc.strerror or exc})") from None
+        head = read_bounded(path, head=4096)  # a regular file (no FIFO or device), or a ParseError naming it
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff").lstrip()
     if text.startswith("{"):
         if '"resultType"' in text or '"status"' in text:
@@ -83,9 +80,8 @@ def find_metric_files(directory: str | os.PathLike[str]) -> list[Path]:
         if not low.endswith((*TEXT_SUFFIXES, ".json")):
             continue
         try:
-            with open(p, "rb") as fh:
-                head = fh.read(4096)
-        except OSError:
+            head = read_bounded(p, head=4096)
+        except InputError:  # a FIFO, a device, unreadable: not metrics
             continue
         from rankscope.datasets.readers.prometheus import looks_like_exposition
 
@@ -123,6 +119,7 @@ def open_metrics(
 
 def check_metric_file(path: Path, fmt: str, node_label: str | None) -> None:
     """Raise a ParseError now when a file cannot be metrics (wrong columns, unreadable), before streaming."""
+    check_regular(path)  # a FIFO, a device or a file over limits.max_file_bytes is never handed to a reader
     if fmt != "long":
         return
     columns = long_columns(path)
@@ -145,6 +142,7 @@ def iter_chunks(ms: MetricSet) -> Iterator[tuple[pa.Table, dict[str, str], list[
         for off in range(0, table.num_rows, CHUNK_ROWS):
             yield conform_long(Path("metrics"), table.slice(off, CHUNK_ROWS), ms.node_label, scale), {}, []
     for path, fmt in ms.files:
+        check_regular(path)  # still a regular file when it is streamed
         if fmt == "long":
             for chunk in long_chunks(path, ms.node_label):
                 yield chunk, {}, []

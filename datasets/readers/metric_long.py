@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rankscope.datasets.domain.bounds import epoch_range, limits
 from rankscope.spine import ParseError
 
 MACHINE_LABELS: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
@@ -128,6 +129,15 @@ def _ts_seconds(path: Path, col: pa.ChunkedArray, scale: TsScale) -> np.ndarray:
         raise ParseError(path, f"column 'ts' must hold seconds or timestamps, not {t}")
     if col.null_count:
         raise ParseError(path, f"column 'ts' has {col.null_count} empty value(s)")
+    lo, hi = epoch_range()  # before anything is sized by the time range (a year-1 sample: a 2 TiB cube)
+    bad = ~((out >= lo) & (out < hi))
+    if bad.any():
+        lim = limits()
+        raise ParseError(
+            path,
+            f"column 'ts' has {int(bad.sum())} time(s) outside the years {lim.min_year}-{lim.max_year} "
+            f"(limits.min_year/max_year), e.g. {float(out[bad][0])!r} s since the epoch",
+        )
     return out
 
 

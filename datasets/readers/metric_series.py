@@ -277,7 +277,10 @@ class FoldPlan:
 
 def natural(s: str | None) -> tuple[tuple[int, object], ...]:
     """Sort key that orders ``gpu-node-9`` before ``gpu-node-10``."""
-    return tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", s or ""))
+    # digit runs by value without int(): a 5,000-digit name must not meet Python's digit limit
+    return tuple(
+        (0, (len(t.lstrip("0")), t.lstrip("0"))) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", s or "")
+    )
 
 
 def _feature_labels(reg: Registry, slots: np.ndarray) -> dict[int, list[int]]:

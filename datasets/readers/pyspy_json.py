@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rankscope.datasets.domain.bounds import FOREIGN, MAX_LINE_NO, json_too_deep, limits, to_int
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 from rankscope.datasets.readers.base import Interner, failed_dump, mark_main
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
@@ -37,7 +38,7 @@ def _salvage(text: str) -> list[Any]:
             break
         try:
             obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # cut here, or a value no reader takes
             break
         out.append(obj)
     return out
@@ -55,7 +56,7 @@ def _concatenated(text: str) -> list[Any] | None:
             break
         try:
             obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(obj, list):
             return None
@@ -70,7 +71,7 @@ def _frame(f: Any) -> Frame:
     name = f.get("name") or "?"
     file = f.get("filename") or f.get("short_filename") or "?"
     line = f.get("line")
-    return Frame(str(name), str(file), int(line) if isinstance(line, int) and line > 0 else None)
+    return Frame(str(name), str(file), to_int(line, lo=1, hi=MAX_LINE_NO) if isinstance(line, int) else None)
 
 
 def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
@@ -78,9 +79,18 @@ def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
     if not text.strip():
         return [failed_dump(source_file, FORMAT, "empty dump file")]
     status, error = "ok", None
+    depth = limits().max_json_depth
+    if json_too_deep(text.encode("utf-8", "surrogatepass"), depth):
+        return [
+            failed_dump(source_file, FORMAT, f"invalid JSON (nested deeper than {depth} levels)", kind="unreadable")
+        ]
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except RecursionError:
+        return [failed_dump(source_file, FORMAT, "invalid JSON (nested too deeply)", kind="unreadable")]
+    except ValueError as exc:
+        if not isinstance(exc, json.JSONDecodeError):  # a number over Python's 4,300-digit limit
+            return [failed_dump(source_file, FORMAT, f"invalid JSON ({str(exc)[:80]})", kind="unreadable")]
         data = _concatenated(text) if exc.msg == "Extra data" else None
         if data is None:
             data = _salvage(text)
@@ -115,13 +125,13 @@ def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
             by_pid.setdefault(t.get("pid"), []).append(
                 ThreadDump(
                     frames,
-                    int(tid) if isinstance(tid, int) else None,
+                    to_int(tid, lo=0) if isinstance(tid, int) else None,
                     t.get("thread_name"),
                     t.get("active") if isinstance(t.get("active"), bool) else None,
                     t.get("thread_name") == "MainThread",
                 )
             )
-    except (TypeError, ValueError) as exc:
+    except FOREIGN as exc:
         return [failed_dump(source_file, FORMAT, f"unexpected py-spy JSON structure ({exc})")]
     if not by_pid:
         return [failed_dump(source_file, FORMAT, "no threads in dump")]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rankscope.datasets.domain.bounds import MAX_LINE_CHARS, MAX_LINE_NO, int_text
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 from rankscope.datasets.readers.base import Interner, failed_dump, mark_main
 
@@ -42,8 +43,8 @@ _ERROR = re.compile(r"^(Error|error|Permission Denied|Failed)\b[: ]?(.*)$")
 _CAUSE = re.compile(r"^\s+\d+: (.*\S)\s*$")
 
 
-def _thread_id(token: str) -> int:
-    return int(token, 16) if token.lower().startswith("0x") else int(token)
+def _thread_id(token: str) -> int | None:
+    return int_text(token, lo=0)
 
 
 _INTERN = Interner()
@@ -57,7 +58,7 @@ def _frames(lines: list[str]) -> tuple[Frame, ...]:
         for line in lines:
             m = _FRAME.match(line)
             if m:
-                out.append(Frame(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None))
+                out.append(Frame(m.group(1), m.group(2), int_text(m.group(3), lo=0, hi=MAX_LINE_NO)))
         frames = _INTERN.put(key, tuple(out))
     return frames
 
@@ -129,7 +130,8 @@ def parse_pyspy_text(text: str, source_file: str = "", *, prefixed: bool = False
                 causes.append(m.group(1))
             continue  # a cause, or a frame of the Rust backtrace
         if line.startswith("    "):
-            if cur is not None and line[4] != " ":  # a frame; deeper indents are --locals blocks
+            # a frame; deeper indents are --locals blocks, lines beyond any real frame's length are garbage
+            if cur is not None and line[4:5] not in (" ", "") and len(line) <= MAX_LINE_CHARS:
                 cur["frames"].append(line)
             continue
         if not line.strip():
@@ -144,7 +146,7 @@ def parse_pyspy_text(text: str, source_file: str = "", *, prefixed: bool = False
         m = _PROCESS.match(line)
         if m:
             close_process()
-            pid, cmdline = int(m.group(1)), m.group(2).strip() or None
+            pid, cmdline = int_text(m.group(1), lo=0), m.group(2).strip() or None
             continue
         if line.startswith("Python v"):
             continue

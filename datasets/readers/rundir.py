@@ -25,7 +25,6 @@ The functions here classify and parse; :mod:`.dumpdir` calls them while it walks
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import re
@@ -33,10 +32,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rankscope.datasets.domain.bounds import (
+    MAX_LINE_NO,
+    limits,
+    load_json,
+    load_json_file,
+    open_regular,
+    plausible_epoch,
+    read_bounded,
+    to_float,
+    to_int,
+)
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import cut_dump, failed_dump
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
+from rankscope.spine import InputError, ParseError
 
 _ROLES = {"trainer": "trainer", "dataloader": "dataloader", "checkpoint": "checkpoint"}
 
@@ -65,15 +76,15 @@ class RunDirProcess:
 
 
 def _load_json(path: str) -> Any:
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    """A hook file's JSON within the size and depth limits (an InputError otherwise)."""
+    return load_json_file(path)
 
 
 def identity(path: str) -> dict[str, Any] | None:
     """The hook identity in ``path``, or None when the file is not one (any JSON object with a rank or role)."""
     try:
         data = _load_json(path)
-    except (OSError, UnicodeDecodeError, ValueError):
+    except InputError:
         return None
     if isinstance(data, dict) and "pid" in data and ("rank" in data or "role" in data):
         return data
@@ -85,7 +96,9 @@ def exception_dump(rec: Any, pid: int, source: str) -> ProcessDump | None:
     if not isinstance(rec, dict) or rec.get("type") in (None, "exit") or not isinstance(rec.get("frames"), list):
         return None
     frames = tuple(
-        Frame(str(f.get("function")), str(f.get("file")), f.get("line")) for f in rec["frames"] if isinstance(f, dict)
+        Frame(str(f.get("function")), str(f.get("file")), to_int(f.get("line"), lo=0, hi=MAX_LINE_NO))
+        for f in rec["frames"]
+        if isinstance(f, dict)
     )
     if not frames:
         return None
@@ -134,7 +147,8 @@ def requested_at(chunk: str) -> float | None:
     """When the dump in ``chunk`` was requested through the hook (``stack`` on its FIFO), or None
     (a dump faulthandler wrote by itself: on SIGTERM, a signal or a fatal error)."""
     m = _REQUEST.match(chunk.split("\n", 1)[0])
-    return float(m.group(1)) if m else None
+    t = to_float(m.group(1)) if m else None
+    return t if t is not None and plausible_epoch(t) else None
 
 
 def own_dumps(text: str) -> str:
@@ -223,26 +237,33 @@ def last_step_time(path: str | None) -> float | None:
     if not path:
         return None
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - 8192))
             lines = fh.read().splitlines()
-    except OSError:
+    except (OSError, InputError):
         return None
     for line in reversed(lines):
-        try:
-            t = float(json.loads(line)["t"])
-        except (ValueError, KeyError, TypeError, OverflowError):
-            continue
-        if math.isfinite(t):
+        t = _record_time(line, path)
+        if t is not None:
             return t
     return None
+
+
+def _record_time(line: bytes, path: str) -> float | None:
+    """The ``t`` of one step record when it is a plausible wall-clock time (see ``limits.min_year``)."""
+    try:
+        d = load_json(line, path)
+    except InputError:
+        return None
+    t = to_float(d.get("t")) if isinstance(d, dict) else None
+    return t if t is not None and plausible_epoch(t) else None
 
 
 def main_thread_id(ident: Mapping[str, Any] | None) -> int | None:
     """The main thread's id a hook identity recorded (what faulthandler prints for it), or None."""
     v = ident.get("main_thread_id") if isinstance(ident, Mapping) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return to_int(v, lo=0) if isinstance(v, int) else None
 
 
 def process_dump(proc: HookProcess, *, main_thread_id: int | None = None, started: float | None = None) -> ProcessDump:
@@ -252,7 +273,7 @@ def process_dump(proc: HookProcess, *, main_thread_id: int | None = None, starte
     if exit_path:
         try:
             dump = exception_dump(_load_json(exit_path), proc.pid, proc.rel[rf.EXIT])
-        except (OSError, UnicodeDecodeError, ValueError):
+        except InputError:
             dump = None
         if dump is not None:
             return dump
@@ -260,10 +281,9 @@ def process_dump(proc: HookProcess, *, main_thread_id: int | None = None, starte
     text = ""
     if stack_path:
         try:
-            with open(stack_path, "rb") as fh:
-                text = fh.read().decode(errors="replace")
-        except OSError as exc:
-            return failed_dump(rel, "faulthandler", f"unreadable ({exc.strerror})", proc.pid)
+            text = read_bounded(stack_path).decode(errors="replace")
+        except InputError as exc:
+            return failed_dump(rel, "faulthandler", exc.what if isinstance(exc, ParseError) else str(exc), proc.pid)
     if not text.strip():  # stopped before faulthandler wrote a byte (SIGKILL, a second SIGTERM), or never asked
         return cut_dump(
             rel,
@@ -296,17 +316,13 @@ def resolve(procs: Mapping[int, HookProcess], *, gpus_per_node: int, notes: list
         if ident.get("rank") is None:
             no_rank += 1
             continue
-        try:
-            rank = int(ident["rank"])
-        except (TypeError, ValueError):
+        rank = to_int(ident["rank"], lo=0, hi=limits().max_world_size - 1)  # negative, 2**63, text: not a rank
+        if rank is None:
             no_rank += 1
             continue
         role = _ROLES.get(str(ident.get("role")), "other")
         node = str(ident.get("node") or f"node-{rank // gpus_per_node}")
-        try:
-            started = float(ident.get("started") or 0.0)
-        except (TypeError, ValueError):
-            started = 0.0  # unknown start: loses to any process of the rank that has one
+        started = to_float(ident.get("started")) or 0.0  # unknown start: loses to any process of the rank with one
         dump = process_dump(proc, main_thread_id=main_thread_id(ident), started=started or None)
         if role != "trainer" and dump.status in ("failed", "cut"):
             silent_children += 1  # a worker that wrote no stack is no evidence either way
@@ -347,10 +363,10 @@ def coords_of(procs: list[RunDirProcess]) -> dict[int, dict[str, int]]:
             c = p.identity.get("coords")
             if not isinstance(c, dict) or not c:
                 return {}
-            try:
-                out[p.rank] = {str(k): int(v) for k, v in c.items()}
-            except (TypeError, ValueError):
+            vals = {str(k): to_int(v, lo=0, hi=limits().max_world_size - 1) for k, v in c.items()}
+            if any(v is None for v in vals.values()):  # a negative, huge or non-integer coordinate: none used
                 return {}
+            out[p.rank] = {k: int(v) for k, v in vals.items() if v is not None}
     return out
 
 
@@ -372,18 +388,20 @@ def read_steps(paths: list[tuple[str, str]], nodes: Mapping[int, str]) -> Any:
     cols: dict[str, list[Any]] = {"rank": [], "step": [], "op": [], "duration_s": [], "start_s": [], "node": []}
     for path, _rel in paths:
         try:
-            with open(path, "rb") as fh:
-                lines = fh.read().splitlines()
-        except OSError:
+            lines = read_bounded(path).splitlines()
+        except InputError:
             continue
         for line in lines:
             try:
-                d = json.loads(line)
-                rank, step, t = int(d["rank"]), int(d["step"]), float(d["t"])
-            except (ValueError, KeyError, TypeError, OverflowError):
+                d = load_json(line, path)
+            except InputError:
                 continue
+            if not isinstance(d, dict):
+                continue
+            rank = to_int(d.get("rank"), lo=0, hi=limits().max_world_size - 1)
+            step, t = to_int(d.get("step"), lo=0), to_float(d.get("t"))
             dur = step_seconds(d.get("step_time_seconds"))
-            if dur is None or not math.isfinite(t):
+            if rank is None or step is None or t is None or dur is None or not plausible_epoch(t):
                 continue
             cols["rank"].append(rank)
             cols["step"].append(step)

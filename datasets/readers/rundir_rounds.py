@@ -13,9 +13,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from rankscope.datasets.domain.bounds import read_bounded, to_float
 from rankscope.datasets.domain.stacks import ProcStacks, from_dump
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.rundir import identity, main_thread_id, requested_at, split_faulthandler_dumps, usable
+from rankscope.spine import InputError
 
 ROUND_GAP_SECONDS = 2.0
 """Stack requests more than this apart (and more than half a rank's own interval) start a new round."""
@@ -40,10 +42,7 @@ def _hook_stack(p: ProcStacks) -> int | None:
 def _identity_of(stack_path: str) -> tuple[float | None, int | None]:
     """The start time and main thread id the hook recorded beside ``pid<PID>.stack.txt``."""
     ident = identity(stack_path[: -len(rf.STACK)] + rf.IDENTITY)
-    try:
-        started = float(ident["started"]) if ident and ident.get("started") else None
-    except (TypeError, ValueError):
-        started = None
+    started = to_float(ident.get("started")) if ident else None
     return started, main_thread_id(ident)
 
 
@@ -93,10 +92,9 @@ def stack_rounds(procs: list[ProcStacks], root: str | os.PathLike[str], notes: l
             continue
         path = os.path.join(base, p.source)
         try:
-            with open(path, "rb") as fh:
-                text = fh.read().decode(errors="replace")
+            text = read_bounded(path).decode(errors="replace")
             mtimes.append(os.stat(path).st_mtime)
-        except OSError:
+        except (OSError, InputError):  # gone, not a regular file, over the size limit: not a round
             continue
         chunks = split_faulthandler_dumps(text)
         started, thread_ids[p.rank] = _identity_of(path)

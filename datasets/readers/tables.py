@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from rankscope.datasets.domain.bounds import check_regular, epoch_range, limits
 from rankscope.spine import InputError, ParseError
 
 SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
@@ -55,12 +57,14 @@ def find_timing_files(directory: str | os.PathLike[str]) -> list[Path]:
 
 
 def _load(path: Path) -> pl.DataFrame:
+    check_regular(path)  # never hand a FIFO, a device or an oversized file to polars
     try:
         if path.name.lower().endswith((".parquet", ".pq")):
             return pl.read_parquet(path)
         return pl.read_csv(path, infer_schema_length=10000, try_parse_dates=True)
-    except (pl.exceptions.PolarsError, OSError, ValueError) as exc:
-        raise ParseError(path, f"unreadable {'Parquet' if 'parquet' in path.suffix else 'CSV'} ({exc})") from None
+    except (pl.exceptions.PolarsError, OSError, ValueError, pl.exceptions.PanicException) as exc:  # a panic too
+        why = " ".join(str(exc).split())[:200]
+        raise ParseError(path, f"unreadable {'Parquet' if 'parquet' in path.suffix else 'CSV'} ({why})") from None
 
 
 def _conform(
@@ -93,7 +97,8 @@ def _timestamp(path: Path, df: pl.DataFrame) -> pl.DataFrame:
     if ts.dtype == pl.Utf8:
         parsed = ts.str.to_datetime(time_zone="UTC", strict=False)
         if parsed.null_count() > ts.null_count():
-            raise ParseError(path, f"column 'ts' has a value that is neither seconds nor a timestamp: {ts[0]!r}")
+            first = ts.filter(parsed.is_null() & ts.is_not_null())[0]  # the first value that did not parse
+            raise ParseError(path, f"column 'ts' has a value that is neither seconds nor a timestamp: {first[:60]!r}")
         return df.with_columns(parsed.alias("ts"))
     if ts.dtype.is_temporal():
         if ts.dtype == pl.Date:
@@ -103,8 +108,35 @@ def _timestamp(path: Path, df: pl.DataFrame) -> pl.DataFrame:
         col = col.dt.convert_time_zone("UTC") if tz else col.dt.replace_time_zone("UTC")
         return df.with_columns(col)
     if ts.dtype.is_numeric():
+        lo, hi = epoch_range()
+        bad = df.filter(~pl.col("ts").cast(pl.Float64).is_between(lo, hi, closed="left"))
+        if bad.height:
+            raise ParseError(path, f"column 'ts' has {bad.height} value(s) outside {_years()}, e.g. {bad['ts'][0]!r}")
         return df.with_columns((pl.col("ts").cast(pl.Float64) * 1e6).cast(pl.Int64).cast(pl.Datetime("us", "UTC")))
     raise ParseError(path, f"column 'ts' must hold seconds or timestamps, not {ts.dtype}")
+
+
+def _years() -> str:
+    return f"the years {limits().min_year}-{limits().max_year} (limits.min_year/max_year)"
+
+
+def _check_years(path: Path, ts: pl.Series) -> None:
+    """Timestamps in the years the limits allow, before anything sizes an array by the time range."""
+    lo, hi = (datetime.fromtimestamp(t, timezone.utc) for t in epoch_range())
+    bad = ts.filter(~ts.is_between(lo, hi, closed="left"))
+    if bad.len():
+        raise ParseError(
+            path, f"column 'ts' has {bad.len()} timestamp(s) outside {_years()}, e.g. {bad.cast(pl.Utf8)[0]}"
+        )
+
+
+def _check_finite(path: Path, df: pl.DataFrame) -> None:
+    """Durations and start times are finite numbers; ranks within limits.max_world_size."""
+    for name in ("duration_s", "start_s"):
+        if name in df.columns and df.filter(~pl.col(name).is_finite()).height:
+            raise ParseError(path, f"column {name!r} has infinite or NaN values")
+    if df.filter(pl.col("rank") >= limits().max_world_size).height:
+        raise ParseError(path, f"column 'rank' has a rank over limits.max_world_size ({limits().max_world_size:,})")
 
 
 def read_metrics(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
@@ -115,6 +147,7 @@ def read_metrics(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
         df = _timestamp(p, df)
         if df["ts"].null_count():
             raise ParseError(p, f"column 'ts' has {df['ts'].null_count()} empty value(s)")
+        _check_years(p, df["ts"])
         frames.append(df)
     if not frames:
         return pl.DataFrame(
@@ -133,6 +166,7 @@ def read_timings(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
             raise ParseError(p, f"column 'duration_s' has {neg.height} negative value(s), e.g. {neg['duration_s'][0]}")
         if df.filter(pl.col("rank") < 0).height:
             raise ParseError(p, "column 'rank' has negative values")
+        _check_finite(p, df)
         frames.append(df)
     if not frames:
         return pl.DataFrame(schema=dict(TIMING_COLUMNS))

@@ -25,11 +25,12 @@ context (times, hosts, local-to-global ranks), never a culprit by itself.
 from __future__ import annotations
 
 import calendar
-import json
 import re
 from dataclasses import dataclass
 
+from rankscope.datasets.domain.bounds import load_json_file, plausible_epoch, to_float
 from rankscope.datasets.domain.logs import LauncherFailure
+from rankscope.spine import InputError
 
 _SUMMARY_TIME = re.compile(r"^(\d{4})-(\d\d)-(\d\d)_(\d\d):(\d\d):(\d\d)$")
 _FIELD = re.compile(r"^\s{2}(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
@@ -79,9 +80,8 @@ def innermost(callstack: str) -> str:
 def read_error_file(path: str, display: str) -> ElasticError | None:
     """One TorchElastic error file; None when the file is not one (or is unreadable)."""
     try:
-        with open(path, "rb") as fh:
-            obj = json.loads(fh.read())
-    except (OSError, ValueError, RecursionError):
+        obj = load_json_file(path)
+    except InputError:  # unreadable, not a regular file, too big, too deep, not JSON
         return None
     if not isinstance(obj, dict):
         return None
@@ -94,9 +94,8 @@ def read_error_file(path: str, display: str) -> ElasticError | None:
         return None
     extra = extra if isinstance(extra, dict) else {}
     stamp = extra.get("timestamp")
-    try:
-        when = float(stamp) if stamp not in (None, "") else None
-    except (TypeError, ValueError):
+    when = to_float(stamp)
+    if when is not None and not plausible_epoch(when):  # a zeroed or corrupt clock: no time
         when = None
     exc = split_exception(msg.splitlines()[0] if msg else "")
     kind, text = exc if exc else ("Error", msg)

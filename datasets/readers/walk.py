@@ -1,6 +1,8 @@
 """Every file under an input directory, symlinked folders inside it included, without leaving it.
 
-Plain strings and ``os.scandir``: at 100,000 files pathlib's object churn costs more than parsing.
+Only regular files are listed: FIFOs, devices and sockets are noted, never opened (a reader opening
+one would wait forever or read without end). Plain strings and ``os.scandir``: at 100,000 files
+pathlib's object churn costs more than parsing.
 A symlinked folder is followed when it points inside the input (each real folder is read once: cycles
 are cut by ``(st_dev, st_ino)``); a link that leaves the input is not followed and is reported, as is a
 dangling one. Hidden entries (``.name``) are skipped.
@@ -19,6 +21,7 @@ class Walk:
     files: list[tuple[str, str]] = field(default_factory=list)
     outside: list[str] = field(default_factory=list)  # links that leave the input (relative paths)
     dangling: list[str] = field(default_factory=list)
+    special: list[str] = field(default_factory=list)  # FIFOs, devices, sockets: never opened
     cycles: int = 0
 
     def notes(self) -> list[str]:
@@ -31,6 +34,9 @@ class Walk:
             )
         if self.dangling:
             out.append(f"{len(self.dangling)} dangling symbolic link(s) skipped: {', '.join(self.dangling[:5])}")
+        if self.special:
+            shown = ", ".join(self.special[:5]) + (", ..." if len(self.special) > 5 else "")
+            out.append(f"{len(self.special)} FIFO(s), device(s) or socket(s) not read: {shown}")
         if self.cycles:
             out.append(f"{self.cycles} symbolic link(s) to a folder already read were not read twice")
         return out
@@ -40,8 +46,11 @@ def _inside(real: str, root_real: str) -> bool:
     return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
 
 
-def walk(root: str) -> Walk:
-    """Every regular file under ``root``, sorted by path within each folder (deterministic order)."""
+def walk(root: str, *, follow_outside: bool = False) -> Walk:
+    """Every regular file under ``root``, sorted by path within each folder (deterministic order).
+
+    ``follow_outside`` (``--follow-symlinks``): links that leave the input are followed too (the owner of the
+    directory vouches for them); FIFOs and devices are still never listed, cycles still cut."""
     out = Walk()
     root_real = os.path.realpath(root)
     try:
@@ -67,7 +76,7 @@ def walk(root: str) -> Walk:
                     if not os.path.exists(real):
                         out.dangling.append(rel)
                         continue
-                    if not _inside(real, root_real):
+                    if not follow_outside and not _inside(real, root_real):
                         out.outside.append(rel)
                         continue
                 if e.is_dir(follow_symlinks=True):
@@ -80,6 +89,8 @@ def walk(root: str) -> Walk:
                     subdirs.append((e.path, rel + "/"))
                 elif e.is_file(follow_symlinks=True):
                     out.files.append((e.path, rel))
+                else:
+                    out.special.append(rel)
             except OSError:
                 continue
         stack.extend(reversed(subdirs))

@@ -22,7 +22,10 @@ def conform(rows: Rows, spec: TableSpec) -> pa.Table:
     if pl is not None and isinstance(rows, pl.DataFrame):
         rows = rows.to_arrow()
     if not isinstance(rows, pa.Table):
-        rows = pa.Table.from_pylist(list(rows)) if rows else spec.schema.empty_table()
+        try:
+            rows = pa.Table.from_pylist(list(rows)) if rows else spec.schema.empty_table()
+        except (OverflowError, pa.ArrowException) as exc:  # a value no Arrow column holds (an int over 64 bits)
+            raise InputError(f"table {spec.name}: a value cannot be stored ({exc})") from None
     n = rows.num_rows
     columns = []
     for field in spec.schema:
@@ -30,7 +33,7 @@ def conform(rows: Rows, spec: TableSpec) -> pa.Table:
             col = rows.column(field.name)
             try:
                 col = col.cast(field.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError) as exc:
                 raise InputError(
                     f"table {spec.name}: column {field.name!r} cannot be stored as {field.type} ({exc})"
                 ) from None

@@ -8,7 +8,7 @@ from typing import Any, cast
 import pyarrow as pa
 
 from rankscope.datasets.domain.stacks import Frame, ProcStacks, ThreadDump
-from rankscope.spine import paused_gc
+from rankscope.spine import InputError, paused_gc
 
 
 def from_table(tbl: pa.Table) -> list[ProcStacks]:
@@ -142,14 +142,20 @@ def to_table(
                 k = uniq[id(frames)] = len(uniq_frames)
                 uniq_frames.append(frames)
             idx.append(k)
-    distinct = pa.array(
-        [[{"function": f.function, "file": f.file, "line": f.line} for f in fr] for fr in uniq_frames],
-        type=pa.list_(FRAME),
-    )
+    try:
+        distinct = pa.array(
+            [[{"function": f.function, "file": f.file, "line": f.line} for f in fr] for fr in uniq_frames],
+            type=pa.list_(FRAME),
+        )
+    except (OverflowError, pa.ArrowException) as exc:
+        raise InputError(f"table stacks: a frame cannot be stored ({exc})") from None
     arrays = []
     for field in STACKS.schema:
         if field.name == "frames":
             arrays.append(distinct.take(pa.array(idx, type=pa.int64())) if idx else pa.array([], type=field.type))
         else:
-            arrays.append(pa.array(cols[field.name], type=field.type))
+            try:
+                arrays.append(pa.array(cols[field.name], type=field.type))
+            except (OverflowError, pa.ArrowException) as exc:  # a value the column cannot hold: one line
+                raise InputError(f"table stacks: column {field.name!r} cannot hold a value read ({exc})") from None
     return pa.Table.from_arrays(arrays, schema=STACKS.schema)

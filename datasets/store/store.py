@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterable
@@ -25,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rankscope.datasets.domain.bounds import check_regular, load_json_file, to_int
 from rankscope.datasets.store import MARKER, is_store
 from rankscope.datasets.store.parts import (
     _PART_VALUE,
@@ -35,6 +37,16 @@ from rankscope.datasets.store.parts import (
 from rankscope.datasets.store.schemas import TABLES, TableSpec, table
 from rankscope.spine import InputError, StoreError, atomic_write, progress, remove_stale_temps
 
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _why(exc: BaseException, path: Path) -> str:
+    text = _one_line(exc)
+    return text[len(str(path)) + 2 :] if text.startswith(f"{path}: ") else text
+
+
 FORMAT_VERSION = 1
 
 # polars is imported lazily: the node agent writes through this module and must stay small.
@@ -43,8 +55,11 @@ FORMAT_VERSION = 1
 class Store:
     """A store rooted at a directory. ``Store(path, create=True)`` makes a new one if needed."""
 
-    def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = False, skip_bad: bool = False) -> None:
+        """``skip_bad``: a corrupt or foreign part file is left out of every read (and remembered in
+        :attr:`skipped`) instead of being the error; a table whose every file is bad is still the error."""
         self.root = Path(root)
+        self.skip_bad = skip_bad
         marker = self.root / MARKER
         if not marker.exists():
             if not create:
@@ -54,13 +69,16 @@ class Store:
                 marker, json.dumps({"format": "rankscope-store", "version": FORMAT_VERSION}) + "\n", durable=False
             )
         try:
-            meta = json.loads(marker.read_text())
-            version = int(meta["version"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise StoreError(f"{marker}: unreadable store marker ({exc})") from None
+            meta = load_json_file(marker, what="store marker")
+        except InputError as exc:  # not a regular file, too big, too deep, not JSON
+            raise StoreError(f"{marker}: unreadable store marker ({_why(exc, marker)})") from None
+        version = to_int(meta.get("version"), lo=0) if isinstance(meta, dict) else None
+        if version is None:
+            raise StoreError(f"{marker}: unreadable store marker (no integer 'version')")
         if version > FORMAT_VERSION:
             raise StoreError(f"{marker}: store format {version} is newer than this rankscope ({FORMAT_VERSION})")
         self._checked: dict[Path, tuple[int, int]] = {}
+        self.skipped: dict[Path, str] = {}  # corrupt or foreign files left out of every read, and why
         self._swept: set[Path] = set()  # partition directories cleared of temp files killed writers left
 
     @staticmethod
@@ -83,11 +101,21 @@ class Store:
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
             path = subdir / f"part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
             if subdir not in self._swept:
+                self._sweep(self.root / spec.name)  # every partition of the table: a killed writer's other jobs too
                 remove_stale_temps(subdir)
                 self._swept.add(subdir)
             atomic_write_parquet(part, path)
             written.append(path)
         return written
+
+    def _sweep(self, table_dir: Path) -> None:
+        """Remove the temp files killed writers left in any partition of a table (once per store object)."""
+        if table_dir in self._swept:
+            return
+        self._swept.add(table_dir)
+        for dirpath, dirnames, _ in os.walk(table_dir):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            remove_stale_temps(dirpath)
 
     @staticmethod
     def _partitions(spec: TableSpec, tbl: pa.Table) -> Iterable[tuple[tuple[str, ...], pa.Table]]:
@@ -110,39 +138,72 @@ class Store:
             yield tuple(map(str, key)), tbl.filter(mask)
 
     # -- reading -----------------------------------------------------------------------------
-    def files(self, name: str, *, job: str | None = None) -> list[Path]:
-        """The complete Parquet files of table ``name`` (optionally of one job), checked readable."""
+    def files(self, name: str, *, job: str | None = None, skip_bad: bool | None = None) -> list[Path]:
+        """The complete Parquet files of table ``name`` (optionally of one job), checked to be regular files,
+        readable and of this table's schema. A bad file is a :class:`StoreError` naming the file and the table,
+        or, with ``skip_bad`` (default: the store's), left out and remembered in :attr:`skipped`: the rest of
+        the store stays usable, and its readers say what was left out."""
+        skip = self.skip_bad if skip_bad is None else skip_bad
         spec = table(name)
         base = self.root / spec.name
         if job is not None and "job" in spec.partition_by:
             base = base / f"job={job}"
         if not base.is_dir():
             return []
-        paths = sorted(base.rglob("part-*.parquet"))
-        for path in progress(paths, f"checking {spec.name} files"):
-            self._check(path)
-        return paths
+        good = []
+        for path in progress(sorted(base.rglob("part-*.parquet")), f"checking {spec.name} files"):
+            try:
+                self._check(path, spec)
+            except StoreError as exc:
+                if not skip:
+                    raise
+                self.skipped[path] = str(exc)
+                continue
+            good.append(path)
+        return good
 
-    def _check(self, path: Path) -> None:
+    def _check(self, path: Path, spec: TableSpec) -> None:
         try:
-            st = path.stat()
-        except OSError as exc:
-            raise StoreError(f"{path}: unreadable ({exc.strerror})") from None
-        sig = (st.st_size, st.st_mtime_ns)
+            size = check_regular(path)  # no FIFO, device or oversized file is handed to Arrow
+            sig = (size, path.stat().st_mtime_ns)
+        except (InputError, OSError) as exc:
+            raise StoreError(f"{path}: table {spec.name}: {_why(exc, path)}") from None
         if self._checked.get(path) == sig:
             return
         try:
-            pq.read_metadata(path)
+            schema = pq.read_schema(path)
         except (OSError, pa.ArrowException) as exc:
-            raise StoreError(f"{path}: corrupt or truncated Parquet file ({exc})") from None
+            raise StoreError(
+                f"{path}: table {spec.name}: corrupt or truncated Parquet file ({_one_line(exc)})"
+            ) from None
+        foreign = [c for c in schema.names if c not in spec.schema.names]
+        missing = [f.name for f in spec.schema if not f.nullable and f.name not in schema.names]
+        if foreign or missing:
+            what = f"columns {', '.join(foreign[:4])} are not in it" if foreign else f"no {', '.join(missing)} column"
+            raise StoreError(f"{path}: table {spec.name}: not a {spec.name} file ({what}; another table's file?)")
         self._checked[path] = sig
+
+    def skipped_in(self, name: str, job: str | None = None) -> list[str]:
+        """Why each file of table ``name`` (of ``job``) was left out (see :meth:`files`)."""
+        base = self.root / table(name).name
+        if job is not None:
+            base = base / f"job={job}"
+        return [why for p, why in self.skipped.items() if p.is_relative_to(base)]
+
+    def _usable(self, name: str, job: str | None) -> list[Path]:
+        """The table's good files; when every file of it is bad, that is the error (one line naming one)."""
+        paths = self.files(name, job=job)
+        bad = self.skipped_in(name, job)
+        if not paths and bad:
+            raise StoreError(bad[0] + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+        return paths
 
     def scan(self, name: str, *, job: str | None = None) -> Any:
         """Table ``name`` as a polars LazyFrame (empty, with the schema, when nothing was written)."""
         import polars as pl
 
         spec = table(name)
-        paths = self.files(name, job=job)
+        paths = self._usable(name, job)
         if not paths:
             return pl.from_arrow(spec.schema.empty_table()).lazy()  # type: ignore[union-attr]
         lf = pl.scan_parquet(paths, missing_columns="insert", extra_columns="ignore")
@@ -156,18 +217,23 @@ class Store:
 
         try:
             return self.scan(name, job=job).collect()
-        except pl.exceptions.PolarsError as exc:
-            raise StoreError(f"{self.root / name}: unreadable table ({exc})") from None
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as exc:  # a panic too
+            raise StoreError(f"{self.root / name}: table {name}: unreadable ({_one_line(exc)})") from None
 
     def read_arrow(self, name: str, *, job: str | None = None) -> pa.Table:
         """Table ``name`` as one Arrow table with the declared schema."""
         spec = table(name)
         parts = []
-        for path in progress(self.files(name, job=job), f"reading {spec.name}"):
+        for path in progress(self._usable(name, job), f"reading {spec.name}"):
             try:
                 parts.append(conform(pq.read_table(path), spec))
-            except (OSError, pa.ArrowException) as exc:
-                raise StoreError(f"{path}: corrupt or truncated Parquet file ({exc})") from None
+            except (OSError, pa.ArrowException, InputError) as exc:  # like a file that fails the check
+                why = f"{path}: table {spec.name}: corrupt Parquet file ({_one_line(exc)})"
+                if not self.skip_bad:
+                    raise StoreError(why) from None
+                self.skipped[path] = why
+        if not parts and self.skipped_in(name, job):
+            raise StoreError(self.skipped_in(name, job)[0])
         tbl = pa.concat_tables(parts) if parts else spec.schema.empty_table()
         if job is not None:
             import pyarrow.compute as pc  # not at import: the node agent writes through this module
@@ -191,12 +257,16 @@ class Store:
         con = duckdb.connect()
         try:
             for name, spec in TABLES.items():
-                paths = self.files(name)
+                paths = self.files(name, skip_bad=True)  # a bad file of one table leaves the others usable
                 if paths:
                     files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
                     con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{files}], union_by_name=true)")
                 else:
                     con.register(name, spec.schema.empty_table())
+            for name in TABLES:  # a query on a table with a bad file says so, the other tables stay usable
+                bad = self.skipped_in(name)
+                if bad and re.search(rf"\b{name}\b", query, re.I):
+                    raise StoreError(bad[0] + " (left out of every read; move it away)")
             rel = con.sql(query)
             if rel is None:  # a statement without a result
                 return pl.DataFrame()
