@@ -141,16 +141,33 @@ def iter_chunks(ms: MetricSet) -> Iterator[tuple[pa.Table, dict[str, str], list[
         scale = TsScale()
         for off in range(0, table.num_rows, CHUNK_ROWS):
             yield conform_long(Path("metrics"), table.slice(off, CHUNK_ROWS), ms.node_label, scale), {}, []
+    failed: list[InputError] = []
     for path, fmt in ms.files:
-        check_regular(path)  # still a regular file when it is streamed
-        if fmt == "long":
-            for chunk in long_chunks(path, ms.node_label):
-                yield chunk, {}, []
-        else:
-            from rankscope.datasets.readers.prometheus import read_exposition, read_query_result
+        try:
+            yield from _file_chunks(path, fmt, ms.node_label)
+        except InputError as exc:  # one bad file (cut mid-line, an interrupted copy) loses only itself
+            if len(ms.files) == 1 and ms.frame is None:
+                raise
+            failed.append(exc)
+            yield _EMPTY, {}, [f"{exc}: skipped (the other metric files are read)"]
+    if failed and len(failed) == len(ms.files) and (ms.frame is None or not ms.frame.height):
+        raise failed[0]
 
-            read = read_exposition if fmt == "prometheus-text" else read_query_result
-            yield read(path, node_label=ms.node_label)
+
+def _file_chunks(path: Path, fmt: str, node_label: str | None) -> Iterator[tuple[pa.Table, dict[str, str], list[str]]]:
+    check_regular(path)  # still a regular file when it is streamed
+    if fmt == "long":
+        for chunk in long_chunks(path, node_label):
+            yield chunk, {}, []
+    else:
+        from rankscope.datasets.readers.prometheus import read_exposition, read_query_result
+
+        read = read_exposition if fmt == "prometheus-text" else read_query_result
+        yield read(path, node_label=node_label)
+
+
+_EMPTY = pa.table({"ts": pa.array([], pa.float64())})
+"""A chunk with no rows: carries a skipped file's note (the stream skips empty chunks after their notes)."""
 
 
 def size_hint(ms: MetricSet) -> tuple[int, float, float] | None:

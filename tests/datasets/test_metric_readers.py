@@ -261,3 +261,39 @@ def test_a_label_less_scrape_is_named_after_its_host_not_its_exporter(path: str,
     from rankscope.datasets.readers.prometheus import _machine_from_name
 
     assert _machine_from_name(Path("/data") / path) == machine
+
+
+def _scrape(host: str, t_ms: int, util: float) -> str:
+    return (
+        "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",Hostname="{host}"}} {util} {t_ms}\n'
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="1",Hostname="{host}"}} {util} {t_ms}\n'
+    )
+
+
+def test_one_unreadable_metric_file_loses_only_itself(tmp_path: Path) -> None:
+    """An interrupted copy cuts one scrape file mid-line: it is skipped with a note naming it, the others read."""
+    from rankscope.datasets.readers.metric_files import iter_chunks
+
+    for h in range(3):
+        (tmp_path / f"gpu-node-{h}.prom").write_text(
+            "".join(_scrape(f"gpu-node-{h}", 1733000000000 + 15000 * i, 90) for i in range(4))
+        )
+    cut = tmp_path / "gpu-node-3.prom"
+    cut.write_text(_scrape("gpu-node-3", 1733000000000, 90) + 'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostn')
+    ms = open_metrics(tmp_path)
+    chunks = list(iter_chunks(ms))
+    nodes = {n for t, _, _ in chunks if t.num_rows for n in t.column("node").to_pylist()}
+    notes = [n for _, _, ns in chunks for n in ns]
+    assert nodes == {"gpu-node-0", "gpu-node-1", "gpu-node-2"}
+    assert any("gpu-node-3.prom" in n and "skipped" in n for n in notes), notes
+
+
+def test_every_metric_file_unreadable_is_the_first_ones_error(tmp_path: Path) -> None:
+    from rankscope.datasets.readers.metric_files import iter_chunks
+    from rankscope.spine import InputError
+
+    for h in range(2):
+        (tmp_path / f"gpu-node-{h}.prom").write_text(_scrape(f"gpu-node-{h}", 1733000000000, 90) + "DCGM_FI_DEV_GPU{")
+    with pytest.raises(InputError, match=r"gpu-node-\d\.prom"):
+        list(iter_chunks(open_metrics(tmp_path)))
