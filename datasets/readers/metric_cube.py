@@ -10,6 +10,7 @@ the first rows showed, and the result is one float32 array per level.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -41,6 +42,7 @@ def _build_cube(ms: MetricSet, *, block_s: float | BlockRule, max_gap_s: float |
     if st.grid is None or st.counters is None or st.reg.n == 0:
         raise NoMetricSamples("metrics: no samples with a finite time (every row was empty or skipped)")
     resolve_unknown(st)
+    _mixed_names(st)
     n = st.reg.n
     kinds = np.asarray(st.kinds, np.int64)
     is_c_slot = kinds[st.reg.slot_metric[:n]] == COUNTER
@@ -69,6 +71,22 @@ def _build_cube(ms: MetricSet, *, block_s: float | BlockRule, max_gap_s: float |
         st.notes.append(f"blocks widened to {k * L:g} s: a metric samples every {max(intervals.values()):g} s")
         L *= k
     return _fold(st, (S, K, Inc, Sec), is_c_slot, t0, L, intervals)
+
+
+_IP = re.compile(r"^(\d{1,3}(\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+)$")
+
+
+def _mixed_names(st: Stream) -> None:
+    """Machines named by IP address beside machines named by host name are probably the same machines twice
+    (node_exporter's ``instance`` beside dcgm-exporter's ``Hostname``): say so, the verdict cannot know."""
+    names = [str(x) for x in st.reg.nodes.names if x is not None]
+    ips = [x for x in names if _IP.match(x)]
+    if ips and len(ips) < len(names):
+        st.notes.append(
+            f"{len(ips)} machine(s) are named by IP address (an exporter's instance label, e.g. {ips[0]}) and "
+            f"{len(names) - len(ips)} by host name: the same machine may count twice; give --node-label (a label "
+            "every exporter carries) or relabel the scrapes"
+        )
 
 
 def _coarsen(k: int, L: float, t0: float, arrays: tuple[np.ndarray, ...]) -> tuple[float, list[np.ndarray]]:

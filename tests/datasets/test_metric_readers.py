@@ -297,3 +297,19 @@ def test_every_metric_file_unreadable_is_the_first_ones_error(tmp_path: Path) ->
         (tmp_path / f"gpu-node-{h}.prom").write_text(_scrape(f"gpu-node-{h}", 1733000000000, 90) + "DCGM_FI_DEV_GPU{")
     with pytest.raises(InputError, match=r"gpu-node-\d\.prom"):
         list(iter_chunks(open_metrics(tmp_path)))
+
+
+def test_machines_named_by_ip_beside_host_names_get_a_note(tmp_path: Path) -> None:
+    """dcgm-exporter's Hostname and node_exporter's instance name one machine twice: the verdict says so."""
+    from rankscope.datasets.readers.metric_cube import build_cube
+
+    for h in range(2):
+        (tmp_path / f"dcgm-{h}.prom").write_text(
+            "".join(_scrape(f"gpu-node-{h}", 1733000000000 + 15000 * i, 90) for i in range(4))
+        )
+        (tmp_path / f"node-{h}.prom").write_text(
+            "# TYPE node_load1 gauge\n"
+            + "".join(f'node_load1{{instance="10.0.0.{h}:9100"}} 1.5 {1733000000000 + 15000 * i}\n' for i in range(4))
+        )
+    cube = build_cube(open_metrics(tmp_path), block_s=15.0)
+    assert any("2 machine(s) are named by IP address" in n and "--node-label" in n for n in cube.notes), cube.notes
