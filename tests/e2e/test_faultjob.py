@@ -120,6 +120,13 @@ def test_agent_and_diagnose_name_the_faulty_node(
     flags = ("--slow-factor", "4", "--capture-rounds", "3", "--round-interval-seconds", "5")
     from_store, from_run_dir = run_fault(tmp_path, fault, rank, flags if fault == "slow-rank" else ())
     for verdict in (from_store, from_run_dir):
+        if verdict is from_run_dir and fault == "p2p-stuck" and verdict["verdict"] == "inconclusive":
+            # The run directory alone has no capture clock: the agent's request came 3 s into the hang (the
+            # FR op is not overdue yet) and, under load, its stacks can catch the pipeline ends mid-way (a
+            # 5/3 split of healthy-looking clusters). Then it must name nobody; the agent's store, which
+            # has the capture time, must always be right (asserted above).
+            assert not verdict["suspect_nodes"] and not verdict["culprit_nodes"], verdict
+            continue
         assert verdict["verdict"] == kind, verdict
         assert set(culprits) <= set(verdict["suspect_nodes"]), verdict
         assert verdict["culprit_nodes"] == culprits, verdict
