@@ -1,7 +1,7 @@
 """Accuracy of the metrics verdict on generated fleet telemetry (or any folder of cases); prints JSON.
 
     python benchmarks/bench_metric_cases.py --generate 27 --seed 71            # a fresh set in --out, then scored
-    python benchmarks/bench_metric_cases.py --cases /work/devcases/metrics      # score existing cases
+    python benchmarks/bench_metric_cases.py --cases ../devcases/metrics        # score existing cases
     python benchmarks/bench_metric_cases.py --generate 20 --seed 41 --severity 0.15 --kinds thermal,nic,pcie
 
 Cases are ``CASE/expected.json`` + ``CASE/metrics/`` (the development set's layout; generated ones come from

@@ -1,7 +1,7 @@
 """Mutation fuzzer for every reader: valid seed inputs, mutated, run in-process and through the CLI.
 
-Seeds are real captures (``tests/data``, ``/work/shared/data/torch_gloo_hang_probe``,
-``/work/fieldcases/captures`` where present) and the project's own generators (metrics, timings), plus a
+Seeds are real captures (``tests/data``, and ``../shared/data/torch_gloo_hang_probe`` beside the checkout or
+``$RANKSCOPE_SHARED_DIR`` where present) and the project's own generators (metrics, timings), plus a
 store ingested from them. Each input is one seed directory copied and mutated 1-3 times: bit flips,
 truncation, deep JSON nesting, huge/negative/inf/2^63 numbers, 5,000-digit line numbers, whitespace runs
 and long lines, files renamed to rank 2^31/2^63, files swapped between kinds, FIFOs and symbolic links to
@@ -46,18 +46,19 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+PROBE = str(Path(os.environ.get("RANKSCOPE_SHARED_DIR") or REPO.parent / "shared") / "data" / "torch_gloo_hang_probe")
 CANARY = "CANARY-7f3a9c-outside-the-input"
 SLOW_INPROC_S = 5.0
 SLOW_CLI_S = 30.0
 MEM_CAP_MB = 3072
 
 SEED_SOURCES: dict[str, list[str]] = {
-    "pyspy_text": ["/work/shared/data/torch_gloo_hang_probe/pyspy/text", "tests/data/stacks/hang_compute_mp8/round-0"],
-    "pyspy_json": ["/work/shared/data/torch_gloo_hang_probe/pyspy/json"],
-    "manifest": ["/work/fieldcases/captures/hang_compute_mp8/pyspy/round-1", "tests/data/stacks/healthy_mp8"],
-    "faulthandler": ["/work/fieldcases/captures/slow_mp8/faulthandler_rounds/round-0"],
-    "fr_pickle": ["tests/data/fr_gloo/hang", "/work/shared/data/torch_gloo_hang_probe/fr"],
-    "fr_json": ["/work/fieldcases/captures/hang_compute_mp8/fr/hang"],
+    "pyspy_text": [f"{PROBE}/pyspy/text", "tests/data/stacks/hang_compute_mp8/round-0"],
+    "pyspy_json": [f"{PROBE}/pyspy/json"],
+    "manifest": ["tests/data/stacks/hang_compute_mp8/round-1", "tests/data/stacks/healthy_mp8"],
+    "faulthandler": ["tests/data/stacks/throttled_mp8/round-0"],
+    "fr_pickle": ["tests/data/fr_gloo/hang", f"{PROBE}/fr"],
+    "fr_json": ["tests/data/fr_gloo/mp8_hang"],
     "rundir": ["tests/data/stacks/hook_slow", "tests/data/stacks/hook_sigterm_progress"],
     "logs": ["tests/data/field/crash_mn4x2"],
 }

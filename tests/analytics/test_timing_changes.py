@@ -6,6 +6,7 @@ calibrated rank test keeps the scikit-learn contract; the real Alibaba PAI job 1
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,9 @@ from rankscope.analytics import performance
 from rankscope.models import StragglerDetector
 from rankscope.spine import InputError
 
-PAI = Path("/work/shared/data/alibaba_pai_minibatch/job_1_norm.csv")
+PAI = Path(os.environ.get("RANKSCOPE_SHARED_DIR") or Path(__file__).resolve().parents[2].parent / "shared") / (
+    "data/alibaba_pai_minibatch/job_1_norm.csv"
+)
 
 
 def _frame(rng, slow=None, offset=None, steps=300, workers=16):
