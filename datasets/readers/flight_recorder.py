@@ -191,16 +191,29 @@ def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
 
 
 def shapes(v: Any) -> tuple[tuple[int, ...], ...]:
-    """Tensor shapes as tuples of ints; anything else (deeper nesting, strings, huge numbers) a ValueError."""
+    """Tensor shapes as tuples of ints; anything else (deeper nesting, strings, huge numbers) a ValueError.
+
+    Validated shapes are interned: a job's entries repeat a few shapes millions of times, so a shape seen
+    before is one hash lookup (and one shared tuple in memory) instead of a check of every dimension."""
     if not v:
         return ()
     try:
         out = tuple(map(tuple, v))
+        hit = _SHAPES.get(out)
+        if hit is not None:
+            return hit  # equal to a validated all-int shape (1.0 == 1: the int one is returned)
         if all(x.__class__ is _INT for s in out for x in s):  # what PyTorch writes: plain ints
+            if len(_SHAPES) < _INTERN_MAX:
+                _SHAPES[out] = out
             return out
-    except TypeError:
+    except TypeError:  # not a list of lists, or an unhashable dimension
         pass
     return tuple(tuple(_i64(x) for x in s) if isinstance(s, (list, tuple)) else (_i64(s),) for s in v)
+
+
+_SHAPES: dict[tuple[tuple[Any, ...], ...], tuple[tuple[int, ...], ...]] = {}
+_DTYPES: dict[tuple[Any, ...], tuple[str, ...]] = {}
+_INTERN_MAX = 1 << 16
 
 
 def _i64(v: Any, default: int | None = None) -> int:
@@ -256,7 +269,17 @@ def _plain_frame(f: Frame) -> bool:
 
 def _dtypes(v: Any) -> tuple[str, ...]:
     out = tuple(v)
-    return out if all(x.__class__ is str for x in out) else tuple(map(str, out))
+    try:
+        hit = _DTYPES.get(out)
+    except TypeError:  # a list inside: the careful way
+        return tuple(map(str, out))
+    if hit is not None:
+        return hit
+    if all(x.__class__ is str for x in out):
+        if len(_DTYPES) < _INTERN_MAX:
+            _DTYPES[out] = out
+        return out
+    return tuple(map(str, out))
 
 
 _new_entry = tuple.__new__
