@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from rankscope.datasets.domain.bounds import FOREIGN, limits, load_json, open_regular, read_bounded
+from rankscope.datasets.domain.bounds import FOREIGN, limits, load_json, open_regular_fd, read_bounded, read_fd
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, from_dump
 from rankscope.datasets.readers import runfiles as rf
@@ -44,6 +44,7 @@ from rankscope.spine import InputError, LimitError, RankscopeError, paused_gc, p
 
 _STACK_KINDS = ("pyspy-text", "pyspy-error", "traceback", "pyspy-json")
 _READ_WHOLE = frozenset((*_STACK_KINDS, "json", "empty"))
+_ONE_READ = 1 << 20  # files smaller than this are read whole at once (their kind is sniffed from the bytes)
 _COMMON_SUFFIXES = frozenset((".txt", ".json"))  # stack dumps: go straight to the content
 _TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
 _EXPOSITION_SUFFIXES = (".prom", ".metrics", ".openmetrics")  # Prometheus text exposition by name
@@ -223,15 +224,22 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
     elif low.endswith(".exit.json"):
         sc.exits.append(Path(abs_path))
         return
-    try:
-        with open_regular(abs_path) as fh:  # a regular file within the size limit, or a ParseError: skipped
-            head = fh.peek(HEAD_BYTES)[:HEAD_BYTES]  # buffered: the whole read below costs no second copy
-            s = sniff(head, rel)
-            whole = s.kind in _READ_WHOLE and not (s.kind == "json" and b'"resultType"' in head)  # metrics: later
-            data = fh.read() if whole else head
+    fd, size, cap = open_regular_fd(abs_path)  # a regular file within the size limit, or a ParseError: skipped
+    try:  # a small file (nearly every stack dump) in one read; a large one's head first, the rest if needed
+        first = read_fd(fd, size + 1 if size < _ONE_READ else HEAD_BYTES)
+        head = first[:HEAD_BYTES]
+        s = sniff(head, rel)
+        whole = s.kind in _READ_WHOLE and not (s.kind == "json" and b'"resultType"' in head)  # metrics: later
+        data = head
+        if whole:
+            data = first if len(first) <= size < _ONE_READ else first + read_fd(fd, cap + 1 - len(first))
+            if len(data) > cap:  # grew past the limit while read
+                raise LimitError(f"{abs_path}: over the {cap:,}-byte limit per file while read (limits.max_file_bytes)")
     except OSError as exc:
         sc.skipped.append(f"{rel} (unreadable: {exc.strerror})")
         return
+    finally:
+        os.close(fd)
     kind = s.kind
     if kind == "json":
         routed = _json_bucket(sc, abs_path, rel, head, data)

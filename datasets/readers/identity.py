@@ -157,6 +157,14 @@ def _roles() -> tuple[str, ...]:
     return ROLES
 
 
+def _uint(v: str, hi: int) -> bool:
+    """Whether ``v`` is a plain decimal integer in ``[0, hi]`` (the common short case without int_text's
+    general parsing; an overlong digit run never meets int()'s digit limit)."""
+    if v.isascii() and v.isdigit() and len(v) < 19:
+        return int(v) <= hi
+    return v.isdigit() and int_text(v, lo=0, hi=hi) is not None
+
+
 def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
     """Rows of one manifest.csv, validated (one clear error naming the file and line)."""
     try:
@@ -171,6 +179,11 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
                 )
             idx = {c: header.index(c) for c in _COLUMNS if c in header}
             width = len(header)
+            max_rank = limits().max_world_size - 1
+            bounded = [
+                (c, hi) for c, hi in (("pid", 2**63 - 1), ("snapshot", 2**31 - 1), ("local_rank", max_rank)) if c in idx
+            ]
+            roles = _roles()
             rows = []
             for i, rec in enumerate(reader, start=2):
                 if not rec or not any(x.strip() for x in rec):
@@ -182,21 +195,17 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
                     raise InputError(f"{rel}: line {i}: empty 'file'")
                 if not row["rank"].isdigit():
                     raise InputError(f"{rel}: line {i}: rank {row['rank'][:40]!r} is not a non-negative integer")
-                if int_text(row["rank"], lo=0, hi=limits().max_world_size - 1) is None:
+                if not _uint(row["rank"], max_rank):
                     raise InputError(
                         f"{rel}: line {i}: rank {row['rank'][:40]!r} is not a rank (an integer 0 .. "
-                        f"{limits().max_world_size - 1}, limits.max_world_size)"
+                        f"{max_rank}, limits.max_world_size)"
                     )
                 role = row.get("role")
-                if role and role not in _roles():
-                    raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(_roles())}")
-                for col, hi in (
-                    ("pid", 2**63 - 1),
-                    ("snapshot", 2**31 - 1),
-                    ("local_rank", limits().max_world_size - 1),
-                ):
-                    v = row.get(col)
-                    if v and (not v.isdigit() or int_text(v, lo=0, hi=hi) is None):
+                if role and role not in roles:
+                    raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(roles)}")
+                for col, hi in bounded:
+                    v = row[col]
+                    if v and not _uint(v, hi):
                         raise InputError(f"{rel}: line {i}: {col} {v[:40]!r} is not an integer 0 .. {hi}")
                 rows.append(row)
             return rows
