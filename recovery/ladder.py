@@ -153,13 +153,20 @@ def incident_key(s: Situation, cfg: LadderConfig | None = None, table: RuleTable
 
 
 def _now(s: Situation) -> float:
+    t = _input_time(s)
+    return 0.0 if t is None else t
+
+
+def _input_time(s: Situation) -> float | None:
+    """``--now``, else the newest time in the inputs; None when nothing carries a time (a plan then says no
+    time, never the epoch)."""
     if s.now is not None:
         return s.now
     times = [e.time for e in s.events] + [x.time for x in s.exits] + [c.time for c in s.logs if c.time is not None]
     times += [m.time for m in s.metrics if m.time is not None]
     if s.verdict is not None:
         times += [t for t in (s.verdict.time, s.verdict.crash_first_time) if t is not None]
-    return max(times) if times else 0.0
+    return max(times) if times else None
 
 
 def _signals(s: Situation, table: RuleTable) -> tuple[Classification, ...]:
@@ -230,7 +237,7 @@ def evaluate(
         reasons=d.reasons,
         also_matched=tuple(also),
         escalation=escalation,
-        time=now,
+        time=_input_time(s),
         suspect_nodes=d.suspect_nodes,
         inputs=inputs,
     )
