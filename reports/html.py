@@ -213,21 +213,28 @@ def _clusters(v: Mapping[str, Any], max_clusters: int) -> str:
     )
 
 
+def _table(anchor: str, title: str, headers: Sequence[str], rows: Sequence[str], total: int) -> str:
+    """One report section: a heading, a table of already rendered ``<tr>`` rows, and how many were left out
+    (``total`` counted, ``len(rows)`` shown)."""
+    extra = f'<p class="muted">… {total - len(rows)} more.</p>' if total > len(rows) else ""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    return (
+        f'<h2 id="{anchor}">{esc(title)}</h2><table><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>{extra}"
+    )
+
+
 def _evidence(v: Mapping[str, Any]) -> str:
     items = [e for e in v.get("evidence") or () if isinstance(e, Mapping)]
     if not items:
         return ""
-    rows = "".join(
+    rows = [
         f"<tr><td>{esc(e.get('source', ''))}</td><td>{esc(e.get('kind', ''))}</td><td>{esc(e.get('detail', ''))}</td>"
         f'<td class="mono">{esc(short_ranges(_ints(e.get("ranks"), "evidence.ranks"), 60))}</td>'
         f"<td>{_nodes(_strs(e.get('nodes')), limit=8)}</td></tr>"
         for e in items[:MAX_EVIDENCE]
-    )
-    extra = f'<p class="muted">… {len(items) - MAX_EVIDENCE} more.</p>' if len(items) > MAX_EVIDENCE else ""
-    return (
-        '<h2 id="evidence">Evidence</h2><table><thead><tr><th>source</th><th>kind</th><th>detail</th><th>ranks</th>'
-        f"<th>nodes</th></tr></thead><tbody>{rows}</tbody></table>{extra}"
-    )
+    ]
+    return _table("evidence", "Evidence", ("source", "kind", "detail", "ranks", "nodes"), rows, len(items))
 
 
 def _crash(details: Mapping[str, Any]) -> str:
@@ -235,19 +242,16 @@ def _crash(details: Mapping[str, Any]) -> str:
     exits = [x for x in (crash.get("exits") or ()) if isinstance(x, Mapping)] if isinstance(crash, Mapping) else []
     if not exits:
         return ""
-    rows = "".join(
+    rows = [
         f'<tr><td class="num">{esc(x.get("after_s", ""))}</td><td class="num">{esc(x.get("rank", ""))}</td>'
         f"<td>{_nodes([x.get('node', '')])}</td>"
         f'<td><span class="tag {"primary" if x.get("cause") == "primary" else "cascade"}">'
         f'{esc(x.get("cause", ""))}</span></td><td class="mono">{esc(x.get("kind", ""))}</td>'
         f'<td>{esc(x.get("message", ""))}</td><td class="mono">{esc(x.get("where", ""))}</td></tr>'
         for x in exits[:MAX_EXITS]
-    )
-    extra = f'<p class="muted">… {len(exits) - MAX_EXITS} more.</p>' if len(exits) > MAX_EXITS else ""
-    return (
-        '<h2 id="exits">Process exits</h2><table><thead><tr><th>after (s)</th><th>rank</th><th>node</th><th>cause</th>'
-        f"<th>error</th><th>message</th><th>where</th></tr></thead><tbody>{rows}</tbody></table>{extra}"
-    )
+    ]
+    headers = ("after (s)", "rank", "node", "cause", "error", "message", "where")
+    return _table("exits", "Process exits", headers, rows, len(exits))
 
 
 def _fr(details: Mapping[str, Any]) -> str:
@@ -255,20 +259,16 @@ def _fr(details: Mapping[str, Any]) -> str:
     stalls = [s for s in (fr.get("stalls") or ()) if isinstance(s, Mapping)] if isinstance(fr, Mapping) else []
     if not stalls:
         return ""
-    rows = "".join(
+    rows = [
         f'<tr><td class="mono">{esc(s.get("pg", ""))}</td><td>{esc(s.get("desc", ""))}</td>'
         f"<td>{esc(s.get('kind', ''))}</td>"
         f'<td class="num">{esc(s.get("seq", ""))}</td><td class="mono">{esc(s.get("op", ""))}</td>'
         f'<td class="mono">{esc(short_ranges(_ints(s.get("missing_ranks"), "missing_ranks"), 60))}</td>'
         f'<td class="mono">{esc(short_ranges(str(s.get("waiting_ranks", "")), 60))}</td></tr>'
         for s in stalls[:MAX_STALLS]
-    )
-    extra = f'<p class="muted">… {len(stalls) - MAX_STALLS} more.</p>' if len(stalls) > MAX_STALLS else ""
-    return (
-        '<h2 id="stalls">Unfinished collectives (Flight Recorder)</h2><table><thead><tr><th>pg</th><th>desc</th>'
-        "<th>kind</th><th>seq</th><th>op</th><th>never reached by</th><th>waiting</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>{extra}"
-    )
+    ]
+    headers = ("pg", "desc", "kind", "seq", "op", "never reached by", "waiting")
+    return _table("stalls", "Unfinished collectives (Flight Recorder)", headers, rows, len(stalls))
 
 
 def _notes(details: Mapping[str, Any]) -> str:

@@ -23,6 +23,7 @@ from rankscope.cli.main import app
 from rankscope.collectors.agent import Agent
 from rankscope.config import AgentConfig
 from rankscope.datasets.store.store import Store
+from rankscope.harness.launchers import STUCK_TWO_RANKS
 
 runner = CliRunner()
 
@@ -107,24 +108,7 @@ def test_export_of_an_empty_store_and_bad_paths(tmp_path: Path) -> None:
 
 
 # -- the agent -----------------------------------------------------------------------------------------------
-LAUNCHER = r"""
-import os, subprocess, sys, time
-WORKER = '''
-import time
-from rankscope.collectors import hook
-hook.install()
-for step in range(4):
-    hook.log_step(step, loss=1.0 / (step + 1))
-    time.sleep(0.05)
-def stuck_forever():
-    while True:
-        time.sleep(0.1)
-stuck_forever()
-'''
-procs = [subprocess.Popen([sys.executable, "-c", WORKER], env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
-         "LOCAL_RANK": str(r), "RANKSCOPE_RANKS_PER_NODE": "1"}) for r in range(2)]
-time.sleep(120)
-"""
+LAUNCHER = STUCK_TWO_RANKS
 
 
 def _free_port() -> int:

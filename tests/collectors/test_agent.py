@@ -15,26 +15,10 @@ import pytest
 from rankscope.collectors.agent import Agent
 from rankscope.config import AgentConfig
 from rankscope.datasets.store.store import Store
+from rankscope.harness.launchers import STUCK_TWO_RANKS
 
 # A "launcher" starting two ranks; each logs 4 steps then waits forever in a named function.
-LAUNCHER = r"""
-import os, subprocess, sys, time
-WORKER = '''
-import sys, time
-from rankscope.collectors import hook
-hook.install()
-for step in range(4):
-    hook.log_step(step, loss=1.0 / (step + 1))
-    time.sleep(0.05)
-def stuck_forever():
-    while True:
-        time.sleep(0.1)
-stuck_forever()
-'''
-procs = [subprocess.Popen([sys.executable, "-c", WORKER], env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
-         "LOCAL_RANK": str(r), "RANKSCOPE_RANKS_PER_NODE": "1"}) for r in range(2)]
-time.sleep(120)
-"""
+LAUNCHER = STUCK_TWO_RANKS
 
 
 @pytest.fixture
