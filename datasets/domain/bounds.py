@@ -180,15 +180,32 @@ def read_fd(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_to_end(fd: int, have: bytes, size: int, want: int) -> bytes:
+    """``have`` (the bytes already read from ``fd``) and what follows, ``want`` bytes at most in all: in one
+    read up to the size ``fstat`` saw (+1, to see growth; never a buffer of the whole limit), then on in
+    1 MiB reads while the file keeps growing (or ``fstat`` said 0, as for ``/proc`` files)."""
+    chunks, n = [have], len(have)
+    if n < min(size + 1, want):
+        b = read_fd(fd, min(size + 1, want) - n)
+        chunks.append(b)
+        n += len(b)
+    if n > size:
+        while n < want and (b := os.read(fd, min(want - n, 1 << 20))):
+            chunks.append(b)
+            n += len(b)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def read_bounded(path: str | os.PathLike[str], *, max_bytes: int | None = None, head: int | None = None) -> bytes:
     """The bytes of a regular file (its first ``head`` bytes when given), never more than the size limit
     (a file that grows while read is cut there, not read on)."""
-    cap = limits().max_file_bytes if max_bytes is None else max_bytes
-    with open_regular(path, max_bytes=cap) as fh:
-        try:
-            data = fh.read(cap + 1 if head is None else min(head, cap + 1))
-        except OSError as exc:
-            raise ParseError(path, f"unreadable ({exc.strerror or exc})") from None
+    fd, size, cap = open_regular_fd(os.fspath(path), max_bytes=max_bytes)
+    try:
+        data = read_to_end(fd, b"", size, cap + 1 if head is None else min(head, cap + 1))
+    except OSError as exc:
+        raise ParseError(path, f"unreadable ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
     if head is None and len(data) > cap:
         raise _too_big(path, len(data), cap)
     return data

@@ -28,7 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from rankscope.datasets.domain.bounds import FOREIGN, limits, load_json, open_regular_fd, read_bounded, read_fd
+from rankscope.datasets.domain.bounds import (
+    FOREIGN,
+    limits,
+    load_json,
+    open_regular_fd,
+    read_bounded,
+    read_fd,
+    read_to_end,
+)
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, from_dump
 from rankscope.datasets.readers import runfiles as rf
@@ -232,7 +240,7 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         whole = s.kind in _READ_WHOLE and not (s.kind == "json" and b'"resultType"' in head)  # metrics: later
         data = head
         if whole:
-            data = first if len(first) <= size < _ONE_READ else first + read_fd(fd, cap + 1 - len(first))
+            data = first if len(first) <= size < _ONE_READ else read_to_end(fd, first, size, cap + 1)
             if len(data) > cap:  # grew past the limit while read
                 raise LimitError(f"{abs_path}: over the {cap:,}-byte limit per file while read (limits.max_file_bytes)")
     except OSError as exc:
