@@ -37,9 +37,9 @@ from rankscope.harness.synthetic import generate_job
 LAYOUTS = {1024: "tp=8,pp=4,dp=32", 10240: "tp=8,pp=8,dp=160", 102400: "tp=8,pp=16,dp=800"}
 
 
-def floor(root: Path) -> tuple[float, int, int]:
+def floor(root: Path, clock=time.perf_counter) -> tuple[float, int, int]:
     """Seconds to read and hash every file under root (the least any reader must do)."""
-    t = time.perf_counter()
+    t = clock()
     n = size = 0
     for dirpath, _, files in os.walk(root):
         for name in files:
@@ -48,7 +48,7 @@ def floor(root: Path) -> tuple[float, int, int]:
             hashlib.blake2b(data, digest_size=16).digest()
             n += 1
             size += len(data)
-    return time.perf_counter() - t, n, size
+    return clock() - t, n, size
 
 
 def store_floor(root: Path) -> float:
@@ -100,14 +100,16 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
     reps = repeat if world < 100_000 else max(1, repeat - 1)
     floors = [floor(dump) for _ in range(reps)]
     floor_s, n_files, n_bytes = min(floors)
-    loads, totals = [], []
+    cpu_floor = min(floor(dump, time.process_time)[0] for _ in range(reps))
+    loads, totals, cpus = [], [], []
     for _ in range(reps):  # floor and reader alike: the fastest of the same number of runs (a shared machine)
         inputs = v = None  # the previous run's stacks freed first (100k ranks: one copy in memory at a time)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         inputs = load_inputs(dump, layout=layout, gpus_per_node=8)
         loads.append(time.perf_counter() - t)
         v = stacks.verdict(stacks.facts(inputs.procs, inputs.topology), inputs.topology)
         totals.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
     t_load, total = min(loads), min(totals)
     res["dump_dir"] = {
         "files": n_files,
@@ -119,6 +121,9 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
         "total_s": round(total, 3),
         "all_total_s": [round(x, 3) for x in totals],
         "ratio_to_floor": round(total / floor_s, 2),
+        "cpu_floor_s": round(cpu_floor, 3),
+        "cpu_total_s": round(min(cpus), 3),
+        "cpu_ratio_to_floor": round(min(cpus) / cpu_floor, 2),
         "correct": correct(v, job.truth),
     }
 
