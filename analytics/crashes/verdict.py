@@ -14,6 +14,8 @@ here is the one people apply by hand (and torchrun's "first observed failure"), 
    confidence. A rank that vanished without a record (SIGKILL, the OOM killer) is primary.
 4. The same primary error on many ranks (``widespread_fraction`` of the world, at least 2) is a
    code, data or configuration fault, not a machine: the verdict names the ranks and evicts nothing.
+   So is a first failure whose error says the ranks disagreed on a collective (:data:`CODE_FAULT_PATTERNS`:
+   gloo's "collective mismatch", torch's "Detected mismatch between collectives").
 
 Pure: :class:`~rankscope.datasets.domain.exits.ProcessExit` records and a topology in, a
 :class:`~rankscope.analytics.verdict.Verdict` (``crash``) out.
@@ -52,7 +54,18 @@ CASCADE_PATTERNS = (
     r"peer .{0,40}(?:exited|died|crashed|failed)",
 )
 _CASCADE = re.compile("|".join(f"(?:{p})" for p in CASCADE_PATTERNS), re.I)
+CODE_FAULT_PATTERNS = (
+    r"collective mismatch",  # gloo: "Is there a distributed collective mismatch in your code?"
+    r"mismatch between collectives",  # TORCH_DISTRIBUTED_DEBUG=DETAIL's check
+    r"detected mismatch",
+    r"received data size doesn't match expected size",
+)
+"""Errors that say the program itself is wrong (the ranks called different collectives or sizes): the rank
+that raised it only noticed first; no machine is at fault."""
+_CODE_FAULT = re.compile("|".join(f"(?:{p})" for p in CODE_FAULT_PATTERNS), re.I)
 _NUMBERS = re.compile(r"\d+")
+_UNINFORMATIVE = re.compile(r"^\s*(?:exit code -?\d+|<N/A>)?\s*$|^\s*To enable traceback see", re.I)
+"""An exit known only by its exit code or torchrun's placeholder: not an error two ranks can share."""
 
 
 _STOPS = frozenset({"KeyboardInterrupt"})  # someone stopped the job on purpose: not a machine's fault
@@ -137,13 +150,16 @@ def facts(
     cascade = tuple(e for e in incident if is_cascade(e))
     by_sig: dict[str, list[ProcessExit]] = {}
     for e in primary:
-        by_sig.setdefault(_signature(e), []).append(e)
+        if not _UNINFORMATIVE.search(e.message):  # "exit code 1" on many ranks says nothing of a shared cause
+            by_sig.setdefault(_signature(e), []).append(e)
     widespread: list[list[ProcessExit]] = [
         g for g in by_sig.values() if len(g) >= max(2, cfg.widespread_fraction * world) and g[0].kind != "vanished"
     ]
     biggest: list[ProcessExit] = max(widespread, key=len) if widespread else []
     pool = primary or tuple(incident)
     culprits = tuple(e for e in pool if e.time - pool[0].time <= cfg.tie_seconds)
+    if not biggest and any(_CODE_FAULT.search(f"{e.kind}: {e.message}") for e in culprits):
+        biggest = list(culprits)  # a code fault the first failure reports itself: nothing to evict
     return CrashFacts(
         tuple(incident),
         primary,
@@ -156,7 +172,8 @@ def facts(
 
 
 def verdict(f: CrashFacts, topology: Topology | None, *, job: str = "") -> Verdict:
-    """``crash``: a code fault when the same error is widespread, else the first failure's machine.
+    """``crash``: a code fault when the same error is widespread (``mismatch`` when the error says the ranks
+    disagreed on a collective), else the first failure's machine.
     ``details["crash"]["n_primary"] == 0`` means every failure reported a lost peer or a deliberate stop:
     context for another verdict, not a cause."""
     if f.widespread:
@@ -190,13 +207,22 @@ def _details(f: CrashFacts) -> dict[str, object]:
 def _widespread(f: CrashFacts, job: str) -> Verdict:
     g = f.widespread
     ranks = tuple(sorted(e.rank for e in g))
-    reasons = (
-        f"{len(g)} of {f.world} ranks failed with the same error ({g[0].describe()}): a code, data "
-        "or configuration fault, not a machine; nothing to evict.",
-    )
-    evidence = (Evidence("events", "widespread-crash", g[0].describe(), ranks, merge_nodes([f.node_of(e) for e in g])),)
+    severity, kind = Severity.CRASH, "widespread-crash"
+    if _CODE_FAULT.search(f"{g[0].kind}: {g[0].message}"):
+        severity, kind = Severity.MISMATCH, "collective-mismatch"
+        what = f"Rank(s) {rank_ranges(ranks)} failed first ({g[0].describe()})"
+        reasons: tuple[str, ...] = (
+            f"{what}: the ranks disagreed on a collective (op, size or dtype), a code fault, not a machine; "
+            "nothing to evict. Fix the program (TORCH_DISTRIBUTED_DEBUG=DETAIL names the collectives).",
+        )
+    else:
+        reasons = (
+            f"{len(g)} of {f.world} ranks failed with the same error ({g[0].describe()}): a code, data "
+            "or configuration fault, not a machine; nothing to evict.",
+        )
+    evidence = (Evidence("events", kind, g[0].describe(), ranks, merge_nodes([f.node_of(e) for e in g])),)
     return Verdict(
-        Severity.CRASH,
+        severity,
         job=job,
         confidence=0.8,
         suspect_ranks=tuple(sorted(e.rank for e in f.incident)),

@@ -7,8 +7,9 @@ training logs. Lines of different processes interleave, so each line is routed b
 process's stream before blocks are parsed. Per stream:
 
 - faulthandler blocks (``Thread 0x... (most recent call first):`` ...) become stacks;
-- Python tracebacks become exits (type, message, innermost frame); the launcher's own tracebacks
-  (``ChildFailedError``, ``SignalException``) do not;
+- Python tracebacks become exits (type, message, innermost frame), and so do uncaught C++ exceptions
+  (``terminate called after throwing an instance of 'gloo::EnforceNotMet'`` + ``what(): ...``); the
+  launcher's own tracebacks (``ChildFailedError``, ``SignalException``) do not;
 - ProcessGroupNCCL watchdog and heartbeat-monitor lines (:class:`~rankscope.datasets.domain.logs.WatchdogRecord`),
   gloo transport errors, Megatron ``iteration N/M`` lines, with the time of their glog / timestamp prefix;
 - the launcher's ``ChildFailedError`` summary (times, hosts, local-to-global ranks), as context.
@@ -62,6 +63,8 @@ _FH_HEAD = re.compile(r"^(?:Current thread|Thread) 0[xX][0-9a-fA-F]+(?: \[.*?\])
 _FATAL = re.compile(r"^Fatal Python error: (.*)$")
 _TB_HEAD = re.compile(r"^(?:Traceback|Stack) \(most recent call last\):")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+_TERMINATE = re.compile(r"^terminate called after throwing an instance of '([^']{1,200})'")
+_WHAT = re.compile(r"^\s+what\(\):\s+(.*)$")
 _LAUNCHER_EXC = frozenset({"ChildFailedError", "SignalException"})
 
 Stamp = tuple[int, int, float] | tuple[int, int, int, float]  # (month, day, secs) or (year, month, day, secs)
@@ -86,6 +89,7 @@ class Stream:
     records: list[dict[str, Any]] = field(default_factory=list)  # watchdog / gloo / step records
     last_stamp: Stamp | None = None
     lines: int = 0
+    cxx: str = ""  # the type of a C++ exception that ended the process, until its ``what():`` line
 
 
 @dataclass
@@ -209,6 +213,16 @@ def _feed(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
         st.mode, st.block = "", []
     if _FH_HEAD.match(text):
         st.mode, st.block = "fh", [text]
+        return
+    if st.cxx:  # std::terminate's report of an uncaught C++ exception (gloo's enforce, c10::Error): two lines
+        kind, st.cxx = st.cxx, ""
+        m = _WHAT.match(text)
+        if m:
+            _exit(st, kind, m.group(1), [], stamp, where)
+            return
+    m = _TERMINATE.match(text)
+    if m:
+        st.cxx = m.group(1)
         return
     m = _FATAL.match(text)
     if m:
