@@ -202,7 +202,7 @@ def _build(
             found_exits.setdefault(rank, {**ex, "time": t + offset if t is not None else None, "node": host})
         for text in st.stacks:
             blocks[rank].extend(d for d in parse_traceback_text(text, f.rel) if d.status in ("ok", "partial"))
-    _exits(out, found_exits, launcher, err_local, ranks, wd, offset)
+    _exits(out, found_exits, launcher, err_local, ranks, wd, offset, gloo)
     for e in launcher:
         if is_machine_name(e.host):
             out.names.setdefault(e.rank, (e.host, "log"))
@@ -253,9 +253,13 @@ def _exits(
     ranks: _Ranks,
     wd: list[WatchdogRecord],
     offset: float,
+    gloo: Sequence[GlooRecord] = (),
 ) -> None:
     """One exit per rank: the exception (its traceback, else its error file, else the launcher's line), timed
-    by its error file, else the launcher's summary, else the log line's stamp."""
+    by its error file, else the launcher's summary, else the log line's stamp. An exit known only from the
+    launcher's summary (an exit code, a signal, "To enable traceback see ...") carries the rank's own gloo
+    transport error when it logged one (it timed out waiting for a peer, or a peer closed the connection): a
+    process that caught that error and exited is a victim of the cascade, not its cause."""
     summary: dict[int, LauncherFailure] = {}
     for e in launcher:
         cur = summary.get(e.rank)
@@ -283,6 +287,10 @@ def _exits(
             f"<host>/<run_id>/attempt_<k>/<local_rank>/error.json) not used: {', '.join(orphans[:3])}"
         )
     timed_out = {w.rank: w for w in wd if w.kind == "timeout" and w.rank is not None}
+    gloo_error: dict[int, GlooRecord] = {}
+    for g in gloo:
+        if g.rank is not None:
+            gloo_error.setdefault(g.rank, g)
     for rank in sorted(set(found) | set(summary) | set(files)):
         ex, s, err = found.get(rank), summary.get(rank), files.get(rank)
         kind = message = where = ""
@@ -304,6 +312,13 @@ def _exits(
             source = s.source
         if not kind:
             continue
+        g = gloo_error.get(rank) if ex is None and err is None else None
+        if g is not None:
+            message += (
+                f"; its log: gloo timed out waiting {g.timeout_ms or '?'}ms for a {g.op or 'transport'} operation"
+                if g.kind == "timeout"
+                else "; its log: gloo connection closed by peer"
+            )
         w = timed_out.get(rank)
         if w is not None and "watchdog" not in message.lower():
             message += "; the NCCL watchdog took the process down: Watchdog caught collective operation timeout"
