@@ -342,6 +342,13 @@ def quiet(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> C
             )
             return _inconclusive(f, reasons, evidence, 0.3)
         reasons.append("No rank waits in an unfinished collective; members agree on op, sizes and dtypes.")
+        if f.clock.watchdog:  # "written on a timeout", yet nothing in flight: the timed-out op looks finished
+            reasons.append(
+                "Yet the dumps were written on a timeout (--dumped-on-timeout, or a timeout in the logs): gloo "
+                "retires an op that timed out as if it had finished, so these dumps cannot show the wait"
+                + (f"; rank(s) {rank_ranges(f.no_dump)} left no dump." if f.no_dump else ".")
+            )
+            return _inconclusive(f, reasons, evidence, 0.3)
         return _running(f, reasons, evidence, 0.8)
     states = Counter(w.timing.state for w in waits)
     if states.keys() == {YOUNG}:

@@ -7,6 +7,7 @@ pickle that names code is the exception: it is refused outright (the input may h
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -86,26 +87,38 @@ def _read_fr(dd: DumpDir, src: Sources) -> list[FRDump]:
             f"Flight Recorder: read {len(chosen)} of {len(dd.fr_files)} dump files (one per rank; the other "
             "files are the same ranks in another format)"
         )
-    out: dict[tuple[int, int], FRDump] = {}
+    read: list[tuple[FRDump, Any]] = []
     bad: list[str] = []
     with paused_gc():
         for p in chosen:
             ident = dd.fr_identities.get(str(p))
             manifest_rank = ident is not None and ident.source("rank") == "manifest"
             try:
-                d = read_fr_file(p, rank=ident.rank if manifest_rank and ident is not None else None)
+                read.append((read_fr_file(p, rank=ident.rank if manifest_rank and ident is not None else None), ident))
             except InputError as exc:  # corrupt, over a limit, not a regular file: a note
                 if "refused pickle" in str(exc):
                     raise  # code in a pickle: refuse the whole input, never skip past it
                 bad.append(str(exc))
-                continue
-            key = (ident.snapshot if ident is not None else 0, d.rank)
+        folders = _capture_folders(read, src.notes)
+        # one folder holding every dump names the job's folder, not a machine (on-error/, dumps-0412/): host
+        # folders split the ranks of a job over machines
+        parents = {os.path.dirname(d.source_file) for d, _ in read}
+        if len(parents) == 1:
+            folders = dict.fromkeys(parents, 0)
+        out: dict[tuple[int, int], FRDump] = {}
+        for d, ident in read:
+            folder = os.path.dirname(d.source_file)
+            snap = folders.get(folder, ident.snapshot if ident is not None else 0)
+            key = (snap, d.rank)
             if key in out:
-                bad.append(f"{p}: a second dump of rank {d.rank} (kept {out[key].source_file})")
+                bad.append(f"{d.source_file}: a second dump of rank {d.rank} (kept {out[key].source_file})")
                 continue
             out[key] = replace(d, capture=key[0])
             if ident is not None and ident.node is not None:
-                src.names.add(d.rank, ident.node, ident.sources.get("node", "host-folder"))
+                how = ident.sources.get("node", "host-folder")
+                if folder in folders and how == "host-folder":
+                    continue  # the folder is a capture (the same ranks in each), not a machine
+                src.names.add(d.rank, ident.node, how)
         gc.freeze()  # the parsed dumps are acyclic and live for the whole analysis (see read_fr_files)
     if bad:
         src.notes.append(f"{len(bad)} Flight Recorder file(s) skipped: {bad[0]}" + (" ..." if len(bad) > 1 else ""))
@@ -116,6 +129,49 @@ def _read_fr(dd: DumpDir, src: Sources) -> list[FRDump]:
             f"snapshot {snapshots[-2]} tells whether the job moved in between"
         )
     return sorted(out.values(), key=lambda d: (d.capture, d.rank))
+
+
+def _capture_folders(read: Sequence[tuple[FRDump, Any]], notes: list[str]) -> dict[str, int]:
+    """Folders that are captures, not machines: sibling folders holding dumps of the same rank (a watchdog's
+    dumps in ``wd/``, later ones in ``on-error/``; ``step-10/`` and ``step-20/``), none of them a
+    ``snapshot-N/`` folder or manifest snapshot. Host folders split the ranks; capture folders repeat them.
+    Each gets a capture number in the order of its newest recorded time (the dump's own time, else its
+    entries' newest; then the files' modification time), so the latest is diagnosed and the one before
+    tells whether the job moved; {} when no rank was dumped in two folders."""
+    by_folder: dict[str, set[int]] = {}
+    for d, ident in read:
+        if ident is not None and ident.snapshot:  # snapshot-N folders or a manifest column number the captures
+            return {}
+        by_folder.setdefault(os.path.dirname(d.source_file), set()).add(d.rank)
+    if len(by_folder) < 2:
+        return {}
+    seen: dict[int, int] = {}
+    for ranks in by_folder.values():
+        for r in ranks:
+            seen[r] = seen.get(r, 0) + 1
+    if not any(n > 1 for n in seen.values()):
+        return {}
+    common = set.intersection(*by_folder.values()) or set(seen)  # compare folders on the ranks they share
+    newest: dict[str, tuple[int, float]] = {}
+    for d, _ in read:
+        if d.rank not in common:
+            continue
+        t = d.dump_time_ns or max((e.time_created_ns or 0 for e in d.entries), default=0)
+        try:
+            written = os.stat(d.source_file).st_mtime  # ties (no op created in between): when it was written
+        except OSError:
+            written = 0.0
+        f = os.path.dirname(d.source_file)
+        old = newest.get(f, (0, 0.0))
+        newest[f] = (max(old[0], t), max(old[1], written))
+    order = sorted(by_folder, key=lambda f: (newest.get(f, (0, 0.0)), f))
+    names = [os.path.basename(f) or f for f in order]
+    notes.append(
+        f"Flight Recorder: {len(order)} folders hold dumps of the same ranks ({', '.join(names[:4])}): read as "
+        f"{len(order)} captures in the order of their newest recorded time, not as machines; {names[-1]} is "
+        "diagnosed"
+    )
+    return {f: i for i, f in enumerate(order)}
 
 
 def _read_hook_fr(files: Sequence[tuple[Path, int]], notes: list[str]) -> list[FRDump]:
