@@ -288,9 +288,9 @@ def _exits(
         )
     timed_out = {w.rank: w for w in wd if w.kind == "timeout" and w.rank is not None}
     gloo_error: dict[int, GlooRecord] = {}
-    for g in gloo:
-        if g.rank is not None:
-            gloo_error.setdefault(g.rank, g)
+    for rec in gloo:
+        if rec.rank is not None:
+            gloo_error.setdefault(rec.rank, rec)
     for rank in sorted(set(found) | set(summary) | set(files)):
         ex, s, err = found.get(rank), summary.get(rank), files.get(rank)
         kind = message = where = ""
@@ -312,11 +312,11 @@ def _exits(
             source = s.source
         if not kind:
             continue
-        g = gloo_error.get(rank) if ex is None and err is None else None
-        if g is not None:
+        ge = gloo_error.get(rank) if ex is None and err is None else None
+        if ge is not None:
             message += (
-                f"; its log: gloo timed out waiting {g.timeout_ms or '?'}ms for a {g.op or 'transport'} operation"
-                if g.kind == "timeout"
+                f"; its log: gloo timed out waiting {ge.timeout_ms or '?'}ms for a {ge.op or 'transport'} operation"
+                if ge.kind == "timeout"
                 else "; its log: gloo connection closed by peer"
             )
         w = timed_out.get(rank)
