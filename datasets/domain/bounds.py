@@ -165,9 +165,10 @@ def open_regular_fd(path: str, *, max_bytes: int | None = None) -> tuple[int, in
 
 
 def read_fd(fd: int, n: int) -> bytes:
-    """Up to ``n`` bytes from ``fd``, reading on through short reads until ``n`` or the end of the file."""
+    """Up to ``n`` bytes from ``fd`` (a regular file: a read comes back short only at the end of the file,
+    or at the kernel's 2 GiB cap per read, where it reads on)."""
     first = os.read(fd, n)
-    if len(first) in (0, n):
+    if len(first) < min(n, _MAX_READ):
         return first
     chunks = [first]
     n -= len(first)
@@ -178,6 +179,9 @@ def read_fd(fd: int, n: int) -> bytes:
         chunks.append(b)
         n -= len(b)
     return b"".join(chunks)
+
+
+_MAX_READ = 0x7FFFF000  # Linux's most bytes per read(2)
 
 
 def read_to_end(fd: int, have: bytes, size: int, want: int) -> bytes:
