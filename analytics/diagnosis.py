@@ -102,6 +102,15 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
             world_size=topology.world_size if topology is not None else 0,
         )
     v = combine(verdicts)
+    stuck_by_logs = log_facts is not None and log_facts.hang_evidence
+    if v.verdict is Severity.HANG and v.details.get("stuck_on_premise") and stuck_by_logs:
+        v = v.with_updates(  # the logs' timeouts are the time evidence the one snapshot lacked
+            details={k: x for k, x in v.details.items() if k != "stuck_on_premise"},
+            reasons=(
+                *v.reasons,
+                "The logs' collective or transport timeouts show the job was stuck: the one snapshot's premise holds.",
+            ),
+        )
     if context:
         v = v.with_updates(reasons=tuple(v.reasons) + tuple(context))
     if notes:

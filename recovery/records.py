@@ -290,6 +290,7 @@ class VerdictFacts:
     crash_first_time: float | None = None
     crash_n_primary: int | None = None
     time: float | None = None
+    on_premise: bool = False  # a hang from one snapshot with no time: stuck only if it was stuck when captured
 
     @classmethod
     def from_dict(cls, d: Any, *, where: str = "verdict") -> VerdictFacts:
@@ -364,6 +365,7 @@ class VerdictFacts:
             parse_time(crash.get("first_failure_time"), where),
             _int(crash.get("n_primary"), where, "n_primary"),
             parse_time(d.get("time"), where),
+            details.get("stuck_on_premise") is True,
         )
 
     @property

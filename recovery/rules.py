@@ -176,8 +176,8 @@ def verdict_machine(f: Facts) -> Decision | None:
     v = f.s.verdict
     if v is None or v.kind not in MACHINE_VERDICTS or not v.isolate_nodes:
         return None
-    if v.confidence < f.cfg.min_verdict_confidence:
-        return None
+    if v.confidence < f.cfg.min_verdict_confidence or v.on_premise:
+        return None  # too weak, or a hang only if the job was stuck when its one snapshot was taken: collect
     if v.kind == "crash" and v.crash_n_primary == 0:
         return None  # every failure reports a lost peer: no machine culprit
     nodes = v.isolate_nodes
@@ -204,11 +204,16 @@ def low_confidence(f: Facts) -> Decision | None:
     v = f.s.verdict
     if v is None or v.kind not in MACHINE_VERDICTS or not v.isolate_nodes:
         return None
-    if v.confidence >= f.cfg.min_verdict_confidence and not (v.kind == "crash" and v.crash_n_primary == 0):
+    weak = v.confidence < f.cfg.min_verdict_confidence or (v.kind == "crash" and v.crash_n_primary == 0)
+    if not weak and not v.on_premise:
         return None
     why = (
         f"{v.kind} verdict names {', '.join(v.isolate_nodes)} with confidence {v.confidence:.2f} "
         f"(< {f.cfg.min_verdict_confidence:.2f}): too weak to evict a machine"
+        if weak
+        else f"{v.kind} verdict names {', '.join(v.isolate_nodes)} from one snapshot with no time: stuck only if "
+        "the job was stuck when it was captured (a running job caught at that instant looks alike); a second "
+        "round settles it before a machine is evicted"
     )
     return Decision(
         "evidence",

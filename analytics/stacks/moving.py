@@ -38,12 +38,17 @@ from rankscope.analytics.stacks.snapshot import SnapshotAnalysis
 from rankscope.analytics.verdict import Evidence, Severity, Verdict, rank_ranges
 from rankscope.datasets.domain.topology import Topology
 
+VOTE_ROUNDS = 5
+"""Rounds of stacks the fail-slow vote needs on its own (ByteRobust takes 5, 10 s apart); fewer when the
+job's step records show it slowed down (then the question is only who slowed it)."""
+
 
 def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, steps: StepEvidence | None) -> Verdict:
     cfg, last = facts.config, facts.analyses[-1]
     rounds = [round_states(a) for a in facts.analyses]
     reasons = list(m.reasons)
     common = common_fields(facts, topology, job, last)
+    few = False  # a rank stood out, in too few rounds for the vote alone
     slowed = steps is not None and steps.progressing and steps.slowdown is not None
     v = (
         vote(
@@ -56,8 +61,19 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
         if len(rounds) >= 2
         else None
     )
-    if v is not None and v.degrader is not None:
+    if v is not None and v.degrader is not None and (len(rounds) >= VOTE_ROUNDS or slowed):
         return _failslow(facts, topology, v.degrader, reasons, common, v.others)
+    if v is not None and v.degrader is not None:  # too few rounds for the vote alone: a near miss, in words
+        d = v.degrader
+        r0 = d.culprit_ranks[0]
+        reasons.append(
+            f"Rank(s) {rank_ranges(d.culprit_ranks)} stood out in {d.flags} of {len(rounds)} rounds, but "
+            f"{len(rounds)} rounds are fewer than the {VOTE_ROUNDS} ByteRobust's fail-slow vote takes: dumps taken "
+            "one rank after another, or a phase of the step every round caught alike, make a few rounds agree "
+            f"(rank {r0} on {topology.node_of(r0)}). Take {VOTE_ROUNDS} rounds, or give the step times, before "
+            "evicting."
+        )
+        v, few = None, True
     if steps is not None and steps.progressing and (len(rounds) >= 2 or steps.slowdown is not None):
         named = _steps_and_stacks(facts, topology, rounds, steps, reasons, common)
         if named is not None:
@@ -81,7 +97,7 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
     reasons += problem_words(problems_of(facts))
     return Verdict(
         Severity.HEALTHY,
-        confidence=0.7 if len(rounds) >= 2 else 0.6,
+        confidence=0.5 if few else 0.7 if len(rounds) >= 2 else 0.6,
         reasons=tuple(reasons),
         details=details(facts, {"rounds": []}),
         **common,

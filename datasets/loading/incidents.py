@@ -121,8 +121,9 @@ def choose(
         t = max((agent_times[s] for s in series if s in agent_times), default=float("-inf"))
         incidents.append(Incident("agent", t, frozenset(series), "capture"))
     notes: list[str] = []
-    if not incidents:
-        return Choice(procs, snapshot_times, None, notes)
+    if not incidents:  # no stacks: the latest ingest of Flight Recorder dumps, if any (else the agent's)
+        fr_key = _latest_fr_ingest(ledger)
+        return Choice(procs, snapshot_times, _fr_sources(ledger, fr_key) if fr_key else None, notes, fr_key)
     best = max(incidents, key=lambda i: i.time)
     older = [i for i in incidents if i is not best]
     if older:
@@ -185,6 +186,19 @@ def _ingests(by_ingest: Mapping[str, set[int]], snapshot_times: Mapping[int, flo
         else:
             out.append(Incident(i, ingest_time.get(i, float("-inf")), frozenset(snaps), "ingest"))
     return out
+
+
+def _latest_fr_ingest(ledger: Any) -> str | None:
+    """The ingest that wrote Flight Recorder dumps last (by ingest time), None when none did."""
+    if ledger is None:
+        return None
+    best: tuple[float, str] | None = None
+    for i, w, k in zip(ledger["ingest_id"], ledger["ingest_time"], ledger["kind"]):
+        if k == "flight_recorder" and i:
+            t = w.timestamp() if w is not None else float("-inf")
+            if best is None or (t, i) > best:
+                best = (t, i)
+    return best[1] if best else None
 
 
 def _fr_sources(ledger: Any, key: str) -> frozenset[str] | None:

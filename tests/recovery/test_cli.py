@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,12 @@ def _run(*args: object, env: dict[str, str] | None = None):  # type: ignore[no-u
     return runner.invoke(app, [str(a) for a in args], env=env)
 
 
+FR_HANG = Path(__file__).resolve().parents[1] / "data" / "fr_gloo" / "hang"  # the hook's dumps: a clocked hang
+
+
 @pytest.fixture()
-def verdict_file(tmp_path: Path, probe_dir: Path) -> Path:
-    res = _run("diagnose", probe_dir / "pyspy" / "text", "--gpus-per-node", "1", "--format", "json")
+def verdict_file(tmp_path: Path) -> Path:
+    res = _run("diagnose", FR_HANG, "--gpus-per-node", "1", "--format", "json")
     assert res.exit_code == 0, res.output
     path = tmp_path / "verdict.json"
     path.write_text(res.stdout)
@@ -57,9 +61,14 @@ def test_plan_from_a_verdict_file_is_json_with_every_field_and_the_same_bytes_tw
 
 
 def test_plan_diagnoses_a_dump_directory_and_a_store_first(probe_dir: Path, tmp_path: Path) -> None:
-    res = _run("plan", probe_dir / "pyspy" / "text", "--gpus-per-node", "1", "--audit", tmp_path / "a.jsonl")
+    res = _run("plan", FR_HANG, "--gpus-per-node", "1", "--audit", tmp_path / "a.jsonl")
     assert res.exit_code == 0, res.output
     assert "evict node-3" in res.stdout and "hang verdict" in res.stdout
+    # one py-spy snapshot and no time: rank 3 is named, but it is a hang only if the job was stuck when it was
+    # captured (a healthy job caught at one instant looks alike): collect another round before evicting
+    res = _run("plan", probe_dir / "pyspy" / "text", "--gpus-per-node", "1")
+    assert res.exit_code == 0, res.output
+    assert "- evict" not in res.stdout and "one snapshot with no time" in res.stdout, res.stdout
     st = tmp_path / "store"
     assert (
         _run("ingest", probe_dir / "pyspy" / "json", "--store", st, "--job", "probe", "--gpus-per-node", "1").exit_code
@@ -68,12 +77,15 @@ def test_plan_diagnoses_a_dump_directory_and_a_store_first(probe_dir: Path, tmp_
     res = _run("plan", st, "--job", "probe", "--format", "json")
     assert res.exit_code == 0, res.output
     p = json.loads(res.stdout)
-    assert p["job"] == "probe" and p["actions"][0]["nodes"] == ["node-3"]
+    assert p["job"] == "probe" and p["category"] == "evidence" and p["suspect_nodes"] == ["node-3"]
+    assert [a["kind"] for a in p["actions"]] == ["collect"]
 
 
-def test_recover_is_a_dry_run_by_default_and_records_it_in_the_store(probe_dir: Path, tmp_path: Path) -> None:
+def test_recover_is_a_dry_run_by_default_and_records_it_in_the_store(tmp_path: Path) -> None:
     st = tmp_path / "store"
-    _run("ingest", probe_dir / "pyspy" / "json", "--store", st, "--job", "probe", "--gpus-per-node", "1")
+    hang = tmp_path / "hang"  # the hook's clocked Flight Recorder dumps beside the probe's py-spy stacks
+    shutil.copytree(FR_HANG, hang)
+    _run("ingest", hang, "--store", st, "--job", "probe", "--gpus-per-node", "1")
     res = _run("recover", st, "--job", "probe", "--backend", "slurm", "--slurm-job-id", "4242")
     assert res.exit_code == 0, res.output
     assert "DRY RUN (nothing changed; --apply makes these calls)" in res.stdout

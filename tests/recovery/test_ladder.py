@@ -573,7 +573,7 @@ def test_real_diagnose_output_is_accepted(probe_dir: Path) -> None:
             "-m",
             "rankscope",
             "diagnose",
-            str(probe_dir / "pyspy" / "text"),
+            str(Path(__file__).resolve().parents[1] / "data" / "fr_gloo" / "hang"),  # a clocked hang
             "--gpus-per-node",
             "1",
             "--format",
