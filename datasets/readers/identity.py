@@ -55,6 +55,12 @@ _GENERIC_STEMS = re.compile(
 )
 
 
+_GENERIC_TOKENS = frozenset(
+    {"console", "stdout", "stderr", "log", "logs", "output", "combined", "torchrun", "launcher", "debug", "trainer"}
+)
+"""Words that name what a log is, not the machine it came from (a per-host log is named after its host)."""
+
+
 @dataclass(frozen=True)
 class PathFacts:
     """What a file's path says about its process(es)."""
@@ -114,6 +120,8 @@ def host_from_log_name(rel: str) -> str | None:
     name = rel.rsplit("/", 1)[-1]
     stem = re.sub(r"\.(?:log|out|err|txt|json|stdout|stderr)$", "", name, flags=re.I)
     if not stem or _GENERIC_STEMS.match(stem) or _RANK.search(stem) or _LOCAL.search(stem):
+        return None
+    if _GENERIC_TOKENS & set(re.split(r"[-_.]+", stem.lower())):  # trainer-console.log, job_stdout.txt
         return None
     return stem if _HOSTNAME.match(stem) and not _CONTAINER.match(stem) else None
 

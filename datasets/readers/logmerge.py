@@ -11,10 +11,11 @@ describe the same failure, their difference corrects the zone of every naive tim
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rankscope.datasets.domain.bounds import FOREIGN
@@ -70,7 +71,9 @@ class _Ranks:
         if f.host:
             return f.host
         hosts = {e.host for e in f.summary if is_machine_name(e.host)}
-        return hosts.pop() if len(hosts) == 1 else f"file:{f.rel}"
+        if len(hosts) == 1:
+            return hosts.pop()
+        return launcher_key(f.rel) or f"file:{f.rel}"
 
     def global_rank(self, host: str | None, local: int) -> int | None:
         if host is None:
@@ -95,6 +98,16 @@ class _Ranks:
         )
 
 
+_LOG_DIR_TREE = re.compile(r"^(.*?[^/]+/attempt[-_]?\d+)/\d+/[^/]+$", re.I)
+
+
+def launcher_key(rel: str) -> str | None:
+    """The one launcher a ``--log-dir`` file belongs to when no host folder names it: its
+    ``<run_id>/attempt_<k>`` folder (every local rank of one torchrun agent writes below it), else None."""
+    m = _LOG_DIR_TREE.match(rel)
+    return f"logdir:{m.group(1)}" if m else None
+
+
 def is_machine_name(host: str | None) -> bool:
     """A host name worth naming (torchrun prints ``localhost`` when it knows no better)."""
     return bool(host) and host not in ("localhost", "127.0.0.1", "::1", "<N/A>")
@@ -111,6 +124,11 @@ def _stream_rank(f: FileRead, key: tuple[str, int] | None, st: Stream, ranks: _R
     if f.path_rank is not None:
         return f.path_rank
     return None  # the launcher's own lines
+
+
+def _with_launcher(facts: Any, rel: str) -> Any:
+    """An error file's path facts, its host the launcher's ``--log-dir`` tree when no host folder names one."""
+    return facts if facts.host else replace(facts, host=launcher_key(rel))
 
 
 def read_logs(
@@ -136,13 +154,15 @@ def read_logs(
         facts = path_facts(rel)
         if facts.host:
             ranks.hosts.add(facts.host)
+        elif launcher_key(rel):
+            ranks.hosts.add(launcher_key(rel) or "")
     # first pass: which global rank each stream and error file is (local ranks may need host order)
     plan: list[tuple[FileRead, tuple[str, int] | None, Stream]] = [
         (f, k, st) for f in reads for k, st in f.streams.items()
     ]
     for f, k, st in plan:
         _stream_rank(f, k, st, ranks)
-    err_local = [(rel, e, path_facts(rel)) for rel, e in errors]
+    err_local = [(rel, e, _with_launcher(path_facts(rel), rel)) for rel, e in errors]
     for _rel, _e, facts in err_local:
         if facts.rank is None and facts.local_rank is not None:
             ranks.global_rank(facts.host, facts.local_rank)
@@ -175,7 +195,7 @@ def _build(
     for f, key, st in plan:
         rank = _stream_rank(f, key, st, ranks)
         key_host = ranks.host_of(f) or ""
-        host = "" if key_host.startswith("file:") else key_host  # a machine name, or none
+        host = "" if key_host.startswith(("file:", "logdir:")) else key_host  # a machine name, or none
         if rank is None:
             continue
         seen.setdefault(rank, host)
@@ -279,7 +299,7 @@ def _exits(
             orphans.append(rel)
         else:
             files.setdefault(r, one)
-            if facts.host:
+            if facts.host and not facts.host.startswith("logdir:"):
                 out.names.setdefault(r, (facts.host, "host-folder"))
     if orphans:
         out.notes.append(

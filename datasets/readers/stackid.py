@@ -11,7 +11,7 @@ line naming both files.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -198,6 +198,7 @@ def identify(
         _children_follow_their_trainer(found)
         _siblings_by_pid(found, gpus_per_node, notes)
         _local_to_global(found, gpus_per_node, notes)
+    _folders_that_are_not_machines(found, gpus_per_node, notes)
     kept, lost = [], []
     for f in found:
         if f.ident.rank is None and f.role is None:
@@ -211,6 +212,37 @@ def identify(
             f"path or host folder to number them on): {shown}"
         )
     return _dedupe(kept, notes)
+
+
+def _folders_that_are_not_machines(found: list[Found], gpus_per_node: int | None, notes: list[str]) -> None:
+    """Host-folder names that cannot be machines lose that role (the ranks keep their numbers; their machines
+    are then named from other evidence, else ``node-<k>`` with a note): the only folder, when it holds every
+    trainer of the job (``2026-12-01T21-00/``, ``fh/``, ``incident-0412/``: the dump folder, not a host), and
+    a folder holding more trainers in one snapshot than ``--gpus-per-node`` allows."""
+    per: dict[str, Counter[int]] = defaultdict(Counter)
+    for f in found:
+        if f.role is None and f.ident.node is not None and f.ident.sources.get("node") == "host-folder":
+            per[f.ident.node][f.ident.snapshot] += 1
+    if not per:
+        return
+    most = {h: max(c.values()) for h, c in per.items()}
+    bad = {h for h, n in most.items() if gpus_per_node is not None and n > gpus_per_node}
+    if len(per) == 1 and next(iter(most.values())) > 1:
+        bad |= set(per)
+    if not bad:
+        return
+    for f in found:
+        if f.ident.node in bad and f.ident.sources.get("node") == "host-folder":
+            f.ident = f.ident._replace(node=None, sources={k: v for k, v in f.ident.sources.items() if k != "node"})
+    shown = ", ".join(sorted(bad)[:3])
+    notes.append(
+        f"folder(s) {shown} not taken for machine names: "
+        + (
+            "one folder holds every rank's dump (the dump folder, not a host)"
+            if len(per) == 1
+            else f"each holds more ranks than --gpus-per-node {gpus_per_node}"
+        )
+    )
 
 
 def _children_follow_their_trainer(found: list[Found]) -> None:
