@@ -10,6 +10,7 @@ are read as one list, one process per pid. A file cut short keeps every complete
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from rankscope.datasets.domain.bounds import FOREIGN, MAX_LINE_NO, json_too_deep, limits, to_int
@@ -65,10 +66,15 @@ def _concatenated(text: str) -> list[Any] | None:
     return out if arrays > 1 else None
 
 
+_ADDRESS = re.compile(r"^0x[0-9a-fA-F]+$")
+
+
 def _frame(f: Any) -> Frame:
     if not isinstance(f, dict):
         raise TypeError("frame is not an object")
     name = f.get("name") or "?"
+    if isinstance(name, str) and name.startswith("0x") and _ADDRESS.match(name):
+        name = "0x?"  # --native: an unsymbolized address differs in every process (ASLR)
     file = f.get("filename") or f.get("short_filename") or "?"
     line = f.get("line")
     return Frame(str(name), str(file), to_int(line, lo=1, hi=MAX_LINE_NO) if isinstance(line, int) else None)
@@ -114,6 +120,8 @@ def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
             raw = t.get("frames") or []
             try:
                 key = tuple((f["name"], f["filename"], f["line"]) for f in raw)
+                if any(k[0].__class__ is str and k[0].startswith("0x") for k in key):
+                    key = None  # native addresses: normalized frame by frame
             except (KeyError, TypeError):
                 key = None
             frames = _INTERN.get(key) if key is not None else None

@@ -10,7 +10,8 @@ Sample (py-spy 0.4.3)::
         <module> (fr_gloo.py:29)
 
 Handles ``--subprocesses`` and concatenated dumps (several ``Process`` sections: one process each),
-``--locals`` (indented argument blocks, skipped), ``--native`` frames without line numbers,
+``--locals`` (indented argument blocks, skipped), ``--native`` frames without line numbers (an unsymbolized
+``0x7f0911aa3f16 (libc.so.6)`` becomes ``0x? (libc.so.6)``: addresses differ in every process),
 idle/active/gil markers, log prefixes on every line (``prefixed``: stripped first), files cut short
 (status ``partial``) and py-spy's own error output, a failed dump whose ``failure_kind`` says why::
 
@@ -41,6 +42,7 @@ _THREAD = re.compile(r'^Thread (0[xX][0-9a-fA-F]+|\d+)(?: \(([^)]*)\))?(?:: "(.*
 _FRAME = re.compile(r"^ {4}(\S.*?) \(([^()]*?)(?::(\d+))?\)\s*$")
 _ERROR = re.compile(r"^(Error|error|Permission Denied|Failed)\b[: ]?(.*)$")
 _CAUSE = re.compile(r"^\s+\d+: (.*\S)\s*$")
+_ADDRESS = re.compile(r"^0x[0-9a-fA-F]+$")
 
 
 def _thread_id(token: str) -> int | None:
@@ -58,7 +60,10 @@ def _frames(lines: list[str]) -> tuple[Frame, ...]:
         for line in lines:
             m = _FRAME.match(line)
             if m:
-                out.append(Frame(m.group(1), m.group(2), int_text(m.group(3), lo=0, hi=MAX_LINE_NO)))
+                name = m.group(1)
+                if _ADDRESS.match(name):  # --native: an unsymbolized address differs in every process (ASLR)
+                    name = "0x?"
+                out.append(Frame(name, m.group(2), int_text(m.group(3), lo=0, hi=MAX_LINE_NO)))
         frames = _INTERN.put(key, tuple(out))
     return frames
 

@@ -187,3 +187,24 @@ def test_empty_or_missing_dir(tmp_path):
         scan_dump_dir(tmp_path)
     with pytest.raises(InputError, match="no such file"):
         scan_dump_dir(tmp_path / "nope")
+
+
+def test_native_addresses_are_one_frame_in_every_process() -> None:
+    # py-spy --native: unsymbolized frames are raw addresses, different in every process (ASLR); the stacks of
+    # two ranks waiting in the same place must still compare equal (an outside tester's real --native dumps)
+    def text(addr: str) -> str:
+        return (
+            "Process 17107: python3 -u train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
+            'Thread 17107 (idle): "MainThread"\n'
+            f"    {addr} (libc.so.6)\n    pthread_cond_wait (libc.so.6)\n"
+            "    all_reduce (torch/distributed/distributed_c10d.py:3252)\n    main (train.py:62)\n"
+        )
+
+    a, b = (parse_pyspy_text(text(x), "r")[0].threads[0].frames for x in ("0x7f0911aa3f16", "0x7fe46bea3f16"))
+    assert a == b and a[0].function == "0x?" and a[0].file == "libc.so.6"
+    frames = [
+        {"name": "0x7f0911aa3f16", "filename": "libc.so.6", "line": 0},
+        {"name": "main", "filename": "t.py", "line": 3},
+    ]
+    j = parse_pyspy_json(json.dumps([{"pid": 1, "thread_name": "MainThread", "frames": frames}]), "r")
+    assert j[0].threads[0].frames[0].function == "0x?"
