@@ -87,6 +87,13 @@ def verdict(f: LogFacts, topology: Topology | None, *, job: str = "") -> Verdict
             )
         else:
             reasons.append("the timeouts name no member that stopped first: the logs prove a hang but not its culprit.")
+            quiet = _gloo_silent(f)
+            if quiet:
+                reasons.append(
+                    f"rank(s) {rank_ranges(quiet)} printed no gloo timeout while every other rank did: if the job "
+                    "is stuck, look there first (silence alone names no one: a log may be cut, or a rank may wait "
+                    "elsewhere)."
+                )
         return Verdict(
             Severity.INCONCLUSIVE,
             job=job,
@@ -149,3 +156,13 @@ def _quiet(f: LogFacts, job: str) -> Verdict:
     return Verdict(
         sev, job=job, confidence=0.6, reasons=(why,), sources=("logs",), world_size=f.world, details=_details(f)
     )
+
+
+def _gloo_silent(f: LogFacts) -> tuple[int, ...]:
+    """Ranks that printed no gloo timeout (nor saw a peer close) while at least two others timed out and the
+    silent ones are few (a quarter of the job at most): where a gloo hang's waits most likely end."""
+    timed = set(f.gloo_timeouts)
+    if len(timed) < 2 or f.world <= 0:
+        return ()
+    quiet = tuple(r for r in range(f.world) if r not in timed and r not in set(f.cascade))
+    return quiet if 0 < len(quiet) <= max(1, f.world // 4) else ()

@@ -76,7 +76,10 @@ def motion(facts: StackFacts, steps: StepEvidence | None = None, *, max_running_
             + _also(step_words),
         )
     words = (
-        [f"{prog.words()}: too few waiters released to call it progress, so the job is not progressing."]
+        [
+            f"{prog.words()}: too few waiters released to prove progress, nor the same waits in every snapshot "
+            "to prove a hang (a step that calls one collective line several times looks alike either way)."
+        ]
         if prog
         else []
     )

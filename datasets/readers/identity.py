@@ -59,6 +59,7 @@ _GENERIC_TOKENS = frozenset(
     {"console", "stdout", "stderr", "log", "logs", "output", "combined", "torchrun", "launcher", "debug", "trainer"}
 )
 """Words that name what a log is, not the machine it came from (a per-host log is named after its host)."""
+_GENERIC_DIR_TOKENS = _GENERIC_TOKENS - {"trainer"}  # a folder: torchrun-logs/, job_output/ (pods may be trainer-3)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,13 @@ def _dir_facts(dirpart: str) -> tuple[int | None, int | None, int | None, str | 
                 rank = int(m.group(1))
         if i == run_id or (i + 1 < len(parts) and _ATTEMPT.match(parts[i + 1])):
             continue  # a --log-dir run id ("none_ml68s5ij", "<uuid>_<random>")
-        if host is None and not _CONTAINER.match(part) and _HOSTNAME.match(part) and not _RANK.search(part):
+        if (
+            host is None
+            and not _CONTAINER.match(part)
+            and _HOSTNAME.match(part)
+            and not _RANK.search(part)
+            and not (_GENERIC_DIR_TOKENS & set(re.split(r"[-_.]+", part.lower())))
+        ):
             host = part
             break
     return snap, rank, local, host, log_dir

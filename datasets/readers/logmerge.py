@@ -49,6 +49,7 @@ class _Ranks:
         self.hosts: set[str] = set()
         self.g = gpus_per_node
         self.assumed: set[tuple[str, int]] = set()
+        self.alias: dict[str, str] = {}
         for f in reads:
             host = self.host_of(f)
             if host is None:
@@ -63,9 +64,27 @@ class _Ranks:
                 tagged = {st.rank for st in f.streams.values() if st.rank is not None}
                 if len(tagged) == 1:
                     self.map.setdefault((host, f.path_local), tagged.pop())
+        self._one_launcher()
 
-    @staticmethod
-    def host_of(f: FileRead) -> str | None:
+    def _one_launcher(self) -> None:
+        """Logs that name no machine at all (a console and a ``--log-dir`` tree of one torchrun, say) are one
+        launcher's when what they say of their ranks agrees (no local rank tagged with two global ranks) and
+        their local ranks fit ``--gpus-per-node``: then an untagged file's local rank is that launcher's, not a
+        rank of another machine."""
+        unnamed = {h for h in self.hosts if h.startswith(UNNAMED)}
+        if len(unnamed) < 2 or unnamed != self.hosts:
+            return
+        seen: dict[int, int] = {}
+        for (_h, local), rank in self.map.items():
+            if seen.setdefault(local, rank) != rank:
+                return
+        if self.g is not None and seen and max(seen) >= self.g:
+            return
+        self.alias = dict.fromkeys(unnamed, "logs:one-launcher")
+        self.map = {(self.alias[h], local): rank for (h, local), rank in self.map.items()}
+        self.hosts = {"logs:one-launcher"}
+
+    def host_of(self, f: FileRead) -> str | None:
         """The machine a file's processes ran on; ``file:<path>`` when nothing names it (one launcher's
         file still maps its own local ranks)."""
         if f.host:
@@ -73,7 +92,12 @@ class _Ranks:
         hosts = {e.host for e in f.summary if is_machine_name(e.host)}
         if len(hosts) == 1:
             return hosts.pop()
-        return launcher_key(f.rel) or f"file:{f.rel}"
+        key = launcher_key(f.rel) or f"file:{f.rel}"
+        return self.alias.get(key, key)
+
+    def key(self, host: str | None) -> str | None:
+        """``host`` as the maps know it (unnamed launchers merged into one)."""
+        return self.alias.get(host, host) if host is not None else None
 
     def global_rank(self, host: str | None, local: int) -> int | None:
         if host is None:
@@ -97,6 +121,8 @@ class _Ranks:
             f"index x {g} + local rank); a [rank<N>] tag, the launcher's failure summary or a manifest makes it exact"
         )
 
+
+UNNAMED = ("file:", "logdir:", "logs:")  # launcher keys that name no machine
 
 _LOG_DIR_TREE = re.compile(r"^(.*?[^/]+/attempt[-_]?\d+)/\d+/[^/]+$", re.I)
 
@@ -165,7 +191,7 @@ def read_logs(
     err_local = [(rel, e, _with_launcher(path_facts(rel), rel)) for rel, e in errors]
     for _rel, _e, facts in err_local:
         if facts.rank is None and facts.local_rank is not None:
-            ranks.global_rank(facts.host, facts.local_rank)
+            ranks.global_rank(ranks.key(facts.host), facts.local_rank)
     note = ranks.assume()
     if note:
         notes.append(note)
@@ -195,7 +221,7 @@ def _build(
     for f, key, st in plan:
         rank = _stream_rank(f, key, st, ranks)
         key_host = ranks.host_of(f) or ""
-        host = "" if key_host.startswith(("file:", "logdir:")) else key_host  # a machine name, or none
+        host = "" if key_host.startswith(UNNAMED) else key_host  # a machine name, or none
         if rank is None:
             continue
         seen.setdefault(rank, host)
@@ -253,7 +279,7 @@ def _zone_offset(
         r = (
             facts.rank
             if facts.rank is not None
-            else ranks.map.get((facts.host, facts.local_rank))
+            else ranks.map.get((ranks.key(facts.host) or "", facts.local_rank))
             if facts.host
             else None
         )
@@ -291,7 +317,7 @@ def _exits(
         r = (
             facts.rank
             if facts.rank is not None
-            else ranks.map.get((facts.host, facts.local_rank))
+            else ranks.map.get((ranks.key(facts.host) or "", facts.local_rank))
             if facts.host
             else None
         )
@@ -299,7 +325,7 @@ def _exits(
             orphans.append(rel)
         else:
             files.setdefault(r, one)
-            if facts.host and not facts.host.startswith("logdir:"):
+            if facts.host and not facts.host.startswith(UNNAMED):
                 out.names.setdefault(r, (facts.host, "host-folder"))
     if orphans:
         out.notes.append(

@@ -31,3 +31,18 @@ def test_a_healthy_job_dumped_rank_by_rank_three_times_is_not_fail_slow() -> Non
     v = run_diagnose(load_inputs(DATA / "c38_healthy8_3rounds_json_hosts", gpus_per_node=2))
     assert v.verdict == "healthy" and v.suspect_nodes == () and v.culprit_ranks == (), v.explain()
     assert any("fewer than the 5" in r for r in v.reasons), v.reasons
+
+
+def test_a_gloo_hang_in_logs_alone_points_at_the_silent_rank_in_words() -> None:
+    inp = load_inputs(DATA / "c34_logs_alone_hang_timeout", gpus_per_node=4)
+    assert inp.topology.world_size == 4 and "torchrun-logs" not in inp.topology.node_names
+    v = run_diagnose(inp)
+    assert v.verdict == "inconclusive" and v.suspect_nodes == () and v.culprit_ranks == (), v.explain()
+    assert any("rank(s) 2 printed no gloo timeout" in r for r in v.reasons), v.reasons
+
+
+def test_a_console_and_a_log_dir_tree_of_one_torchrun_are_one_launcher() -> None:
+    inp = load_inputs(DATA / "c2x_valueerror_r2_record_console_logdir", gpus_per_node=4)
+    assert inp.topology.world_size == 4, inp.notes
+    v = run_diagnose(inp)
+    assert v.verdict == "crash" and v.culprit_ranks == (2,), v.explain()
