@@ -102,15 +102,7 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
             world_size=topology.world_size if topology is not None else 0,
         )
     v = combine(verdicts)
-    stuck_by_logs = log_facts is not None and log_facts.hang_evidence
-    if v.verdict is Severity.HANG and v.details.get("stuck_on_premise") and stuck_by_logs:
-        v = v.with_updates(  # the logs' timeouts are the time evidence the one snapshot lacked
-            details={k: x for k, x in v.details.items() if k != "stuck_on_premise"},
-            reasons=(
-                *v.reasons,
-                "The logs' collective or transport timeouts show the job was stuck: the one snapshot's premise holds.",
-            ),
-        )
+    v = _premise_held(v, log_facts)
     if context:
         v = v.with_updates(reasons=tuple(v.reasons) + tuple(context))
     if notes:
@@ -118,6 +110,22 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     if inputs.inferred_nodes:  # nobody named these machines: say so where a machine reads the verdict
         v = v.with_updates(details={**v.details, "inferred_node_names": list(inputs.inferred_nodes)})
     return v
+
+
+def _premise_held(v: Verdict, log_facts: LogFacts | None) -> Verdict:
+    """A hang on one snapshot's premise (the job was stuck when captured) whose logs time out: the logs'
+    timeouts are the time evidence the snapshot lacked."""
+    if v.verdict is not Severity.HANG or not v.details.get("stuck_on_premise"):
+        return v
+    if log_facts is None or not log_facts.hang_evidence:
+        return v
+    return v.with_updates(
+        details={k: x for k, x in v.details.items() if k != "stuck_on_premise"},
+        reasons=(
+            *v.reasons,
+            "The logs' collective or transport timeouts show the job was stuck: the one snapshot's premise holds.",
+        ),
+    )
 
 
 def _log_facts(inputs: Inputs) -> LogFacts | None:

@@ -207,27 +207,14 @@ def low_confidence(f: Facts) -> Decision | None:
     weak = v.confidence < f.cfg.min_verdict_confidence or (v.kind == "crash" and v.crash_n_primary == 0)
     if not weak and not v.on_premise:
         return None
-    why = (
-        f"{v.kind} verdict names {', '.join(v.isolate_nodes)} with confidence {v.confidence:.2f} "
-        f"(< {f.cfg.min_verdict_confidence:.2f}): too weak to evict a machine"
+    why = f"{v.kind} verdict names {', '.join(v.isolate_nodes)} " + (
+        f"with confidence {v.confidence:.2f} (< {f.cfg.min_verdict_confidence:.2f}): too weak to evict a machine"
         if weak
-        else f"{v.kind} verdict names {', '.join(v.isolate_nodes)} from one snapshot with no time: stuck only if "
-        "the job was stuck when it was captured (a running job caught at that instant looks alike); a second "
-        "round settles it before a machine is evicted"
+        else "from one snapshot with no time: stuck only if the job was stuck when it was captured (a running job "
+        "caught at that instant looks alike); a second round settles it before a machine is evicted"
     )
-    return Decision(
-        "evidence",
-        v.confidence,
-        (
-            Action(
-                "collect",
-                why,
-                collect=("another capture round (5 rounds 10 s apart for a slowdown)",) + AGGREGATION_EVIDENCE[1:],
-            ),
-        ),
-        (why,),
-        v.isolate_nodes,
-    )
+    more = ("another capture round (5 rounds 10 s apart for a slowdown)",) + AGGREGATION_EVIDENCE[1:]
+    return Decision("evidence", v.confidence, (Action("collect", why, collect=more),), (why,), v.isolate_nodes)
 
 
 def numerics(f: Facts) -> Decision | None:
