@@ -118,6 +118,7 @@ def parse_pyspy_json(text: str, source_file: str = "") -> list[ProcessDump]:
             if not isinstance(t, dict):
                 raise TypeError("thread is not an object")
             raw = t.get("frames") or []
+            key: tuple[tuple[Any, Any, Any], ...] | None
             try:
                 key = tuple((f["name"], f["filename"], f["line"]) for f in raw)
                 if any(k[0].__class__ is str and k[0].startswith("0x") for k in key):
