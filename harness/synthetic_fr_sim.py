@@ -83,7 +83,7 @@ def _simulate(
             "retired": False,
             "timeout_ms": 600000,
             "is_p2p": op.kind == "pp",
-            "frames": frames[op.frames],
+            "frames": [dict(f) for f in frames[op.frames]],  # torch writes every entry's frames anew
             "thread_id": str(140000000000000 + r),
             "thread_name": "pt_main_thread",
         }

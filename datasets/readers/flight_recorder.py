@@ -213,7 +213,9 @@ def shapes(v: Any) -> tuple[tuple[int, ...], ...]:
 
 _SHAPES: dict[tuple[tuple[Any, ...], ...], tuple[tuple[int, ...], ...]] = {}
 _DTYPES: dict[tuple[Any, ...], tuple[str, ...]] = {}
+_STACKS: dict[tuple[tuple[Any, Any, Any], ...], tuple[Frame, ...]] = {}
 _INTERN_MAX = 1 << 16
+_new_frame = tuple.__new__
 
 
 def _i64(v: Any, default: int | None = None) -> int:
@@ -241,9 +243,17 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
     if hit is not None:
         return hit
     try:
-        out = tuple([Frame(f["name"], f["filename"], f["line"]) for f in v])
-        if not all(_plain_frame(f) for f in out):  # a list for a name, a line out of range: the careful way
-            raise TypeError("odd frame fields")
+        # torch writes every entry's frames as a list of its own: the same stack, entry after entry and rank
+        # after rank. Interned by value: one tuple of Frames per distinct stack (a 2,000-entry ring of 30-frame
+        # stacks on 1,024 ranks would otherwise be 61 M Frame objects), built and checked once.
+        key = tuple([(f["name"], f["filename"], f["line"]) for f in v])
+        out = _STACKS.get(key)  # TypeError: an unhashable field (a list for a name): the careful way below
+        if out is None:
+            out = tuple([_new_frame(Frame, k) for k in key])
+            if not all(_plain_frame(f) for f in out):  # a line out of range, a number for a name
+                raise TypeError("odd frame fields")
+            if len(_STACKS) < _INTERN_MAX:
+                _STACKS[key] = out
     except (KeyError, TypeError):
         out = tuple(
             Frame(
