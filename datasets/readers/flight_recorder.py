@@ -192,9 +192,7 @@ def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
 
 def shapes(v: Any) -> tuple[tuple[int, ...], ...]:
     """Tensor shapes as tuples of ints; anything else (deeper nesting, strings, huge numbers) a ValueError.
-
-    Validated shapes are interned: a job's entries repeat a few shapes millions of times, so a shape seen
-    before is one hash lookup (and one shared tuple in memory) instead of a check of every dimension."""
+    Validated shapes are interned (a job repeats a few shapes millions of times: one lookup, one tuple)."""
     if not v:
         return ()
     try:
@@ -243,9 +241,7 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
     if hit is not None:
         return hit
     try:
-        # torch writes every entry's frames as a list of its own: the same stack, entry after entry and rank
-        # after rank. Interned by value: one tuple of Frames per distinct stack (a 2,000-entry ring of 30-frame
-        # stacks on 1,024 ranks would otherwise be 61 M Frame objects), built and checked once.
+        # torch writes each entry's frames anew: interned by value, one tuple per distinct stack, checked once
         key = tuple([(f["name"], f["filename"], f["line"]) for f in v])
         out = _STACKS.get(key)  # TypeError: an unhashable field (a list for a name): the careful way below
         if out is None:
@@ -280,11 +276,10 @@ def _plain_frame(f: Frame) -> bool:
 def _dtypes(v: Any) -> tuple[str, ...]:
     out = tuple(v)
     try:
-        hit = _DTYPES.get(out)
+        if (hit := _DTYPES.get(out)) is not None:
+            return hit
     except TypeError:  # a list inside: the careful way
         return tuple(map(str, out))
-    if hit is not None:
-        return hit
     if all(x.__class__ is str for x in out):
         if len(_DTYPES) < _INTERN_MAX:
             _DTYPES[out] = out
@@ -293,8 +288,6 @@ def _dtypes(v: Any) -> tuple[str, ...]:
 
 
 _new_entry = tuple.__new__
-
-
 _MODERN = operator.itemgetter(
     "record_id",
     "pg_id",
