@@ -11,6 +11,7 @@ describe the same failure, their difference corrects the zone of every naive tim
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections import defaultdict
@@ -152,6 +153,13 @@ def _stream_rank(f: FileRead, key: tuple[str, int] | None, st: Stream, ranks: _R
     return None  # the launcher's own lines
 
 
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
 def _with_launcher(facts: Any, rel: str) -> Any:
     """An error file's path facts, its host the launcher's ``--log-dir`` tree when no host folder names one."""
     return facts if facts.host else replace(facts, host=launcher_key(rel))
@@ -195,7 +203,8 @@ def read_logs(
     note = ranks.assume()
     if note:
         notes.append(note)
-    out = _build(reads, plan, err_local, ranks, year, notes)
+    written = max((t for p, _ in (*files, *elastic) if (t := _mtime(p)) is not None), default=None)
+    out = _build(reads, plan, err_local, ranks, year, notes, written)
     out.assumed_ranks = sorted(ranks.map[k] for k in ranks.assumed)
     return out
 
@@ -207,6 +216,7 @@ def _build(
     ranks: _Ranks,
     year: int,
     notes: list[str],
+    written: float | None = None,
 ) -> LogRead:
     out = LogRead(LogEvidence(), notes=notes)
     seen: dict[int, str] = {}
@@ -248,7 +258,7 @@ def _build(
             found_exits.setdefault(rank, {**ex, "time": t + offset if t is not None else None, "node": host})
         for text in st.stacks:
             blocks[rank].extend(d for d in parse_traceback_text(text, f.rel) if d.status in ("ok", "partial"))
-    _exits(out, found_exits, launcher, err_local, ranks, wd, offset, gloo)
+    _exits(out, found_exits, launcher, err_local, ranks, wd, offset, gloo, written)
     for e in launcher:
         if is_machine_name(e.host):
             out.names.setdefault(e.rank, (e.host, "log"))
@@ -300,6 +310,7 @@ def _exits(
     wd: list[WatchdogRecord],
     offset: float,
     gloo: Sequence[GlooRecord] = (),
+    written: float | None = None,
 ) -> None:
     """One exit per rank: the exception (its traceback, else its error file, else the launcher's line), timed
     by its error file, else the launcher's summary, else the log line's stamp. An exit known only from the
@@ -333,6 +344,7 @@ def _exits(
             f"<host>/<run_id>/attempt_<k>/<local_rank>/error.json) not used: {', '.join(orphans[:3])}"
         )
     timed_out = {w.rank: w for w in wd if w.kind == "timeout" and w.rank is not None}
+    untimed: list[ProcessExit] = []
     gloo_error: dict[int, GlooRecord] = {}
     for rec in gloo:
         if rec.rank is not None:
@@ -376,14 +388,21 @@ def _exits(
             when, how = s.time + offset, "launcher"
         elif ex is not None and ex["time"] is not None:
             when = ex["time"]
-        if when is None:
-            out.notes.append(f"rank {rank}: {kind} in {source} has no time: not ordered with the other failures")
-            continue
         node = (s.host if s is not None and is_machine_name(s.host) else None) or (ex or {}).get("node") or ""
         node = node or out.names.get(rank, ("",))[0]
-        out.exits.append(
-            ProcessExit(rank, when, kind, message, where, node, s.pid if s else None, "trainer", how, source)
+        x = ProcessExit(rank, when or 0.0, kind, message, where, node, s.pid if s else None, "trainer", how, source)
+        (out.exits if when is not None else untimed).append(x)
+    if untimed and not out.exits and written is not None:
+        # no failure carries a time (a --log-dir tree without error files or stamps): their order is unknown,
+        # yet which of them only report a lost peer is not; all are put at the logs' newest modification time
+        out.exits += [replace(x, time=written, time_source="unordered") for x in untimed]
+        out.notes.append(
+            f"{len(untimed)} failure(s) in the logs carry no time: taken as simultaneous (their order is unknown)"
         )
+    else:
+        out.notes += [
+            f"rank {x.rank}: {x.kind} in {x.source} has no time: not ordered with the other failures" for x in untimed
+        ]
 
 
 def _stacks(out: LogRead, blocks: dict[int, list[ProcessDump]], seen: dict[int, str]) -> None:

@@ -46,3 +46,9 @@ def test_a_console_and_a_log_dir_tree_of_one_torchrun_are_one_launcher() -> None
     assert inp.topology.world_size == 4, inp.notes
     v = run_diagnose(inp)
     assert v.verdict == "crash" and v.culprit_ranks == (2,), v.explain()
+
+
+def test_untimed_failures_still_tell_the_one_that_is_not_a_cascade() -> None:
+    v = run_diagnose(load_inputs(DATA / "c2x_valueerror_r2_norecord_logdir_only", gpus_per_node=4))
+    assert v.verdict == "crash" and v.culprit_ranks == (2,), v.explain()
+    assert v.confidence <= 0.7 and any("order is unknown" in r for r in v.reasons), v.reasons
