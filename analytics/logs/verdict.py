@@ -164,5 +164,6 @@ def _gloo_silent(f: LogFacts) -> tuple[int, ...]:
     timed = set(f.gloo_timeouts)
     if len(timed) < 2 or f.world <= 0:
         return ()
-    quiet = tuple(r for r in range(f.world) if r not in timed and r not in set(f.cascade))
+    heard = timed | set(f.cascade)
+    quiet = tuple(r for r in range(f.world) if r not in heard)
     return quiet if 0 < len(quiet) <= max(1, f.world // 4) else ()

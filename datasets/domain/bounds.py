@@ -117,30 +117,13 @@ def check_regular(path: str | os.PathLike[str], *, max_bytes: int | None = None)
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def _nonblocking(path: str, flags: int) -> int:
-    return os.open(path, _OPEN_FLAGS)
-
-
 def open_regular(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> io.BufferedReader:
     """``path`` opened for binary reading when it is a regular file within the size limit.
 
     ``O_NONBLOCK`` keeps the open of a FIFO from waiting for a writer; the check is on the opened
     descriptor (``fstat``), so a file swapped for a FIFO or device between a check and the open is refused."""
-    try:
-        fh = open(path, "rb", opener=_nonblocking)  # noqa: SIM115 - returned open, or closed below
-    except OSError as exc:
-        raise ParseError(path, f"unreadable ({exc.strerror or exc})") from None
-    try:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(path, f"{_kind(st.st_mode)}, not a regular file: not read")
-        cap = limits().max_file_bytes if max_bytes is None else max_bytes
-        if st.st_size > cap:
-            raise _too_big(path, st.st_size, cap)
-        return fh  # O_NONBLOCK changes nothing for a regular file's reads
-    except BaseException:
-        fh.close()
-        raise
+    fd, _, _ = open_regular_fd(os.fspath(path), max_bytes=max_bytes)
+    return open(fd, "rb")
 
 
 def open_regular_fd(path: str, *, max_bytes: int | None = None) -> tuple[int, int, int]:

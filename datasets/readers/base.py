@@ -9,6 +9,14 @@ from typing import Any
 
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 
+_ADDRESS = re.compile(r"^0x[0-9a-fA-F]+$")
+
+
+def native_name(name: str) -> str:
+    """A frame's function name, an unsymbolized ``py-spy --native`` address (``0x7f0911aa3f16``, different in
+    every process: ASLR) as ``0x?`` so that the same place compares equal across ranks."""
+    return "0x?" if name.startswith("0x") and _ADDRESS.match(name) else name
+
 
 class Interner:
     """Shares one frames tuple among all threads with the same stack text.

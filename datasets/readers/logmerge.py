@@ -100,6 +100,12 @@ class _Ranks:
         """``host`` as the maps know it (unnamed launchers merged into one)."""
         return self.alias.get(host, host) if host is not None else None
 
+    def of_error_file(self, facts: Any) -> int | None:
+        """The global rank of a TorchElastic error file from its path facts (its rank, else host + local rank)."""
+        if facts.rank is not None:
+            return int(facts.rank)
+        return self.map.get((self.key(facts.host) or "", facts.local_rank)) if facts.host else None
+
     def global_rank(self, host: str | None, local: int) -> int | None:
         if host is None:
             return None
@@ -186,10 +192,9 @@ def read_logs(
     ranks = _Ranks(reads, gpus_per_node)
     for rel, _e in errors:
         facts = path_facts(rel)
-        if facts.host:
-            ranks.hosts.add(facts.host)
-        elif launcher_key(rel):
-            ranks.hosts.add(launcher_key(rel) or "")
+        host = facts.host or launcher_key(rel)
+        if host:
+            ranks.hosts.add(host)
     # first pass: which global rank each stream and error file is (local ranks may need host order)
     plan: list[tuple[FileRead, tuple[str, int] | None, Stream]] = [
         (f, k, st) for f in reads for k, st in f.streams.items()
@@ -286,13 +291,7 @@ def _zone_offset(
     by_rank = {e.rank: e.time for e in launcher if e.time is not None}
     diffs = []
     for _rel, one, facts in err_local:
-        r = (
-            facts.rank
-            if facts.rank is not None
-            else ranks.map.get((ranks.key(facts.host) or "", facts.local_rank))
-            if facts.host
-            else None
-        )
+        r = ranks.of_error_file(facts)
         if r is not None and r in by_rank and one.time is not None:
             diffs.append(one.time - by_rank[r])
     if not diffs:
@@ -325,13 +324,7 @@ def _exits(
     files: dict[int, ElasticError] = {}
     orphans = []
     for rel, one, facts in err_local:
-        r = (
-            facts.rank
-            if facts.rank is not None
-            else ranks.map.get((ranks.key(facts.host) or "", facts.local_rank))
-            if facts.host
-            else None
-        )
+        r = ranks.of_error_file(facts)
         if r is None:
             orphans.append(rel)
         else:

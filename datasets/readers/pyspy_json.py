@@ -10,12 +10,11 @@ are read as one list, one process per pid. A file cut short keeps every complete
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from rankscope.datasets.domain.bounds import FOREIGN, MAX_LINE_NO, json_too_deep, limits, to_int
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
-from rankscope.datasets.readers.base import Interner, failed_dump, mark_main
+from rankscope.datasets.readers.base import Interner, failed_dump, mark_main, native_name
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 
 _INTERN = Interner()
@@ -66,15 +65,12 @@ def _concatenated(text: str) -> list[Any] | None:
     return out if arrays > 1 else None
 
 
-_ADDRESS = re.compile(r"^0x[0-9a-fA-F]+$")
-
-
 def _frame(f: Any) -> Frame:
     if not isinstance(f, dict):
         raise TypeError("frame is not an object")
     name = f.get("name") or "?"
-    if isinstance(name, str) and name.startswith("0x") and _ADDRESS.match(name):
-        name = "0x?"  # --native: an unsymbolized address differs in every process (ASLR)
+    if isinstance(name, str):
+        name = native_name(name)
     file = f.get("filename") or f.get("short_filename") or "?"
     line = f.get("line")
     return Frame(str(name), str(file), to_int(line, lo=1, hi=MAX_LINE_NO) if isinstance(line, int) else None)

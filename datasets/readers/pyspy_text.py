@@ -33,7 +33,7 @@ from typing import Any
 
 from rankscope.datasets.domain.bounds import MAX_LINE_CHARS, MAX_LINE_NO, int_text
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
-from rankscope.datasets.readers.base import Interner, failed_dump, mark_main
+from rankscope.datasets.readers.base import Interner, failed_dump, mark_main, native_name
 
 FORMAT = "pyspy-text"
 
@@ -42,7 +42,6 @@ _THREAD = re.compile(r'^Thread (0[xX][0-9a-fA-F]+|\d+)(?: \(([^)]*)\))?(?:: "(.*
 _FRAME = re.compile(r"^ {4}(\S.*?) \(([^()]*?)(?::(\d+))?\)\s*$")
 _ERROR = re.compile(r"^(Error|error|Permission Denied|Failed)\b[: ]?(.*)$")
 _CAUSE = re.compile(r"^\s+\d+: (.*\S)\s*$")
-_ADDRESS = re.compile(r"^0x[0-9a-fA-F]+$")
 
 
 def _thread_id(token: str) -> int | None:
@@ -60,9 +59,7 @@ def _frames(lines: list[str]) -> tuple[Frame, ...]:
         for line in lines:
             m = _FRAME.match(line)
             if m:
-                name = m.group(1)
-                if _ADDRESS.match(name):  # --native: an unsymbolized address differs in every process (ASLR)
-                    name = "0x?"
+                name = native_name(m.group(1))
                 out.append(Frame(name, m.group(2), int_text(m.group(3), lo=0, hi=MAX_LINE_NO)))
         frames = _INTERN.put(key, tuple(out))
     return frames
