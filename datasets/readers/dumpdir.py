@@ -113,9 +113,9 @@ def read_stack_file(
 
 def parse_stack_bytes(raw: bytes, name: str, kind: str, *, prefixed: bool = False) -> list[ProcessDump]:
     """The processes in a stack file already classified as ``kind`` (see :mod:`.sniff`)."""
-    text = raw.decode("utf-8", errors="replace")
     if kind == "pyspy-json":
-        return parse_pyspy_json(text, name)
+        return parse_pyspy_json(raw, name)
+    text = raw.decode("utf-8", errors="replace")
     if kind == "json":
         return [failed_dump(name, "pyspy-json", "JSON object, not a py-spy thread list", kind="unreadable")]
     if kind == "traceback" or (kind not in ("pyspy-text", "pyspy-error") and looks_like_traceback(text)):
@@ -334,11 +334,12 @@ def assign_roles(df: DumpFile) -> list[tuple[ProcessDump, str]]:
 def from_dump_dir(dd: DumpDir) -> list[ProcStacks]:
     """Every process of a scanned dump directory (GC paused: see ``scan_dump_dir``)."""
     with paused_gc():
-        return [
-            from_dump(proc, snapshot=f.snapshot, rank=f.rank, node=f.node, role=role, pid=f.pid)
-            for f in dd.files
-            for proc, role in assign_roles(f)
-        ]
+        out = []
+        for f in dd.files:  # as assign_roles() pairs them, without a list per file (hot at 100,000 ranks)
+            snapshot, rank, node, role, pid = f.snapshot, f.rank, f.node, f.role or "trainer", f.pid
+            for proc in f.processes:
+                out.append(from_dump(proc, snapshot=snapshot, rank=rank, node=node, role=role, pid=pid))
+        return out
 
 
 def stack_files(dd: DumpDir) -> Iterable[str]:

@@ -115,6 +115,80 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
     """
     if not text.strip():
         return [failed_dump(source_file, FORMAT, "empty dump file")]
+    scanned = _blocks(text)
+    threads, current, last_innermost_first, dropped = scanned if scanned is not None else _lines(text)
+    if not threads:
+        first = text.strip().splitlines()[0][:200]
+        return [failed_dump(source_file, FORMAT, f"no Python stack found (first line: {first!r})")]
+    if main_thread_id is not None and last_innermost_first:
+        if not any(t.thread_id == main_thread_id for t in threads):
+            return [_no_main_thread(text, source_file)]
+        threads = [t._replace(is_main=t.thread_id == main_thread_id) for t in threads]
+    last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
+    truncated = not text.endswith("\n") or bool(_FH_THREAD.match(last_line))  # ends mid-line or on a bare header
+    if not any(t.is_main for t in threads):
+        # the file of the frame line cut in half, when it belongs to the last thread kept
+        tail = _PARTIAL_FILE.match(text[text.rfind("\n") + 1 :]) if truncated and not dropped else None
+        fh_order = all(t.thread_id is not None for t in threads) and last_innermost_first
+        i = (
+            None
+            if truncated and dropped and last_innermost_first
+            else _guess_main(
+                threads,
+                current,
+                cut=truncated and last_innermost_first,
+                tail_file=tail.group(1) if tail else "",
+                faulthandler_order=fh_order,
+            )
+        )  # cut in a thread after the last one kept: that one is not the main
+        if i is None:
+            return [_no_main_thread(text, source_file)]
+        t = threads[i]
+        threads[i] = ThreadDump(t.frames, t.thread_id, t.thread_name, t.active, True)
+    status, error = ("partial", "file ends mid-line (truncated dump)") if truncated else ("ok", None)
+    return [ProcessDump(mark_main(threads, None), None, None, status, error, FORMAT, source_file)]
+
+
+_Scanned = tuple[list[ThreadDump], list[int], bool, bool]
+"""(the threads, the indexes of the ones marked current, whether the last one kept was listed innermost first,
+whether the last thread block was dropped for want of a whole frame)."""
+
+# A whole faulthandler dump, matched thread block by thread block (the common case, without a line loop).
+_FH_BLOCK = re.compile(
+    r"(Current thread|Thread) (0[xX][0-9a-fA-F]+)(?: \[([^\n]*?)\])? \(most recent call first\):[^\n]*\n"
+    r"((?:  File [^\n]*\n)*)\n*"
+)
+_ODD_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")  # str.splitlines() breaks there too
+
+
+def _blocks(text: str) -> _Scanned | None:
+    """A plain faulthandler dump's threads (as :func:`_lines` reads them), or None for anything else."""
+    if not text.isascii() or not text.endswith("\n") or any(c in text for c in _ODD_BREAKS):
+        return None
+    pos = 0
+    threads: list[ThreadDump] = []
+    current: list[int] = []
+    dropped = False
+    for m in _FH_BLOCK.finditer(text):
+        if m.start() != pos:
+            return None
+        pos = m.end()
+        block = m.group(4)
+        frames = _INTERN.get(block)
+        if frames is None:
+            frames = _INTERN.put(block, tuple([f for f in map(_frame, block.split("\n")[:-1]) if f is not None]))
+        dropped = not frames
+        if frames:
+            threads.append(ThreadDump(frames, int_text(m.group(2), lo=0), m.group(3), None, False))
+            if m.group(1) == "Current thread":
+                current.append(len(threads) - 1)
+    if pos != len(text):
+        return None
+    return threads, current, True, dropped
+
+
+def _lines(text: str) -> _Scanned:
+    """The threads of any faulthandler or traceback text, line by line."""
     threads: list[ThreadDump] = []
     current: list[int] = []
     cur: dict[str, Any] | None = None
@@ -183,36 +257,7 @@ def parse_traceback_text(text: str, source_file: str = "", *, main_thread_id: in
         if cur is not None and line.lstrip().startswith("File "):
             cur["frames"].append(line)
     close()
-    if not threads:
-        first = text.strip().splitlines()[0][:200]
-        return [failed_dump(source_file, FORMAT, f"no Python stack found (first line: {first!r})")]
-    if main_thread_id is not None and last_innermost_first:
-        if not any(t.thread_id == main_thread_id for t in threads):
-            return [_no_main_thread(text, source_file)]
-        threads = [t._replace(is_main=t.thread_id == main_thread_id) for t in threads]
-    last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
-    truncated = not text.endswith("\n") or bool(_FH_THREAD.match(last_line))  # ends mid-line or on a bare header
-    if not any(t.is_main for t in threads):
-        # the file of the frame line cut in half, when it belongs to the last thread kept
-        tail = _PARTIAL_FILE.match(text[text.rfind("\n") + 1 :]) if truncated and not dropped else None
-        fh_order = all(t.thread_id is not None for t in threads) and last_innermost_first
-        i = (
-            None
-            if truncated and dropped and last_innermost_first
-            else _guess_main(
-                threads,
-                current,
-                cut=truncated and last_innermost_first,
-                tail_file=tail.group(1) if tail else "",
-                faulthandler_order=fh_order,
-            )
-        )  # cut in a thread after the last one kept: that one is not the main
-        if i is None:
-            return [_no_main_thread(text, source_file)]
-        t = threads[i]
-        threads[i] = ThreadDump(t.frames, t.thread_id, t.thread_name, t.active, True)
-    status, error = ("partial", "file ends mid-line (truncated dump)") if truncated else ("ok", None)
-    return [ProcessDump(mark_main(threads, None), None, None, status, error, FORMAT, source_file)]
+    return threads, current, last_innermost_first, dropped
 
 
 def _no_main_thread(text: str, source_file: str) -> ProcessDump:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import io
+import operator
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -193,6 +194,7 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
                     f"{', '.join(sorted(missing))}"
                 )
             idx = {c: header.index(c) for c in _COLUMNS if c in header}
+            cols, fields = tuple(idx), operator.itemgetter(*idx.values())  # file and rank: always two or more
             width = len(header)
             max_rank = limits().max_world_size - 1
             bounded = [
@@ -201,11 +203,11 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
             roles = _roles()
             rows = []
             for i, rec in enumerate(reader, start=2):
-                if not rec or not any(x.strip() for x in rec):
+                if not rec or not "".join(rec).strip():
                     continue
                 if len(rec) < width:
                     rec = rec + [""] * (width - len(rec))
-                row = {c: rec[j].strip() for c, j in idx.items()}
+                row = dict(zip(cols, map(str.strip, fields(rec))))
                 if not row["file"]:
                     raise InputError(f"{rel}: line {i}: empty 'file'")
                 if not row["rank"].isdigit():

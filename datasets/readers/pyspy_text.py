@@ -44,6 +44,15 @@ _ERROR = re.compile(r"^(Error|error|Permission Denied|Failed)\b[: ]?(.*)$")
 _CAUSE = re.compile(r"^\s+\d+: (.*\S)\s*$")
 
 
+# The common whole file, matched block by block: one process header, then threads whose frame lines (and
+# --locals blocks) are all indented. Anything else (errors, several processes, odd line breaks) goes line by line.
+_FAST_HEAD = re.compile(r"Process (\d+): ?([^\n]*)\n(?:Python v[^\n]*\n)?\n*")
+_FAST_THREAD = re.compile(
+    r'Thread (0[xX][0-9a-fA-F]+|\d+)(?: \(([^)\n]*)\))?(?:: "([^\n]*)")?[ \t]*\n((?: {4}[^\n]*\n)*)\n*'
+)
+_ODD_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")  # str.splitlines() breaks there too: line by line
+
+
 def _thread_id(token: str) -> int | None:
     return int_text(token, lo=0)
 
@@ -65,6 +74,45 @@ def _frames(lines: list[str]) -> tuple[Frame, ...]:
     return frames
 
 
+def _block_frames(block: str) -> tuple[Frame, ...]:
+    """The frames of one thread's indented lines (as the line-by-line parser keeps them), interned by text."""
+    frames = _INTERN.get(block)
+    if frames is None:
+        kept = [ln for ln in block.split("\n") if ln[4:5] not in (" ", "") and len(ln) <= MAX_LINE_CHARS]
+        frames = _INTERN.put(block, _frames(kept))
+    return frames
+
+
+def _fast(text: str, source_file: str) -> list[ProcessDump] | None:
+    """One whole process dump read thread block by thread block, or None when ``text`` is anything else."""
+    if not text.isascii() or not text.endswith("\n") or any(c in text for c in _ODD_BREAKS):
+        return None
+    m = _FAST_HEAD.match(text)
+    if m is None:
+        return None
+    pid, cmdline = int_text(m.group(1), lo=0), m.group(2).strip() or None
+    pos, end = m.end(), len(text)
+    threads = []
+    for t in _FAST_THREAD.finditer(text, pos):
+        if t.start() != pos:
+            return None
+        pos = t.end()
+        marker = (t.group(2) or "").lower()
+        name = t.group(3)
+        threads.append(
+            ThreadDump(
+                _block_frames(t.group(4)),
+                _thread_id(t.group(1)),
+                name,
+                None if not marker else ("active" in marker),
+                name == "MainThread",
+            )
+        )
+    if pos != end or not threads:
+        return None
+    return [ProcessDump(mark_main(threads, pid), pid, cmdline, "ok", None, FORMAT, source_file)]
+
+
 def _error_text(errors: list[str], causes: list[str]) -> str:
     text = "; ".join(errors)
     return f"{text} (caused by: {'; '.join(dict.fromkeys(causes))})" if causes else text
@@ -81,6 +129,9 @@ def parse_pyspy_text(text: str, source_file: str = "", *, prefixed: bool = False
         from rankscope.datasets.readers.sniff import strip_prefix
 
         text = "\n".join(strip_prefix(line)[0] for line in text.split("\n"))
+    fast = _fast(text, source_file)
+    if fast is not None:
+        return fast
     truncated = not text.endswith("\n")
     procs: list[ProcessDump] = []
     pid: int | None = None

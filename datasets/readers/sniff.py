@@ -91,25 +91,29 @@ def _structural(line: str) -> str | None:
     return None
 
 
+_EMPTY, _PICKLE, _JSON = Sniffed("empty"), Sniffed("pickle"), Sniffed("json")
+_PYSPY_JSON, _PYSPY_TEXT, _TRACEBACK = Sniffed("pyspy-json"), Sniffed("pyspy-text"), Sniffed("traceback")
+
+
 def sniff(head: bytes, name: str = "") -> Sniffed:
     """Classify a file from its first bytes (``HEAD_BYTES`` are enough) and, to break ties, its name."""
     body = head.lstrip()
     if body.startswith(b"\xef\xbb\xbf"):
         body = body[3:].lstrip()
     if not body:
-        return Sniffed("empty")
+        return _EMPTY
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
-        return Sniffed("pickle")
+        return _PICKLE
     if body[:1] == b"{":
-        return Sniffed("json")
+        return _JSON
     if body[:1] == b"[" and body[1:].lstrip()[:1] in (b"{", b"]", b""):
-        return Sniffed("pyspy-json")
+        return _PYSPY_JSON
     low = name.lower().rsplit("/", 1)[-1]
     log_suffix = low.endswith(LOG_SUFFIXES) or low in LOG_NAMES
     if body.startswith(b"Process ") and PYSPY_PROCESS.match(body[:64].decode("utf-8", "replace")):
-        return Sniffed("pyspy-text")  # the common case, decided without splitting lines
+        return _PYSPY_TEXT  # the common case, decided without splitting lines
     if not log_suffix and body.startswith((b"Thread 0x", b"Current thread 0x", b"Traceback (most recent call last)")):
-        return Sniffed("traceback")
+        return _TRACEBACK
     text = head.decode("utf-8", errors="replace")
     worker = log_lines = 0
     for raw in text.splitlines()[:200]:
