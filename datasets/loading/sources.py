@@ -8,6 +8,7 @@ pickle that names code is the exception: it is refused outright (the input may h
 from __future__ import annotations
 
 import os
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from rankscope.datasets.domain.stacks import ProcStacks, from_dump
 from rankscope.datasets.loading.names import Names
 from rankscope.datasets.readers.dumpdir import DumpDir, from_dump_dir
 from rankscope.datasets.readers.exits import read_exit_records
+from rankscope.datasets.readers.identity import folders_not_machines, folders_note
 from rankscope.spine import InputError, ParseError, paused_gc
 
 
@@ -46,7 +48,7 @@ def read_sources(
     src = Sources(from_dump_dir(dd), notes=list(dd.notes))
     for rank, (node, how) in dd.named_nodes.items():
         src.names.add(rank, node, how)
-    src.fr = _read_fr(dd, src) + _read_hook_fr(dd.hook_fr_files, src.notes)
+    src.fr = _read_fr(dd, src, gpus_per_node) + _read_hook_fr(dd.hook_fr_files, src.notes)
     if dd.log_files or dd.elastic_files:
         _read_logs(dd, src, gpus_per_node)
     nodes = src.names.nodes()
@@ -69,7 +71,7 @@ def _table_errors(src: Sources) -> list[str]:
     return [n.removeprefix("unreadable: ") for n in src.notes if n.startswith("unreadable: ")]
 
 
-def _read_fr(dd: DumpDir, src: Sources) -> list[FRDump]:
+def _read_fr(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> list[FRDump]:
     """One Flight Recorder dump per rank and snapshot (one name family when a rank was dumped in several
     formats); a bad dump is a note. A dump's snapshot (``snapshot-N/``, a manifest's column) is its capture:
     the analysis diagnoses the latest and compares it with the one before. Machine names come from each
@@ -100,11 +102,7 @@ def _read_fr(dd: DumpDir, src: Sources) -> list[FRDump]:
                     raise  # code in a pickle: refuse the whole input, never skip past it
                 bad.append(str(exc))
         folders = _capture_folders(read, src.notes)
-        # one folder holding every dump names the job's folder, not a machine (on-error/, dumps-0412/): host
-        # folders split the ranks of a job over machines
-        parents = {os.path.dirname(d.source_file) for d, _ in read}
-        if len(parents) == 1:
-            folders = dict.fromkeys(parents, 0)
+        not_hosts = _folders_not_hosts(read, folders, gpus_per_node, src.notes)
         out: dict[tuple[int, int], FRDump] = {}
         for d, ident in read:
             folder = os.path.dirname(d.source_file)
@@ -116,8 +114,8 @@ def _read_fr(dd: DumpDir, src: Sources) -> list[FRDump]:
             out[key] = replace(d, capture=key[0])
             if ident is not None and ident.node is not None:
                 how = ident.sources.get("node", "host-folder")
-                if folder in folders and how == "host-folder":
-                    continue  # the folder is a capture (the same ranks in each), not a machine
+                if how == "host-folder" and (folder in folders or ident.node in not_hosts):
+                    continue  # the folder is a capture (the same ranks in each) or the dump folder, not a machine
                 src.names.add(d.rank, ident.node, how)
         gc.freeze()  # the parsed dumps are acyclic and live for the whole analysis (see read_fr_files)
     if bad:
@@ -129,6 +127,23 @@ def _read_fr(dd: DumpDir, src: Sources) -> list[FRDump]:
             f"snapshot {snapshots[-2]} tells whether the job moved in between"
         )
     return sorted(out.values(), key=lambda d: (d.capture, d.rank))
+
+
+def _folders_not_hosts(
+    read: Sequence[tuple[FRDump, Any]], captures: dict[str, int], gpus_per_node: int | None, notes: list[str]
+) -> set[str]:
+    """Host-folder names of the dumps that name no machine (:func:`folders_not_machines`: the one folder
+    holding every dump, one holding more ranks than a machine has GPUs); capture folders are not counted."""
+    per: dict[str, Counter[int]] = defaultdict(Counter)
+    for d, ident in read:
+        folder = os.path.dirname(d.source_file)
+        if ident is not None and ident.node is not None and folder not in captures:
+            if ident.sources.get("node", "host-folder") == "host-folder":
+                per[ident.node][ident.snapshot] += 1
+    bad, why = folders_not_machines(per, gpus_per_node)
+    if bad:
+        notes.append(f"Flight Recorder: {folders_note(bad, why)}")
+    return bad
 
 
 def _capture_folders(read: Sequence[tuple[FRDump, Any]], notes: list[str]) -> dict[str, int]:

@@ -151,6 +151,23 @@ def natural(name: str) -> tuple[tuple[int, int, str] | tuple[int, str], ...]:
 
 
 # -- manifests ----------------------------------------------------------------------------------------
+def folders_not_machines(per_folder: Mapping[str, Mapping[int, int]], gpus_per_node: int | None) -> tuple[set[str], str]:
+    """Host-folder names that cannot be machines, and why: the only folder, when it holds more than one rank's
+    dump (``2026-12-01T21-00/``, ``fh/``, ``on-error/``: the job's dump folder, not a host; host folders split a
+    job's ranks over machines), and a folder holding more ranks in one snapshot than ``gpus_per_node`` allows.
+    ``per_folder``: folder name -> snapshot -> how many ranks' dumps it holds there (stack or Flight Recorder)."""
+    most = {h: max(c.values(), default=0) for h, c in per_folder.items()}
+    if len(most) == 1 and next(iter(most.values())) > 1:
+        return set(most), "one folder holds every rank's dump (the dump folder, not a host)"
+    bad = {h for h, n in most.items() if gpus_per_node is not None and n > gpus_per_node}
+    return bad, (f"each holds more ranks than --gpus-per-node {gpus_per_node}" if bad else "")
+
+
+def folders_note(bad: set[str], why: str) -> str:
+    """The note for :func:`folders_not_machines`' folders."""
+    return f"folder(s) {', '.join(sorted(bad)[:3])} not taken for machine names: {why}"
+
+
 class ManifestRow(NamedTuple):
     """One row of a manifest, its ``file`` resolved relative to the input root (a tuple: 100,000 rows)."""
 

@@ -21,6 +21,8 @@ from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.identity import (
     ManifestRow,
+    folders_not_machines,
+    folders_note,
     host_from_log_name,
     local_rank_from_cmdline,
     natural,
@@ -215,34 +217,19 @@ def identify(
 
 
 def _folders_that_are_not_machines(found: list[Found], gpus_per_node: int | None, notes: list[str]) -> None:
-    """Host-folder names that cannot be machines lose that role (the ranks keep their numbers; their machines
-    are then named from other evidence, else ``node-<k>`` with a note): the only folder, when it holds every
-    trainer of the job (``2026-12-01T21-00/``, ``fh/``, ``incident-0412/``: the dump folder, not a host), and
-    a folder holding more trainers in one snapshot than ``--gpus-per-node`` allows."""
+    """Host-folder names that cannot be machines (:func:`folders_not_machines`) lose that role: the ranks keep
+    their numbers, and their machines are named from other evidence, else ``node-<k>`` with a note."""
     per: dict[str, Counter[int]] = defaultdict(Counter)
     for f in found:
         if f.role is None and f.ident.node is not None and f.ident.sources.get("node") == "host-folder":
             per[f.ident.node][f.ident.snapshot] += 1
-    if not per:
-        return
-    most = {h: max(c.values()) for h, c in per.items()}
-    bad = {h for h, n in most.items() if gpus_per_node is not None and n > gpus_per_node}
-    if len(per) == 1 and next(iter(most.values())) > 1:
-        bad |= set(per)
+    bad, why = folders_not_machines(per, gpus_per_node)
     if not bad:
         return
     for f in found:
         if f.ident.node in bad and f.ident.sources.get("node") == "host-folder":
             f.ident = f.ident._replace(node=None, sources={k: v for k, v in f.ident.sources.items() if k != "node"})
-    shown = ", ".join(sorted(bad)[:3])
-    notes.append(
-        f"folder(s) {shown} not taken for machine names: "
-        + (
-            "one folder holds every rank's dump (the dump folder, not a host)"
-            if len(per) == 1
-            else f"each holds more ranks than --gpus-per-node {gpus_per_node}"
-        )
-    )
+    notes.append(folders_note(bad, why))
 
 
 def _children_follow_their_trainer(found: list[Found]) -> None:
