@@ -137,9 +137,9 @@ def _folders_not_hosts(
     per: dict[str, Counter[int]] = defaultdict(Counter)
     for d, ident in read:
         folder = os.path.dirname(d.source_file)
-        if ident is not None and ident.node is not None and folder not in captures:
-            if ident.sources.get("node", "host-folder") == "host-folder":
-                per[ident.node][ident.snapshot] += 1
+        hosted = ident is not None and ident.node is not None and folder not in captures
+        if hosted and ident.sources.get("node", "host-folder") == "host-folder":
+            per[ident.node][ident.snapshot] += 1
     bad, why = folders_not_machines(per, gpus_per_node)
     if bad:
         notes.append(f"Flight Recorder: {folders_note(bad, why)}")

@@ -150,8 +150,9 @@ def natural(name: str) -> tuple[tuple[int, int, str] | tuple[int, str], ...]:
     )
 
 
-# -- manifests ----------------------------------------------------------------------------------------
-def folders_not_machines(per_folder: Mapping[str, Mapping[int, int]], gpus_per_node: int | None) -> tuple[set[str], str]:
+def folders_not_machines(
+    per_folder: Mapping[str, Mapping[int, int]], gpus_per_node: int | None
+) -> tuple[set[str], str]:
     """Host-folder names that cannot be machines, and why: the only folder, when it holds more than one rank's
     dump (``2026-12-01T21-00/``, ``fh/``, ``on-error/``: the job's dump folder, not a host; host folders split a
     job's ranks over machines), and a folder holding more ranks in one snapshot than ``gpus_per_node`` allows.
@@ -168,6 +169,7 @@ def folders_note(bad: set[str], why: str) -> str:
     return f"folder(s) {', '.join(sorted(bad)[:3])} not taken for machine names: {why}"
 
 
+# -- manifests ----------------------------------------------------------------------------------------
 class ManifestRow(NamedTuple):
     """One row of a manifest, its ``file`` resolved relative to the input root (a tuple: 100,000 rows)."""
 
