@@ -432,3 +432,22 @@ def test_snapshot_folders_of_a_dump_directory_are_captures(fr_gloo: Path, tmp_pa
     v = diagnose(inputs, sources=("flight_recorder",))
     assert v.verdict == "healthy" and v.suspect_nodes == ()
     assert any("every waiting rank advanced" in r for r in v.reasons)
+
+
+def test_lateness_binomial_tail_holds_past_a_thousand_collectives() -> None:
+    """A 2,000-entry ring buffer with timing on holds groups of over a thousand timed collectives: the tail
+    probability once overflowed a float (``math.comb(2000, 1000)`` ~ 1e600) and the diagnosis crashed."""
+    import math
+    from fractions import Fraction
+
+    from rankscope.analytics.collectives.slow import _binom_tail
+
+    def exact(k: int, n: int, p: float) -> float:
+        q = Fraction(p)
+        return float(sum(math.comb(n, i) * q**i * (1 - q) ** (n - i) for i in range(k, n + 1)))
+
+    for k, n, p in ((1, 7, 0.125), (4, 20, 0.25), (60, 400, 0.125), (360, 400, 0.125), (0, 9, 0.5), (10, 9, 0.5)):
+        assert _binom_tail(k, n, p) == pytest.approx(exact(k, n, p), rel=1e-9)
+    assert _binom_tail(5, 2000, 0.5) == pytest.approx(1.0)
+    assert 0.0 <= _binom_tail(1100, 2000, 0.5) < 1e-4
+    assert _binom_tail(300, 5000, 0.125) == pytest.approx(exact(300, 5000, 0.125), rel=1e-6)
