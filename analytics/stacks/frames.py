@@ -119,6 +119,8 @@ COLLECTIVE_OPS = frozenset(
         "allreduce",
         "allgather",
         "reducescatter",
+        # FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): waits on the all-gather's Work
+        "foreach_all_gather_copy_out",
     }
 )
 P2P_OPS = frozenset(
@@ -141,6 +143,11 @@ P2P_OPS = frozenset(
         "send_backward_recv_backward",
         "send_object_list",
         "recv_object_list",
+        # torch.distributed.pipelining (schedules.py): a stage issues its isend/irecv batch, then waits on each
+        # Work (``for w in work: w.wait()``, C++ below, so py-spy's innermost frame is this function)
+        "_batch_p2p",
+        "_sorted_batch_p2p",
+        "_wait_batch_p2p",
     }
 )
 DATALOADER_WAIT = frozenset({"_next_data", "_get_data", "_try_get_data", "__next__"})

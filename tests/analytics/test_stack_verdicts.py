@@ -268,6 +268,40 @@ def test_c10d_work_wait_is_a_collective_wait() -> None:
     assert classify(in_p2p)[0] == "p2p"
 
 
+_PIPE = "/venv/lib/python3.12/site-packages/torch/distributed/pipelining/schedules.py"
+_PIPE_WAIT = f"""    _wait_batch_p2p ({_PIPE}:683)
+    _step_microbatches ({_PIPE}:776)
+    step ({_PIPE}:640)
+    train_step (torchtitan/train.py:466)
+    train (torchtitan/train.py:551)
+    <module> (torchtitan/train.py:700)
+"""
+_PIPE_BUSY = """    forward (torch/nn/modules/linear.py:125)
+    _call_impl (torch/nn/modules/module.py:1762)
+    forward (torchtitan/models/llama3/model.py:412)
+    forward_one_chunk (torch/distributed/pipelining/stage.py:628)
+    _step_microbatches (torch/distributed/pipelining/schedules.py:781)
+    step (torch/distributed/pipelining/schedules.py:640)
+    train_step (torchtitan/train.py:466)
+    train (torchtitan/train.py:551)
+    <module> (torchtitan/train.py:700)
+"""
+
+
+def test_torch_pipelining_stage_waiting_on_its_p2p_work_is_a_p2p_wait(tmp_path: Path) -> None:
+    # torch.distributed.pipelining waits with ``for w in work: w.wait()`` (C++ below): py-spy's innermost
+    # frame is _wait_batch_p2p. Read as compute, a pipeline hang looked like a running job (an outside
+    # tester's torchtitan pp=8 case: healthy, culprit missed).
+    for r in range(8):
+        body = _PIPE_BUSY if r == 5 else _PIPE_WAIT
+        head = f"Process {9000 + r}: python -m torchtitan.train\nPython v3.12.3\n\n"
+        text = f'{head}Thread {9000 + r} (idle): "MainThread"\n{body}'
+        (tmp_path / f"node{r // 2}").mkdir(exist_ok=True)
+        (tmp_path / f"node{r // 2}" / f"rank{r}.txt").write_text(text)
+    v = stack_verdict(load_inputs(tmp_path, layout="pp=4,dp=2", gpus_per_node=2))
+    assert v.verdict == "hang" and v.culprit_ranks == (5,) and v.suspect_nodes == ("node2",), v.explain()
+
+
 def test_verdict_json_carries_the_collection_problems(tmp_path: Path) -> None:
     snap = DATA / "healthy_gloo_pyspy_3rounds" / "snapshot-2"
     for f in snap.iterdir():
