@@ -1,8 +1,9 @@
 """Flight Recorder analysis -> :class:`~rankscope.analytics.verdict.Verdict`.
 
-A hang isolates the stopped group's nodes when it is a model-parallel group (the fault domain),
-else only the culprits' nodes (a data-parallel or default group spans the job); culprit nodes are
-the missing ranks' nodes. A mismatch names ranks but no node: it is a code/config fault.
+A hang with culprits (the ranks the wait-for chain ends at: missing dumps, ranks that never started the
+stopped collective) isolates only the culprits' nodes; one whose stopped collective every member entered
+and none finished (no culprit to tell: the fault is inside it) isolates that collective's members' nodes.
+A mismatch names ranks but no node: it is a code/config fault.
 """
 
 from __future__ import annotations
@@ -56,10 +57,7 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
         )
     # hang
     culprits = a.culprit_ranks
-    if a.stopped_kind in MODEL_PARALLEL and a.stopped_members:
-        suspect_ranks = tuple(sorted(set(a.stopped_members) | set(culprits)))
-        kind = a.stopped_kind
-    elif culprits:
+    if culprits:  # the wait-for chain ends at them: their machines, never their healthy peers' (precision first)
         suspect_ranks = culprits
         kind = "node"
     else:  # a collective every member entered but none finished: its members are the domain
@@ -95,5 +93,5 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
 
 def _words(kind: str) -> str:
     if kind == "node":
-        return "the culprits' own nodes: the stopped group spans the data-parallel or default group"
+        return "the culprits' own nodes: the ranks the wait-for chain ends at"
     return f"the stopped {kind.upper()} group, the fault domain"

@@ -142,10 +142,10 @@ def test_injected_hang_culprits_are_named_and_only_them(layout: str, fault: str,
     assert a.culprit_ranks == syn.truth.culprit_ranks
     v = collectives.verdict(a, syn.topology)
     assert v.verdict == "hang" and set(v.culprit_nodes) == set(syn.topology.nodes_of(syn.truth.culprit_ranks))
-    assert set(v.culprit_nodes) <= set(v.suspect_nodes)
-    if a.stopped_kind in ("tp", "pp"):  # a model-parallel group is the fault domain: isolate it whole
-        assert v.suspect_group is not None and v.suspect_group.kind == a.stopped_kind
-        assert set(syn.topology.group_of(a.stopped_kind, a.culprit_ranks[0]).nodes) <= set(v.suspect_nodes)
+    # the wait-for chain ends at the culprits: their machines only, never their healthy model-parallel peers'
+    # (an outside tester's 512-rank tp=8,cp=2,pp=2 case isolated the culprit's healthy pipeline-stage node too)
+    assert set(v.suspect_nodes) == set(v.culprit_nodes)
+    assert v.suspect_group is not None and v.suspect_group.kind == "node"
 
 
 def test_wavefront_prefers_the_model_parallel_group() -> None:
