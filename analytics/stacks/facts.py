@@ -34,19 +34,30 @@ class Progress:
     waiters: tuple[int, ...]
     released: tuple[int, ...]
     guard: int = NOISE_GUARD
+    returned: tuple[int, ...] = ()
+    """Per pair: released waiters back at a stack they had before their wait (a rank that ran its own code,
+    waited, and runs the very same code again: its wait completed and its loop went on). Neither a timeout
+    (error handling follows) nor a mis-read stack repeats an earlier stack, so one such return is progress."""
 
     @property
     def pairs(self) -> int:
         return len(self.released)
 
+    def _moving(self, i: int) -> bool:
+        return self.released[i] >= self.guard or (i < len(self.returned) and self.returned[i] > 0)
+
     @property
     def moving_pairs(self) -> int:
-        return sum(1 for r in self.released if r >= self.guard)
+        return sum(1 for i in range(self.pairs) if self._moving(i))
 
     @property
     def progressing(self) -> bool:
-        """Waiters released in at least half of the pairs, the last one included."""
-        return self.pairs > 0 and 2 * self.moving_pairs >= self.pairs and self.released[-1] >= self.guard
+        """Waiters released in at least half of the pairs, the last one included; or, in the last pair, a
+        waiter back at its earlier work (a slow rank caught once in the wait it makes its peers wait in)."""
+        if self.pairs == 0:
+            return False
+        last_returned = len(self.returned) == self.pairs and self.returned[-1] > 0
+        return (2 * self.moving_pairs >= self.pairs and self._moving(self.pairs - 1)) or last_returned
 
     @property
     def frozen(self) -> bool:
@@ -85,8 +96,10 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
     snaps = sorted(by_snapshot)
     cache: dict[int, tuple[str, tuple[str, ...]]] = {}
     prev: dict[int, tuple[str, tuple[str, ...]]] | None = None
+    before: defaultdict[int, set[tuple[str, tuple[str, ...]]]] = defaultdict(set)  # stacks seen before `prev`
     waiters: list[int] = []
     released: list[int] = []
+    returned: list[int] = []
     world = 0
     for s in snaps:
         cur = {
@@ -96,17 +109,22 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
         }
         world = max(world, len(cur))
         if prev is not None:
-            w = n = 0
+            w = n = back = 0
             for r, (state, key) in prev.items():
                 if state not in WAIT_STATES or r not in cur:
                     continue
                 w += 1
-                n += cur[r] != (state, key)
+                if cur[r] != (state, key):
+                    n += 1
+                    back += cur[r] in before[r]
             waiters.append(w)
             released.append(n)
+            returned.append(back)
+            for r, k in prev.items():
+                before[r].add(k)
         prev = cur
     g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
-    return Progress(len(snaps), tuple(waiters), tuple(released), g)
+    return Progress(len(snaps), tuple(waiters), tuple(released), g, tuple(returned))
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,24 @@ def test_probe_re_laid_as_five_rounds_is_fail_slow_when_steps_complete_and_a_han
     assert any("stuck" in r for r in stuck.reasons), stuck.reasons
 
 
+def test_a_rank_back_at_its_work_after_waiting_with_everyone_proves_the_job_moved(
+    tmp_path: Path, probe_dir: Path
+) -> None:
+    # ZeRO-3 fetches every layer's parameters from one all_gather line, so a slow rank's peers wait at the
+    # same call site in every round: no peer is seen released. The slow rank caught once in that wait and
+    # then back at the very same work is: its wait completed (an outside tester's 64-rank ZeRO-3 case was
+    # a hang on the premise). Rank 3 computes in rounds 0-2 and 4 and waits with everyone in round 3.
+    inp = load_inputs(_probe_rounds(tmp_path / "a", probe_dir, busy_rounds={0, 1, 2, 4}), gpus_per_node=1)
+    v = stack_verdict(inp)
+    assert v.verdict == "fail-slow" and v.culprit_ranks == (3,) and v.suspect_nodes == ("node-3",), v.explain()
+    # computing in every round at the same stack, never back from a wait: nothing shows the job moved
+    frozen = stack_verdict(load_inputs(_probe_rounds(tmp_path / "b", probe_dir, busy_rounds={0, 1, 2, 3, 4})))
+    assert frozen.verdict == "hang" and frozen.culprit_ranks == (3,), frozen.explain()
+    # back at its work, then frozen there for the last round: a hang that began during the capture
+    late = stack_verdict(load_inputs(_probe_rounds(tmp_path / "c", probe_dir, busy_rounds={0, 1, 3, 4})))
+    assert late.verdict != "fail-slow", late.explain()
+
+
 # -- fail-slow from rounds -------------------------------------------------------------------------
 
 
