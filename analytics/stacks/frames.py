@@ -261,6 +261,13 @@ def _is_dist(file: str) -> bool:
     return "distributed" in file or "megatron/core" in file or "c10d" in file or "parallel" in file
 
 
+def _is_dcp_step(file: str) -> bool:
+    """torch.distributed.checkpoint's ``_DistWrapper`` (``checkpoint/utils.py``): its ``all_reduce``,
+    ``reduce_scatter``, ``all_gather`` and ``broadcast`` run a local step (planning, writing the rank's shard)
+    and then a c10d collective of their own; named like collectives, they are not one (the c10d call inside is)."""
+    return file.replace("\\", "/").endswith("distributed/checkpoint/utils.py")
+
+
 def _is_c10d_wait(fn: str, file: str) -> bool:
     """``Work.wait`` of an async collective (``dist.all_reduce(..., async_op=True).wait()``, DDP/FSDP and
     Megatron's gradient sync): py-spy shows it as ``wait`` in ``distributed_c10d.py`` or ``c10d``."""
@@ -307,7 +314,7 @@ def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str
         fn = f.function.rsplit(".", 1)[-1]
         if fn in P2P_OPS and (_is_dist(f.file) or fn.startswith(("send_", "recv_"))):
             return "p2p", i
-        if fn in COLLECTIVE_OPS and _is_dist(f.file):
+        if fn in COLLECTIVE_OPS and _is_dist(f.file) and not _is_dcp_step(f.file):
             return "collective", i
         if _is_c10d_wait(fn, f.file):
             return "collective", i

@@ -284,6 +284,23 @@ def test_c10d_work_wait_is_a_collective_wait() -> None:
     assert classify(sync)[0] == "device-wait"
     in_p2p = (sync[0], Frame("_communicate", "/m/megatron/core/pipeline_parallel/p2p_communication.py", 398))
     assert classify(in_p2p)[0] == "p2p"
+    # torch.distributed.checkpoint's _DistWrapper.all_reduce runs the rank's write, then its own c10d call:
+    # a rank writing its shard is doing I/O, not waiting in a collective (an outside tester's dcp.save hang)
+    dcp = "/venv/lib/python3.12/site-packages/torch/distributed/checkpoint/"
+    writing = (
+        Frame("_save", "/venv/lib/python3.12/site-packages/torch/serialization.py", 1216),
+        Frame("_write_item", dcp + "filesystem.py", 306),
+        Frame("write_data", dcp + "state_dict_saver.py", 336),
+        Frame("all_reduce", dcp + "utils.py", 288),
+        Frame("_save_state_dict", dcp + "state_dict_saver.py", 347),
+    )
+    assert classify(writing)[0] == "io"
+    waiting = (
+        Frame("gather_object", "/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", 3130),
+        Frame("gather_object", dcp + "utils.py", 116),
+        *writing[3:],
+    )
+    assert classify(waiting)[0] == "collective"
 
 
 _PIPE = "/venv/lib/python3.12/site-packages/torch/distributed/pipelining/schedules.py"
