@@ -67,26 +67,23 @@ def test_there_are_captures_to_compare() -> None:
     assert len(PYSPY_TEXTS) >= 5 and len(FH_TEXTS) >= 5 and len(JSON_TEXTS) >= 5
 
 
-@pytest.mark.parametrize("cut", [0, 37, 1001])
-def test_pyspy_text_fast_path_reads_what_the_line_parser_reads(cut: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    hits = 0
-    for text in PYSPY_TEXTS:
-        for v in _variants(text, cut):
-            fast, slow = _both_text(pyspy_text.parse_pyspy_text, "_fast", pyspy_text, v, monkeypatch)
-            assert fast == slow, v[:300]
-            hits += pyspy_text._fast(v, "f") is not None
-    assert hits >= len(PYSPY_TEXTS) // 2  # the fast path is taken on plain captures, not only refused
+_TEXT_WAYS = {
+    "py-spy text": (pyspy_text.parse_pyspy_text, "_fast", pyspy_text, PYSPY_TEXTS, lambda t: pyspy_text._fast(t, "f")),
+    "faulthandler": (faulthandler.parse_traceback_text, "_blocks", faulthandler, FH_TEXTS, faulthandler._blocks),
+}
 
 
 @pytest.mark.parametrize("cut", [0, 37, 1001])
-def test_faulthandler_fast_path_reads_what_the_line_parser_reads(cut: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("way", sorted(_TEXT_WAYS))
+def test_block_fast_path_reads_what_the_line_parser_reads(way: str, cut: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    parse, slow_attr, module, texts, taken = _TEXT_WAYS[way]
     hits = 0
-    for text in FH_TEXTS:
+    for text in texts:
         for v in _variants(text, cut):
-            fast, slow = _both_text(faulthandler.parse_traceback_text, "_blocks", faulthandler, v, monkeypatch)
+            fast, slow = _both_text(parse, slow_attr, module, v, monkeypatch)
             assert fast == slow, v[:300]
-            hits += faulthandler._blocks(v) is not None
-    assert hits >= 1
+            hits += taken(v) is not None
+    assert hits >= 1  # the fast path is taken on plain captures, not only refused
 
 
 class _NoOrjson:
