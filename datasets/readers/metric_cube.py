@@ -56,10 +56,8 @@ def _build_cube(ms: MetricSet, *, block_s: float | BlockRule, max_gap_s: float |
     if not spans:
         raise NoMetricSamples("metrics: no samples with a finite value")
     lo, hi = min(r[0] for r in spans), max(r[1] for r in spans)
-    S, K = st.grid.columns(lo, hi)
-    S, K = S[:n], K[:n]
-    Inc, Sec = cnt.grid.columns(lo, hi)
-    Inc, Sec = Inc[: cnt.slots.size], Sec[: cnt.slots.size]
+    S, K = (_rows(a, n) for a in st.grid.columns(lo, hi))
+    Inc, Sec = (_rows(a, cnt.slots.size) for a in cnt.grid.columns(lo, hi))
     intervals = dict(st.intervals)
     _more_intervals(st, K, is_c_slot, intervals)
     L = st.grid.block_s
@@ -71,6 +69,16 @@ def _build_cube(ms: MetricSet, *, block_s: float | BlockRule, max_gap_s: float |
         st.notes.append(f"blocks widened to {k * L:g} s: a metric samples every {max(intervals.values()):g} s")
         L *= k
     return _fold(st, (S, K, Inc, Sec), is_c_slot, t0, L, intervals)
+
+
+def _rows(a: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` rows of a grid, zero rows added for series registered after its last sample (a series
+    only ever seen as a counter, or first seen in a later file, has no row in the gauge grid)."""
+    if a.shape[0] >= n:
+        return a[:n]
+    out = np.zeros((n, a.shape[1]), a.dtype)
+    out[: a.shape[0]] = a
+    return out
 
 
 _IP = re.compile(r"^(\d{1,3}(\.\d{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:]+)$")

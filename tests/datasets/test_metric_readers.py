@@ -313,3 +313,35 @@ def test_machines_named_by_ip_beside_host_names_get_a_note(tmp_path: Path) -> No
         )
     cube = build_cube(open_metrics(tmp_path), block_s=15.0)
     assert any("2 machine(s) are named by IP address" in n and "--node-label" in n for n in cube.notes), cube.notes
+
+
+def test_counters_read_after_every_gauge_do_not_break_the_cube(tmp_path, monkeypatch):
+    """node_exporter counters whose files sort after the DCGM gauges register their series last, and a chunk
+    of counters alone adds no row to the gauge grid: the cube once refused the whole input ("operands could
+    not be broadcast together") on an outside tester's 64-machine Prometheus export (4 M samples: the
+    gauges filled the first 2 M-row buffer; here the buffer is made small instead)."""
+    from rankscope.analytics import diagnose
+    from rankscope.datasets.loading.inputs import load_inputs
+    from rankscope.datasets.readers import metric_binning
+
+    monkeypatch.setattr(metric_binning, "BUFFER_ROWS", 5_000)
+
+    rng = np.random.default_rng(3)
+    hosts = [f"gpu-{k:03d}" for k in range(130)]  # 260 gauge series: past the gauge grid's first 256 rows
+    errs = dict.fromkeys(hosts, 0)
+    for i in range(40):
+        t_ms = (1_790_000_000 + 15 * i) * 1000
+        gauges = ["# TYPE DCGM_FI_DEV_GPU_TEMP gauge"] + [
+            f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{h}",gpu="{g}"}} {60 + rng.normal(0, 0.5):.2f} {t_ms}'
+            for h in hosts
+            for g in range(2)
+        ]
+        (tmp_path / f"dcgm-{i:03d}.prom").write_text("\n".join(gauges) + "\n")
+        lines = ["# TYPE node_network_receive_errs_total counter"]
+        for h in hosts:  # 260 counter series more: past the 512 rows the gauge grid doubled to
+            errs[h] += int(rng.integers(0, 2))
+            for dev in ("ib0", "ib1"):
+                lines.append(f'node_network_receive_errs_total{{instance="{h}:9100",device="{dev}"}} {errs[h]} {t_ms}')
+        (tmp_path / f"node-{i:03d}.prom").write_text("\n".join(lines) + "\n")
+    v = diagnose(load_inputs(tmp_path))
+    assert v.verdict == "healthy" and v.suspect_nodes == (), v.explain()
