@@ -12,6 +12,7 @@ import numpy as np
 
 from rankscope.analytics.performance.metrics import iso
 from rankscope.datasets.domain.metrics import MetricCube
+from rankscope.datasets.domain.xid import XIDS
 
 UNITS: tuple[tuple[str, str], ...] = (
     (r"_UTIL$", "percentage points"),
@@ -51,18 +52,41 @@ def unit_of(feature: str, kind: str | None) -> str:
     return "per second" if kind == "counter" else ""
 
 
+def _score(x: float) -> str:
+    return f"{x:.1f}" if abs(x) < 1e4 else f"{x:.3g}"
+
+
+def _xid(ev: dict[str, Any]) -> str | None:
+    """dcgm-exporter's DCGM_FI_DEV_XID_ERRORS holds the *last* Xid code, not a count: a rise to a known code
+    is that Xid, in words (the kernel log says the same in an ``NVRM: Xid`` line)."""
+    if not ev["feature"].startswith("DCGM_FI_DEV_XID_ERRORS") or ev["direction"] != "up":
+        return None
+    code = abs(float(ev["effect_units"]))
+    k = round(code)
+    info = XIDS.get(k) if abs(code - k) < 0.05 else None
+    if info is None:
+        return "reported an Xid error (the metric holds the last Xid code, not a count)"
+    return f"reported Xid {k} ({info.meaning})"
+
+
 def sentence(machine: str, ev: dict[str, Any], window_s: float) -> str:
     """One change as the verdict says it: metric, GPU, reference, direction, size, onset, persistence, score."""
     feat = ev["feature"]
     where = f" on GPU {ev['gpu']}" if ev.get("gpu") is not None else ""
+    held = (
+        f"held in {ev['quorum']:.0%} of the following {window_s:.0f} s; calibrated score {_score(ev['score'])} "
+        f"over threshold {_score(ev['threshold'])}"
+    )
+    xid = _xid(ev)
+    if xid is not None:
+        return f"{machine}{where}: {xid} from {iso(ev['onset_s'])} (DCGM_FI_DEV_XID_ERRORS), {held}"
     sib = ev["reference"] == "siblings"
     ref = "the machine's other GPUs" if sib else "its peers"
     verb = "rose" if ev["direction"] == "up" else "fell"
     return (
         f"{machine}: {feat}{where} {verb} relative to {ref} by {ev['effect_peer_mads']:.1f} "
         f"{'sibling' if sib else 'peer'} MADs ({fmt(abs(ev['effect_units']))} {unit_of(feat, ev.get('kind'))}) from "
-        f"{iso(ev['onset_s'])}, against its own earlier relation to them, and held in {ev['quorum']:.0%} of the "
-        f"following {window_s:.0f} s; calibrated score {ev['score']:.1f} over threshold {ev['threshold']:.1f}"
+        f"{iso(ev['onset_s'])}, against its own earlier relation to them, and {held}"
     )
 
 

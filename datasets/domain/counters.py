@@ -228,3 +228,20 @@ def counter_rates(ts: np.ndarray, value: np.ndarray, series: np.ndarray, *, max_
     inc, dts = interval_increases(ts, value, series, max_gap_s=max_gap_s)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.asarray(inc / dts)
+
+
+CLOCK_EVENT_MASKS = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+"""DCGM's clock-event (throttle) reasons: a bitmask, not a quantity (``nvmlClocksEventReasons``)."""
+SLOWDOWN_BITS = 0x08 | 0x20 | 0x40 | 0x80
+"""The reasons that mean the hardware is slowed against the workload's will: HW slowdown (0x8), SW thermal
+(0x20), HW thermal (0x40) and HW power brake (0x80). Idle (0x1), application clocks (0x2), the software
+power cap (0x4: every busy GPU sits there), sync boost (0x10) and display clocks (0x100) are not faults."""
+
+
+def slowdown_flags(value: np.ndarray) -> np.ndarray:
+    """A clock-event-reasons bitmask as 1.0 when a slowdown bit is set, else 0.0 (NaN stays NaN, and so
+    does what is no bitmask: a negative or fractional number, or one past 2**53)."""
+    out = np.full(value.shape, np.nan)
+    ok = np.isfinite(value) & (value >= 0) & (value <= 2.0**53) & (value == np.floor(value))
+    out[ok] = ((value[ok].astype(np.int64) & SLOWDOWN_BITS) != 0).astype(np.float64)
+    return out

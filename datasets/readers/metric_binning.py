@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rankscope.datasets.domain.counters import declared_kind
+from rankscope.datasets.domain.counters import CLOCK_EVENT_MASKS, declared_kind, slowdown_flags
 from rankscope.datasets.domain.metrics import MetricSet
 from rankscope.datasets.readers.metric_series import Registry
 from rankscope.spine import InputError
@@ -272,6 +272,12 @@ class Stream:
             keep &= kinds[reg.slot_metric[slot]] != SKIP
         if not keep.all():
             slot, ts, value = slot[keep], ts[keep], value[keep]
+        masks = np.asarray([n in CLOCK_EVENT_MASKS for n in reg.metrics.names], bool)
+        if masks.any():  # a bitmask: compared as "slowed down or not", never as a number
+            sel = masks[reg.slot_metric[slot]]
+            if sel.any():
+                value = value.copy()
+                value[sel] = slowdown_flags(value[sel])
         self.rows += int(slot.size)
         return slot, ts, value
 

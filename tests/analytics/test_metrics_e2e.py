@@ -125,3 +125,25 @@ def test_many_chunks_and_labelled_rows_give_the_same_cube(tmp_path, monkeypatch)
         for key in a:
             for f in a[key]:
                 np.testing.assert_allclose(a[key][f], b[key][f], rtol=1e-4, equal_nan=True, err_msg=f"{key} {f}")
+
+
+def test_xid_metric_is_worded_as_the_xid_not_as_a_size() -> None:
+    """DCGM_FI_DEV_XID_ERRORS holds the last Xid code: "rose by 79 units, score 5.7e12" told an operator
+    nothing (outside tester); a known code is named, any other rise says what the metric holds."""
+    from rankscope.analytics.performance.metrics_words import sentence
+
+    ev = {
+        "feature": "DCGM_FI_DEV_XID_ERRORS",
+        "gpu": 3,
+        "reference": "peers",
+        "direction": "up",
+        "effect_peer_mads": 1e9,
+        "effect_units": 79.0,
+        "onset_s": 1_790_000_000.0,
+        "quorum": 0.9,
+        "score": 5.7e12,
+        "threshold": 12.8,
+    }
+    words = sentence("gpu-07", ev, 600.0)
+    assert "Xid 79 (GPU has fallen off the bus)" in words and "on GPU 3" in words and "5.7e+12" in words
+    assert "last Xid code" in sentence("gpu-07", {**ev, "effect_units": 41.5}, 600.0)

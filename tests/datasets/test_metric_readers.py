@@ -345,3 +345,29 @@ def test_counters_read_after_every_gauge_do_not_break_the_cube(tmp_path, monkeyp
         (tmp_path / f"node-{i:03d}.prom").write_text("\n".join(lines) + "\n")
     v = diagnose(load_inputs(tmp_path))
     assert v.verdict == "healthy" and v.suspect_nodes == (), v.explain()
+
+
+def test_clock_event_reasons_are_a_bitmask_of_slowdowns_not_a_number(tmp_path):
+    """DCGM_FI_DEV_CLOCK_THROTTLE_REASONS is nvmlClocksEventReasons: a GPU that starts sitting at its software
+    power cap (0x4, where every busy GPU may sit) or goes idle (0x1) jumped from 0 to 4 and read as a fault;
+    only the slowdown bits (HW slowdown, SW/HW thermal, power brake) count, as 0/1."""
+    from rankscope.analytics import diagnose
+    from rankscope.datasets.domain.counters import slowdown_flags
+    from rankscope.datasets.loading.inputs import load_inputs
+
+    flags = slowdown_flags(np.array([0, 1, 4, 5, 8, 0x20, 0x44, 0x80, 0x100, np.nan, -1, 2.5, 2.0**60]))
+    assert flags[:9].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 0] and np.isnan(flags[9:]).all()
+    rng = np.random.default_rng(5)
+    hosts = [f"gpu-{k:02d}" for k in range(16)]
+    rows = ["ts,node,gpu,metric,value"]
+    for i in range(240):
+        t = 1_790_000_000 + 15 * i
+        for h in hosts:
+            for g in range(4):
+                capped = h == "gpu-07" and g == 2 and i >= 120  # at its power cap from the middle on
+                rows.append(f"{t},{h},{g},DCGM_FI_DEV_CLOCK_THROTTLE_REASONS,{4 if capped else 0}")
+                rows.append(f"{t},{h},{g},DCGM_FI_DEV_GPU_TEMP,{62 + rng.normal(0, 0.4):.2f}")
+                rows.append(f"{t},{h},{g},DCGM_FI_DEV_SM_CLOCK,{1980 + rng.normal(0, 5):.0f}")
+    (tmp_path / "metrics.csv").write_text("\n".join(rows) + "\n")
+    v = diagnose(load_inputs(tmp_path))
+    assert v.verdict == "healthy" and v.suspect_nodes == (), v.explain()
