@@ -53,6 +53,8 @@ def _binom_tail(k: int, n: int, p: float) -> float:
         return 1.0
     if k > n or p <= 0.0:
         return 0.0
+    if n <= 1000:  # exact and fast: math.comb(1000, 500) ~ 2.7e299 still fits a float
+        return min(sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1)), 1.0)
     lp, lq, top = math.log(p), math.log1p(-p), math.lgamma(n + 1)
     total = 0.0
     for i in range(k, n + 1):
