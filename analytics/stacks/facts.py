@@ -53,11 +53,16 @@ class Progress:
     @property
     def progressing(self) -> bool:
         """Waiters released in at least half of the pairs, the last one included; or, in the last pair, a
-        waiter back at its earlier work (a slow rank caught once in the wait it makes its peers wait in)."""
+        waiter back at its earlier work (a slow rank caught once in the wait it makes its peers wait in).
+        Once a waiter came back to its work, one released waiter in the last pair is enough: that return
+        already ruled out noise, and a frozen tail releases nobody."""
         if self.pairs == 0:
             return False
-        last_returned = len(self.returned) == self.pairs and self.returned[-1] > 0
-        return (2 * self.moving_pairs >= self.pairs and self._moving(self.pairs - 1)) or last_returned
+        last = self.pairs - 1
+        if len(self.returned) == self.pairs and self.returned[-1] > 0:
+            return True
+        tail = self._moving(last) or (any(self.returned) and self.released[last] > 0)
+        return 2 * self.moving_pairs >= self.pairs and tail
 
     @property
     def frozen(self) -> bool:

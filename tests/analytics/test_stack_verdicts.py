@@ -112,6 +112,22 @@ def test_a_rank_back_at_its_work_after_waiting_with_everyone_proves_the_job_move
     assert late.verdict != "fail-slow", late.explain()
 
 
+def test_with_one_return_seen_one_release_in_the_last_pair_is_enough(tmp_path: Path, probe_dir: Path) -> None:
+    # 8 ranks (two releases make a pair move): rank 7 computes in rounds 0, 1, 3 and 4 and waits with everyone
+    # in round 2; other ranks compute now and then (jitter): 2 releases, 0, 2 (rank 7 back at its work), 1.
+    # The last pair's single release was noise-guarded; after a return it is not (outside tester's ZeRO-3 case).
+    text = probe_dir / "pyspy" / "text"
+    busy = {0: {7}, 1: {4, 6, 7}, 2: set(), 3: {2, 7}, 4: {5, 7}}
+    for k, ranks in busy.items():
+        d = tmp_path / f"snapshot-{k}"
+        d.mkdir(parents=True)
+        for r in range(8):
+            src = (text / "rank3.txt") if r in ranks else (text / "rank0.txt")
+            d.joinpath(f"rank{r}.txt").write_text(src.read_text().replace("Process ", f"Process 1{r}", 1))
+    v = stack_verdict(load_inputs(tmp_path, gpus_per_node=1))
+    assert v.verdict == "fail-slow" and v.culprit_ranks == (7,) and v.suspect_nodes == ("node-7",), v.explain()
+
+
 # -- fail-slow from rounds -------------------------------------------------------------------------
 
 
