@@ -12,9 +12,9 @@ import numpy as np
 
 from rankscope.analytics.performance.metrics import iso
 from rankscope.datasets.domain.metrics import MetricCube
-from rankscope.datasets.domain.xid import XIDS
 
 UNITS: tuple[tuple[str, str], ...] = (
+    (r"THROTTLE_REASONS|EVENT_REASONS", "(slowdown flag, 0 or 1)"),
     (r"_UTIL$", "percentage points"),
     (r"POWER_USAGE", "W"),
     (r"TEMP", "degC"),
@@ -57,16 +57,14 @@ def _score(x: float) -> str:
 
 
 def _xid(ev: dict[str, Any]) -> str | None:
-    """dcgm-exporter's DCGM_FI_DEV_XID_ERRORS holds the *last* Xid code, not a count: a rise to a known code
-    is that Xid, in words (the kernel log says the same in an ``NVRM: Xid`` line)."""
+    """dcgm-exporter's DCGM_FI_DEV_XID_ERRORS holds the *last* Xid code, not a count, so its change is no
+    size; which Xid it was is in the kernel log (``NVRM: Xid``), the change is not the code."""
     if not ev["feature"].startswith("DCGM_FI_DEV_XID_ERRORS") or ev["direction"] != "up":
         return None
-    code = abs(float(ev["effect_units"]))
-    k = round(code)
-    info = XIDS.get(k) if abs(code - k) < 0.05 else None
-    if info is None:
-        return "reported an Xid error (the metric holds the last Xid code, not a count)"
-    return f"reported Xid {k} ({info.meaning})"
+    return (
+        "reported a new Xid error (the metric holds the last Xid code, not a count: the kernel log's NVRM "
+        "line says which)"
+    )
 
 
 def sentence(machine: str, ev: dict[str, Any], window_s: float) -> str:

@@ -8,13 +8,13 @@ code say nothing either way (a busy culprit spinning in a loop moves without the
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.analytics.stacks.frames import WAIT_STATES, classify, frame_key
+from rankscope.analytics.stacks.frames import PEER_WAIT_STATES, WAIT_STATES, classify, frame_key
 from rankscope.analytics.stacks.snapshot import SnapshotAnalysis, analyze_snapshot
 from rankscope.config import Limits, StackConfig
 from rankscope.datasets.domain.stacks import ProcStacks, is_launcher_frame
@@ -35,9 +35,8 @@ class Progress:
     released: tuple[int, ...]
     guard: int = NOISE_GUARD
     returned: tuple[int, ...] = ()
-    """Per pair: released waiters back at a stack they had before their wait (a rank that ran its own code,
-    waited, and runs the very same code again: its wait completed and its loop went on). Neither a timeout
-    (error handling follows) nor a mis-read stack repeats an earlier stack, so one such return is progress."""
+    """Per pair: released waiters back at their own work, at a stack they ran before, from a wait on peers that
+    other ranks sat in too (:func:`_returned`): the collective completed, so one such return is progress."""
 
     @property
     def pairs(self) -> int:
@@ -54,15 +53,12 @@ class Progress:
     def progressing(self) -> bool:
         """Waiters released in at least half of the pairs, the last one included; or, in the last pair, a
         waiter back at its earlier work (a slow rank caught once in the wait it makes its peers wait in).
-        Once a waiter came back to its work, one released waiter in the last pair is enough: that return
-        already ruled out noise, and a frozen tail releases nobody."""
+        """
         if self.pairs == 0:
             return False
-        last = self.pairs - 1
         if len(self.returned) == self.pairs and self.returned[-1] > 0:
             return True
-        tail = self._moving(last) or (any(self.returned) and self.released[last] > 0)
-        return 2 * self.moving_pairs >= self.pairs and tail
+        return 2 * self.moving_pairs >= self.pairs and self._moving(self.pairs - 1)
 
     @property
     def frozen(self) -> bool:
@@ -96,6 +92,15 @@ def _wait_key(p: ProcStacks, cache: dict[int, tuple[str, tuple[str, ...]]]) -> t
     return hit
 
 
+def _returned(
+    state: str, sharing: int, now: tuple[str, tuple[str, ...]], earlier: set[tuple[str, tuple[str, ...]]]
+) -> bool:
+    """A return: the rank left a wait on its peers that at least two peers sat in too (the collective or
+    transfer it makes them wait for), and runs its own code at a stack it ran before. Its own loops (a
+    device sync, a retry around its own code) and a flicker between two waits are no return."""
+    return state in PEER_WAIT_STATES and sharing >= 3 and now[0] not in WAIT_STATES and now in earlier
+
+
 def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | None = None) -> Progress:
     """Waiters released between consecutive snapshots (trainers with a usable stack in both)."""
     snaps = sorted(by_snapshot)
@@ -115,13 +120,14 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
         world = max(world, len(cur))
         if prev is not None:
             w = n = back = 0
+            shared = Counter(prev.values())
             for r, (state, key) in prev.items():
                 if state not in WAIT_STATES or r not in cur:
                     continue
                 w += 1
                 if cur[r] != (state, key):
                     n += 1
-                    back += cur[r] in before[r]
+                    back += _returned(state, shared[(state, key)], cur[r], before[r])
             waiters.append(w)
             released.append(n)
             returned.append(back)

@@ -119,8 +119,6 @@ COLLECTIVE_OPS = frozenset(
         "allreduce",
         "allgather",
         "reducescatter",
-        # FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): waits on the all-gather's Work
-        "foreach_all_gather_copy_out",
     }
 )
 P2P_OPS = frozenset(
@@ -143,10 +141,8 @@ P2P_OPS = frozenset(
         "send_backward_recv_backward",
         "send_object_list",
         "recv_object_list",
-        # torch.distributed.pipelining (schedules.py): a stage issues its isend/irecv batch, then waits on each
-        # Work (``for w in work: w.wait()``, C++ below, so py-spy's innermost frame is this function)
-        "_batch_p2p",
-        "_sorted_batch_p2p",
+        # torch.distributed.pipelining (schedules.py) waits on a stage's transfers with ``for w in work:
+        # w.wait()`` (C++ below: py-spy's innermost frame is this function; issuing them is batch_isend_irecv)
         "_wait_batch_p2p",
     }
 )

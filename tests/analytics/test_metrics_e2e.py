@@ -129,7 +129,7 @@ def test_many_chunks_and_labelled_rows_give_the_same_cube(tmp_path, monkeypatch)
 
 def test_xid_metric_is_worded_as_the_xid_not_as_a_size() -> None:
     """DCGM_FI_DEV_XID_ERRORS holds the last Xid code: "rose by 79 units, score 5.7e12" told an operator
-    nothing (outside tester); a known code is named, any other rise says what the metric holds."""
+    nothing (outside tester); the throttle-reasons flag is no clock (it was worded in MHz)."""
     from rankscope.analytics.performance.metrics_words import sentence
 
     ev = {
@@ -145,5 +145,7 @@ def test_xid_metric_is_worded_as_the_xid_not_as_a_size() -> None:
         "threshold": 12.8,
     }
     words = sentence("gpu-07", ev, 600.0)
-    assert "Xid 79 (GPU has fallen off the bus)" in words and "on GPU 3" in words and "5.7e+12" in words
-    assert "last Xid code" in sentence("gpu-07", {**ev, "effect_units": 41.5}, 600.0)
+    assert "new Xid error" in words and "last Xid code" in words and "on GPU 3" in words and "5.7e+12" in words
+    assert "79" not in words  # the change against peers is no Xid code (a GPU holding Xid 31 then 79 rose by 48)
+    flag = sentence("gpu-07", {**ev, "feature": "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "effect_units": 1.0}, 600.0)
+    assert "slowdown flag" in flag and "MHz" not in flag
