@@ -12,6 +12,15 @@ from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
 _ADDRESS = re.compile(r"^0x[0-9a-fA-F]+$")
 
 
+_ODD_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")  # str.splitlines() breaks there too
+
+
+def block_readable(text: str) -> bool:
+    """Whether a block-by-block fast path may read ``text``: ASCII, ending in a newline, and with no line
+    break but ``\\n`` (the line-by-line readers split on every break ``str.splitlines()`` knows)."""
+    return text.isascii() and text.endswith("\n") and not any(c in text for c in _ODD_BREAKS)
+
+
 def native_name(name: str) -> str:
     """A frame's function name, an unsymbolized ``py-spy --native`` address (``0x7f0911aa3f16``, different in
     every process: ASLR) as ``0x?`` so that the same place compares equal across ranks."""

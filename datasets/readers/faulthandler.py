@@ -26,7 +26,7 @@ from rankscope.datasets.domain.stacks import (
     is_hook_idle_frame,
     is_launcher_frame,
 )
-from rankscope.datasets.readers.base import Interner, cut_dump, failed_dump, mark_main
+from rankscope.datasets.readers.base import Interner, block_readable, cut_dump, failed_dump, mark_main
 
 _INTERN = Interner()
 
@@ -158,12 +158,11 @@ _FH_BLOCK = re.compile(
     r"(Current thread|Thread) (0[xX][0-9a-fA-F]+)(?: \[([^\n]*?)\])? \(most recent call first\):[^\n]*\n"
     r"((?:  File [^\n]*\n)*)\n*"
 )
-_ODD_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")  # str.splitlines() breaks there too
 
 
 def _blocks(text: str) -> _Scanned | None:
     """A plain faulthandler dump's threads (as :func:`_lines` reads them), or None for anything else."""
-    if not text.isascii() or not text.endswith("\n") or any(c in text for c in _ODD_BREAKS):
+    if not block_readable(text):
         return None
     pos = 0
     threads: list[ThreadDump] = []

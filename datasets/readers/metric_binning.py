@@ -222,6 +222,7 @@ class Stream:
 
     reg: Registry = field(default_factory=Registry)
     kinds: list[int] = field(default_factory=list)  # per metric code
+    masks: list[bool] = field(default_factory=list)  # per metric code: a clock-event-reasons bitmask
     types: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     rows: int = 0
@@ -235,6 +236,7 @@ class Stream:
         names = self.reg.metrics.names
         for m in range(len(self.kinds), len(names)):
             name = names[m] or ""
+            self.masks.append(name in CLOCK_EVENT_MASKS)
             if name.startswith(self.skip_prefixes):
                 self.kinds.append(SKIP)
             else:
@@ -272,9 +274,8 @@ class Stream:
             keep &= kinds[reg.slot_metric[slot]] != SKIP
         if not keep.all():
             slot, ts, value = slot[keep], ts[keep], value[keep]
-        masks = np.asarray([n in CLOCK_EVENT_MASKS for n in reg.metrics.names], bool)
-        if masks.any():  # a bitmask: compared as "slowed down or not", never as a number
-            sel = masks[reg.slot_metric[slot]]
+        if any(self.masks):  # a bitmask: compared as "slowed down or not", never as a number
+            sel = np.asarray(self.masks, bool)[reg.slot_metric[slot]]
             if sel.any():
                 value = value.copy()
                 value[sel] = slowdown_flags(value[sel])

@@ -33,7 +33,7 @@ from typing import Any
 
 from rankscope.datasets.domain.bounds import MAX_LINE_CHARS, MAX_LINE_NO, int_text
 from rankscope.datasets.domain.stacks import Frame, ProcessDump, ThreadDump
-from rankscope.datasets.readers.base import Interner, failed_dump, mark_main, native_name
+from rankscope.datasets.readers.base import Interner, block_readable, failed_dump, mark_main, native_name
 
 FORMAT = "pyspy-text"
 
@@ -50,7 +50,6 @@ _FAST_HEAD = re.compile(r"Process (\d+): ?([^\n]*)\n(?:Python v[^\n]*\n)?\n*")
 _FAST_THREAD = re.compile(
     r'Thread (0[xX][0-9a-fA-F]+|\d+)(?: \(([^)\n]*)\))?(?:: "([^\n]*)")?[ \t]*\n((?: {4}[^\n]*\n)*)\n*'
 )
-_ODD_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")  # str.splitlines() breaks there too: line by line
 
 
 def _thread_id(token: str) -> int | None:
@@ -85,7 +84,7 @@ def _block_frames(block: str) -> tuple[Frame, ...]:
 
 def _fast(text: str, source_file: str) -> list[ProcessDump] | None:
     """One whole process dump read thread block by thread block, or None when ``text`` is anything else."""
-    if not text.isascii() or not text.endswith("\n") or any(c in text for c in _ODD_BREAKS):
+    if not block_readable(text):
         return None
     m = _FAST_HEAD.match(text)
     if m is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rankscope.analytics import diagnose as run_diagnose
 from rankscope.datasets.loading.inputs import load_inputs
 
@@ -19,11 +21,18 @@ def test_a_dated_dump_folder_is_not_a_machine() -> None:
     assert any("not taken for machine names" in n for n in inp.notes), inp.notes
 
 
-def test_a_single_node_log_dir_tree_adds_no_rank_and_a_console_name_is_no_machine() -> None:
-    inp = load_inputs(DATA / "c2x_exit3_r3_console_logdir", gpus_per_node=4)
+@pytest.mark.parametrize(
+    "case, culprit",
+    [
+        ("c2x_exit3_r3_console_logdir", 3),  # a single-node log-dir tree adds no rank; a console name is no machine
+        ("c2x_valueerror_r2_record_console_logdir", 2),  # a console and a log-dir tree of one torchrun: one launcher
+    ],
+)
+def test_a_console_and_a_single_node_log_dir_tree_are_one_launcher_of_the_job_s_ranks(case: str, culprit: int) -> None:
+    inp = load_inputs(DATA / case, gpus_per_node=4)
     assert inp.topology.world_size == 4, inp.notes
     v = run_diagnose(inp)
-    assert v.verdict == "crash" and v.culprit_ranks == (3,), v.explain()
+    assert v.verdict == "crash" and v.culprit_ranks == (culprit,), v.explain()
     assert "trainer-console" not in v.suspect_nodes and not any(n.startswith("logdir:") for n in v.suspect_nodes)
 
 
@@ -39,13 +48,6 @@ def test_a_gloo_hang_in_logs_alone_points_at_the_silent_rank_in_words() -> None:
     v = run_diagnose(inp)
     assert v.verdict == "inconclusive" and v.suspect_nodes == () and v.culprit_ranks == (), v.explain()
     assert any("rank(s) 2 printed no gloo timeout" in r for r in v.reasons), v.reasons
-
-
-def test_a_console_and_a_log_dir_tree_of_one_torchrun_are_one_launcher() -> None:
-    inp = load_inputs(DATA / "c2x_valueerror_r2_record_console_logdir", gpus_per_node=4)
-    assert inp.topology.world_size == 4, inp.notes
-    v = run_diagnose(inp)
-    assert v.verdict == "crash" and v.culprit_ranks == (2,), v.explain()
 
 
 def test_untimed_failures_still_tell_the_one_that_is_not_a_cascade() -> None:
