@@ -9,7 +9,10 @@ injected culprit ranks" (clean: names nobody; mismatch: names the odd rank as a 
 torchfrtrace's named ranks are its "missing ranks: {...}" and "Culprit rank N" lines; its crashes and
 timeouts are recorded as such. Times: ``seconds`` is the whole process (interpreter, imports, work),
 ``work_seconds`` the time after imports. ``--steps`` sets how many training steps each rank's ring
-buffer holds (2: ~22 entries per rank; real buffers hold up to 2,000).
+buffer holds (2: ~22 entries per rank; real buffers hold up to 2,000). ``unpickle_floor_s`` is the time to
+read and unpickle the dumps alone (no analyzer can go below it); each analyzer's work is also given as a
+multiple of it. Peak memory is each analyzer's own ``VmHWM``: ``ru_maxrss`` survives fork and exec, so it
+would report this benchmark's size (the generated dumps) instead.
 
 Also: both on the real gloo probe (its dumps have no capture time: rankscope says inconclusive and names
 nobody; torchfrtrace crashes on gloo's empty pg_config) and on the probe's job re-captured through the
@@ -78,6 +81,8 @@ try:
     main(sys.argv[1:])
 finally:
     print("__WORK_SECONDS__", time.perf_counter() - t, file=sys.stderr, flush=True)
+    print("__PEAK_KIB__", next((ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("VmHWM:")), 0),
+          file=sys.stderr, flush=True)
 """
 _OURS_WRAPPER = """
 import json, sys, time
@@ -93,13 +98,25 @@ v = collectives.verdict(collectives.facts(dumps, topo), topo)
 work = time.perf_counter() - t
 print(json.dumps(v.to_dict()))
 print("__WORK_SECONDS__", work, file=sys.stderr, flush=True)
+print("__PEAK_KIB__", next((ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("VmHWM:")), 0),
+      file=sys.stderr, flush=True)
 """
 _WORK = re.compile(r"__WORK_SECONDS__ ([\d.eE+-]+)")
+_PEAK = re.compile(r"__PEAK_KIB__ (\d+)")
 
 
 def _work_seconds(text: str) -> float | None:
     m = _WORK.search(text)
     return round(float(m.group(1)), 3) if m else None
+
+
+def _own_peak(res: dict[str, Any], text: str) -> None:
+    """The analyzer's own peak RSS: ``VmHWM`` of its memory map, which it prints at exit. ``ru_maxrss`` (from
+    ``wait4``) survives fork and exec, so it reports this benchmark's own size (thousands of ranks of
+    generated dumps) when that is larger; it is kept as ``ru_maxrss_mib``."""
+    res["ru_maxrss_mib"] = res.pop("peak_rss_mib")
+    m = _PEAK.search(text)
+    res["peak_rss_mib"] = round(int(m.group(1)) / 1024, 1) if m and int(m.group(1)) else None
 
 
 def torchfrtrace(directory: Path, timeout_s: float, scratch: Path, prefix: str | None = None) -> dict[str, Any]:
@@ -109,6 +126,7 @@ def torchfrtrace(directory: Path, timeout_s: float, scratch: Path, prefix: str |
     res = run_timed(cmd, timeout_s, log)
     text = log.read_text(errors="replace")
     res["work_seconds"] = _work_seconds(text)
+    _own_peak(res, text)
     missing = [sorted(int(x) for x in m.group(1).replace(" ", "").split(",") if x) for m in _MISSING.finditer(text)]
     culprits = sorted({int(m.group(1)) for m in _CULPRIT.finditer(text)})
     named = sorted({r for m in missing for r in m} | set(culprits))
@@ -130,6 +148,7 @@ def rankscope(
     res = run_timed(cmd, timeout_s, log)
     text = log.read_text(errors="replace")
     res["work_seconds"] = _work_seconds(text)
+    _own_peak(res, text)
     try:
         v = json.loads(next(ln for ln in text.splitlines() if ln.startswith('{"verdict"')))
         res.update(
@@ -141,6 +160,25 @@ def rankscope(
     except (ValueError, KeyError, StopIteration):
         res["failure"] = text[-300:]
     return res
+
+
+def unpickle_floor(directory: Path, repeat: int) -> float:
+    """Seconds to read and unpickle every dump under ``directory`` (the fastest of ``repeat`` runs): what any
+    reader of these pickles must do before its first comparison, and what neither analyzer can go below."""
+    import gc
+    import pickle
+
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    best = None
+    for _ in range(max(1, repeat)):
+        gc.collect()
+        t = time.perf_counter()
+        for p in files:
+            pickle.loads(p.read_bytes())
+        dt = time.perf_counter() - t
+        best = dt if best is None else min(best, dt)
+    assert best is not None
+    return round(best, 3)
 
 
 def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -243,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
                 n_entries = sum(len(r["entries"]) for r in syn.raw.values())
                 del syn  # thousands of ranks of raw dumps: free them before the analyzers run (shared machine)
                 reps = args.repeat if size < 4096 else 1
+                floor_s = unpickle_floor(d, reps)
                 ours = _best([rankscope(d, layout, args.timeout, scratch) for _ in range(reps)])
                 peer = _best([torchfrtrace(d, args.timeout, scratch) for _ in range(reps)])
                 ratio = round(peer["seconds"] / ours["seconds"], 1) if ours["seconds"] else None
@@ -257,10 +296,13 @@ def main(argv: list[str] | None = None) -> None:
                         "truth": truth,
                         "truth_description": truth_words,
                         "generate_s": round(gen_s, 2),
+                        "unpickle_floor_s": floor_s,
                         "rankscope": {**ours, "correct": correct_rankscope(ours, fault, truth)},
                         "torchfrtrace": {**peer, "correct": correct_peer(peer, fault, truth)},
                         "speedup_wall": ratio if not peer["timed_out"] else f">{ratio}",
                         "speedup_work": work_ratio if not peer["timed_out"] else None,
+                        "rankscope_work_to_floor": round(ow / floor_s, 1) if ow and floor_s else None,
+                        "torchfrtrace_work_to_floor": round(pw / floor_s, 1) if pw and floor_s else None,
                     }
                 )
                 print(
@@ -303,8 +345,13 @@ def main(argv: list[str] | None = None) -> None:
         ],
         "speedup_wall_by_ranks": {n: [r["speedup_wall"] for r in rs] for n, rs in by_ranks.items()},
         "speedup_work_by_ranks": {n: [r["speedup_work"] for r in rs] for n, rs in by_ranks.items()},
+        "work_to_unpickle_floor_by_ranks": {
+            n: [[r["rankscope_work_to_floor"], r["torchfrtrace_work_to_floor"]] for r in rs] for n, rs in by_ranks.items()
+        },
         "note": "speedup_wall: whole processes (interpreter + imports: torch for torchfrtrace); speedup_work: "
-        "time after imports (load + analysis). A timed-out torchfrtrace has speedup '>x'.",
+        "time after imports (load + analysis). A timed-out torchfrtrace has speedup '>x'. "
+        "work_to_unpickle_floor: [rankscope, torchfrtrace] work time over the time to read and unpickle the "
+        "dumps alone; speedup_work can be at most torchfrtrace's figure.",
     }
     print(
         json.dumps(
