@@ -346,7 +346,8 @@ def main(argv: list[str] | None = None) -> None:
         "speedup_wall_by_ranks": {n: [r["speedup_wall"] for r in rs] for n, rs in by_ranks.items()},
         "speedup_work_by_ranks": {n: [r["speedup_work"] for r in rs] for n, rs in by_ranks.items()},
         "work_to_unpickle_floor_by_ranks": {
-            n: [[r["rankscope_work_to_floor"], r["torchfrtrace_work_to_floor"]] for r in rs] for n, rs in by_ranks.items()
+            n: [[r["rankscope_work_to_floor"], r["torchfrtrace_work_to_floor"]] for r in rs]
+            for n, rs in by_ranks.items()
         },
         "note": "speedup_wall: whole processes (interpreter + imports: torch for torchfrtrace); speedup_work: "
         "time after imports (load + analysis). A timed-out torchfrtrace has speedup '>x'. "
