@@ -43,7 +43,9 @@ det = _peer_change(cube, cfg)
 w2, c2 = time.perf_counter(), time.process_time()
 found = decide_peer_change(cube, cfg, list(cube.notes), det=det)
 w3, c3 = time.perf_counter(), time.process_time()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: this process's own peak (ru_maxrss survives fork and exec: it would report a larger parent's size)
+peak = next((int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:")), 0) / 1024
+peak = peak or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 shape = {"rows": cube.rows, "machines": len(cube.machines), "blocks": cube.n_blocks, "block_s": cube.block_s,
          "features": len(cube.features)}
 del cube, det, ms
