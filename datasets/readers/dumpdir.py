@@ -326,16 +326,11 @@ def _json_bucket(sc: _Scan, abs_path: str, rel: str, head: bytes, data: bytes) -
     return None
 
 
-def assign_roles(df: DumpFile) -> list[tuple[ProcessDump, str]]:
-    """Each process of a dump file with its role (resolved while scanning)."""
-    return [(proc, df.role or "trainer") for proc in df.processes]
-
-
 def from_dump_dir(dd: DumpDir) -> list[ProcStacks]:
     """Every process of a scanned dump directory (GC paused: see ``scan_dump_dir``)."""
     with paused_gc():
         out = []
-        for f in dd.files:  # as assign_roles() pairs them, without a list per file (hot at 100,000 ranks)
+        for f in dd.files:  # roles were resolved while scanning; no list per file (hot at 100,000 ranks)
             snapshot, rank, node, role, pid = f.snapshot, f.rank, f.node, f.role or "trainer", f.pid
             for proc in f.processes:
                 out.append(from_dump(proc, snapshot=snapshot, rank=rank, node=node, role=role, pid=pid))
@@ -350,7 +345,6 @@ def stack_files(dd: DumpDir) -> Iterable[str]:
 __all__ = [
     "DumpDir",
     "DumpFile",
-    "assign_roles",
     "from_dump_dir",
     "parse_stack_bytes",
     "path_facts",

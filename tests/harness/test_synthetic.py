@@ -320,9 +320,8 @@ def test_dump_dir_reader_recovers_roles(tmp_path):
         dd = dumpdir.scan_dump_dir(root, gpus_per_node=GPUS)
         assert len(dd.files) == len(job.dumps)
         roles = {}
-        for f in dd.files:
-            ((proc, role),) = dumpdir.assign_roles(f)
-            roles[f.path.rsplit("/", 1)[-1].split(".")[0]] = (f.rank, role)
+        for p in dumpdir.from_dump_dir(dd):
+            roles[p.source.rsplit("/", 1)[-1].split(".")[0]] = (p.rank, p.role)
         for d, name in ((d, _stem(d, job)) for d in job.dumps):
             assert roles[name] == (d.rank, d.role)
 
