@@ -259,6 +259,14 @@ def _build(
         for ex in st.exits:
             if ex["kind"] in _LAUNCHER_EXC:
                 continue
+            if f.lived_on(ex["line"]) or ex["line"] < st.last_step_at:
+                why = (
+                    "its launcher then reported the worker group finished"
+                    if f.lived_on(ex["line"])
+                    else ("it logged training steps after it")
+                )
+                notes.append(f"rank {rank} logged {ex['kind']} at {ex['source']} and lived on ({why}): not a failure")
+                continue
             t = to_epoch(ex["stamp"], year)
             found_exits.setdefault(rank, {**ex, "time": t + offset if t is not None else None, "node": host})
         for text in st.stacks:

@@ -66,6 +66,8 @@ _CHAIN = ("During handling of the above exception", "The above exception was the
 _TERMINATE = re.compile(r"^terminate called after throwing an instance of '([^']{1,200})'")
 _WHAT = re.compile(r"^\s+what\(\):\s+(.*)$")
 _LAUNCHER_EXC = frozenset({"ChildFailedError", "SignalException"})
+_GROUP_OK = "worker group successfully finished"  # torch.distributed.elastic's agent: every worker exited 0
+_GROUP_FAILED = ("Worker group FAILED", "will restart worker group", "ChildFailedError", "failed (exitcode")
 
 Stamp = tuple[int, int, float] | tuple[int, int, int, float]  # (month, day, secs) or (year, month, day, secs)
 
@@ -90,6 +92,9 @@ class Stream:
     last_stamp: Stamp | None = None
     lines: int = 0
     cxx: str = ""  # the type of a C++ exception that ended the process, until its ``what():`` line
+    ignored: bool = False  # CPython said "Exception ignored ...": the traceback that follows ended nothing
+    at: int = 0  # the line number being fed
+    last_step_at: int = 0  # the line of its last training-step record: an exception before it ended nothing
 
 
 @dataclass
@@ -105,6 +110,13 @@ class FileRead:
     summary: list[Any] = field(default_factory=list)
     pairs: dict[int, int] = field(default_factory=dict)  # local -> global seen on one line
     years: list[int] = field(default_factory=list)
+    finished_ok: int = 0  # the line of the launcher's last "worker group successfully finished" (0: none)
+    failed_before_ok: int = 0  # the line of the launcher's last failure or restart before it (0: none)
+
+    def lived_on(self, line: int) -> bool:
+        """Whether an exception logged at ``line`` ended no process: the launcher of this file reported its
+        worker group finished successfully afterwards, with no failure or restart in between."""
+        return self.failed_before_ok < line < self.finished_ok
 
 
 def _parse_stamp(m: re.Match[str]) -> Stamp | None:
@@ -113,8 +125,9 @@ def _parse_stamp(m: re.Match[str]) -> Stamp | None:
         if g.get("date"):
             y, mo, d = (int(x) for x in g["date"].split("-"))
             return (y, mo, d, _hms(g["hms"]))
-        if g.get("md") and g.get("hms"):
-            return (int(g["md"][:2]), int(g["md"][2:]), _hms(g["hms"]))
+        if g.get("md") and g.get("hms"):  # MMDD, or MDD: c10 leaves the month unpadded ("E321" is March 21)
+            month, day = int(g["md"][:-2]), int(g["md"][-2:])
+            return (month, day, _hms(g["hms"])) if 1 <= month <= 12 and 1 <= day <= 31 else None
     except ValueError:
         return None
     return None
@@ -179,8 +192,14 @@ def read_log_file(path: str, rel: str) -> FileRead:
                 st.last_stamp = stamp
                 if len(stamp) == 4:
                     fr.years.append(stamp[0])
-            if key is None and summary.feed(text, lineno):
-                continue
+            if key is None:
+                if _GROUP_OK in text:
+                    fr.finished_ok = lineno
+                elif any(f in text for f in _GROUP_FAILED):
+                    fr.failed_before_ok = lineno
+                if summary.feed(text, lineno):
+                    continue
+            st.at = lineno
             _feed(st, text, stamp, f"{rel}:{lineno}")
     for st in fr.streams.values():
         _close_block(st)
@@ -204,8 +223,9 @@ def _feed(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
             return
         exc = split_exception(text)
         if exc is not None:
-            _exit(st, exc[0], exc[1], st.block, stamp, where)
-            st.mode, st.block = "", []
+            if not st.ignored:
+                _exit(st, exc[0], exc[1], st.block, stamp, where)
+            st.mode, st.block, st.ignored = "", [], False
             _records(st, text, stamp, where)
             return
         if text.startswith(_CHAIN):
@@ -231,6 +251,11 @@ def _feed(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
     if _TB_HEAD.match(text):
         st.mode, st.block = "tb", [text]
         return
+    # "Exception ignored in: <function X.__del__>" (a finalizer, an atexit callback): CPython printed the
+    # traceback that follows and went on; it is never the process's exit
+    st.ignored = text.startswith("Exception ignored ")
+    if st.ignored:
+        return
     if text.startswith(_CHAIN):
         st.chain = True
         return
@@ -240,7 +265,14 @@ def _feed(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
 def _exit(st: Stream, kind: str, message: str, block: list[str], stamp: Stamp | None, where: str) -> None:
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', "\n".join(block))
     inner = f"{frames[-1][2]} ({frames[-1][0].rsplit('/', 1)[-1]}:{frames[-1][1]})" if frames else ""
-    rec = {"kind": kind, "message": message, "where": inner, "stamp": stamp or st.last_stamp, "source": where}
+    rec = {
+        "kind": kind,
+        "message": message,
+        "where": inner,
+        "stamp": stamp or st.last_stamp,
+        "source": where,
+        "line": st.at,
+    }
     if st.chain and st.exits:
         st.exits[-1] = rec  # the last exception of a chain is the one that ended the process
     else:
@@ -286,6 +318,7 @@ def _records(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
         return
     m = _ITERATION.search(text)
     if m:
+        st.last_step_at = st.at
         st.records.append(
             {
                 "type": "step",

@@ -32,9 +32,11 @@ HEAD_BYTES = 1 << 12
 # torchrun's worker prefixes: [rank<GLOBAL>]: and [<role><LOCAL>]: (role "default" unless --role), repeated
 WORKER_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_][A-Za-z0-9_-]*?)(?P<n>\d+)\]:")
 # glog as torch's Python logging prints it ("W1201 15:30:21.521000 10673 torch/distributed/run.py:874] ")
-GLOG = re.compile(r"^(?P<lvl>[IWEF])(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?) +\d+ +[^\]\s]+:\d+\] ?")
-# c10's C++ log prefix ("[E1201 04:51:27.502991676 ProcessGroupNCCL.cpp:632] ", older "[E ProcessGroupNCCL.cpp:574] ")
-C10_LOG = re.compile(r"^\[(?P<lvl>[IWEF])(?:(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?))? *[^\]\s]+:\d+\] ?")
+GLOG = re.compile(r"^(?P<lvl>[IWEF])(?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?) +\d+ +[^\]\s]+:\d+\] ?")
+# c10's C++ log prefix ("[E1201 04:51:27.502991676 ProcessGroupNCCL.cpp:632] ", older "[E ProcessGroupNCCL.cpp:574] ").
+# c10 writes the month unpadded and the day padded (c10/util/Logging.cpp: ``tm_mon + 1``, then ``setw(2)``
+# for the day): "[E321 02:07:08.408271257 ...]" is March 21.
+C10_LOG = re.compile(r"^\[(?P<lvl>[IWEF])(?:(?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?))? *[^\]\s]+:\d+\] ?")
 # "[2026-11-30 10:00:01,123] ", "2026-11-30T10:00:01.123Z ", "[2026-12-03 12:13:35] "
 STAMP = re.compile(
     r"^ ?\[?(?P<date>\d{4}-\d\d-\d\d)[ T_](?P<hms>\d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<tz>Z|[+-]\d\d:?\d\d)?\]?:? ?"

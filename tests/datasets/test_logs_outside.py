@@ -1,0 +1,129 @@
+"""Logs laid out and worded as the field writes them, from an outside tester's cases (``/work/fieldcases8``,
+formats taken from real output quoted in public issues): each test is a case that once named the wrong
+machine, or named one in a healthy job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rankscope.analytics import diagnose
+from rankscope.datasets.loading.inputs import load_inputs
+from rankscope.datasets.readers.logs import _split
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def _watchdog_crash(rank: int, local: int, host: str, started: str, failed: str, error: str) -> str:
+    """A torch >= 2.4 console: c10 writes the month unpadded (``[E321 ...]`` is March 21)."""
+    head = f"[PG ID 0 PG GUID 0(default_pg) Rank {rank}] Process group watchdog thread terminated with exception"
+    return (
+        f"[default{local}]:[2025-03-21 {started}] rank {rank}/4 (local {local}) on {host} initialized\n"
+        f"[default{local + 1}]:[2025-03-21 {started}] rank {rank + 1}/4 (local {local + 1}) on {host} initialized\n"
+        f"[default{local}]:[rank{rank}]:[E321 {failed}.123456789 ProcessGroupNCCL.cpp:1595] {head}: {error}\n"
+        f"[default{local}]:[rank{rank}]:terminate called after throwing an instance of 'c10::DistBackendError'\n"
+        f"[default{local}]:[rank{rank}]:  what():  {head}: {error}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("prefix", "want"),
+    [
+        ("[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] ", (3, 21)),
+        ("[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607] ", (12, 6)),
+        ("[E0321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] ", (3, 21)),
+        ("W321 10:59:50.786825 90011 torch/distributed/elastic/agent/server/api.py:879] ", (3, 21)),
+    ],
+)
+def test_c10_stamps_with_an_unpadded_month_are_read(prefix, want):
+    text, _, _, stamp = _split(prefix + "[PG ID 0 PG GUID 0(default_pg) Rank 2] watchdog")
+    assert text.startswith("[PG ID 0") and stamp is not None and stamp[:2] == want
+
+
+def test_the_first_failure_is_ordered_by_c10_stamps_with_an_unpadded_month(tmp_path):
+    """Each rank's start-up line is an hour before its failure and in the other order: read without its
+    c10 stamp, each failure took its start-up time and the later failure (gpu-a) came first."""
+    root = _write(
+        tmp_path / "job",
+        {
+            "logs/gpu-a.log": _watchdog_crash(0, 0, "gpu-a", "01:40:00", "02:40:00", "an illegal memory access"),
+            "logs/gpu-b.log": _watchdog_crash(2, 0, "gpu-b", "02:20:00", "02:30:00", "unspecified launch failure"),
+        },
+    )
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.verdict.value == "crash" and v.culprit_nodes == ("gpu-b",), v.explain()
+    assert "before" not in v.explain()
+
+
+_DEL_BLOCK = """Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f3c2d1e5cf0>
+Traceback (most recent call last):
+  File "/usr/local/lib/python3.10/dist-packages/torch/utils/data/dataloader.py", line 1604, in __del__
+    self._shutdown_workers()
+  File "/usr/lib/python3.10/multiprocessing/process.py", line 160, in is_alive
+    assert self._parent_pid == os.getpid(), 'can only test a child process'
+AssertionError: can only test a child process
+"""
+_CAUGHT = """WARNING data: Handling webdataset error (PIL.UnidentifiedImageError). Ignoring.
+Traceback (most recent call last):
+  File "/opt/openclip/src/training/data.py", line 122, in __getitem__
+    image = Image.open(io.BytesIO(sample["jpg"]))
+PIL.UnidentifiedImageError: cannot identify image file <_io.BytesIO object at 0x7f2d40a1c6d0>
+"""
+_OK = (
+    "I0321 01:55:30.000000 90011 torch/distributed/elastic/agent/server/api.py:879] [default] worker group "
+    "successfully finished. Waiting 300 seconds for other agents to finish.\n"
+)
+
+
+def _console(host_index: int, block: str | None, *, finished: bool, steps_after: bool = False) -> str:
+    """Two workers of one torchrun agent (``--tee 3``); local rank 1 prints ``block``."""
+    g = 2 * host_index
+    out = [f"[default{lr}]:[rank{g + lr}]: iteration 10/100 | elapsed time per iteration (ms): 812.0\n" for lr in (0, 1)]
+    if block is not None:
+        out += [f"[default1]:[rank{g + 1}]:{ln}\n" for ln in block.splitlines()]
+    if steps_after:
+        out += [f"[default1]:[rank{g + 1}]: iteration 11/100 | elapsed time per iteration (ms): 809.0\n"]
+    if finished:
+        out.append(_OK)
+    return "".join(out)
+
+
+@pytest.mark.parametrize(
+    ("block", "finished", "steps_after"),
+    [
+        pytest.param(_DEL_BLOCK, False, False, id="exception-ignored-in-a-finalizer"),
+        pytest.param(_CAUGHT, True, False, id="caught-then-the-launcher-finished"),
+        pytest.param(_CAUGHT, False, True, id="caught-then-more-steps"),
+    ],
+)
+def test_a_traceback_the_process_lived_through_is_no_crash(tmp_path, block, finished, steps_after):
+    root = _write(
+        tmp_path / "job",
+        {
+            "logs/node03.log": _console(0, None, finished=finished),
+            "logs/node04.log": _console(1, block, finished=finished, steps_after=steps_after),
+        },
+    )
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.verdict.value != "crash" and not v.suspect_nodes, v.explain()
+
+
+def test_a_crash_before_a_restart_still_counts_when_the_group_then_finishes(tmp_path):
+    """A crash in the first attempt stays a crash when the restarted group finishes: the launcher's success
+    covers only what came after its last failure or restart."""
+    failed = (
+        "W0321 01:50:00.000000 90011 torch/distributed/elastic/agent/server/api.py:700] [default] Worker group "
+        "FAILED. 3/3 attempts left; will restart worker group\n"
+    )
+    text = _console(1, _CAUGHT.split("\n", 1)[1], finished=False) + failed + _OK
+    root = _write(tmp_path / "job", {"logs/node03.log": _console(0, None, finished=False), "logs/node04.log": text})
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.verdict.value == "crash" and v.culprit_nodes == ("node04",), v.explain()
