@@ -37,6 +37,9 @@ class Progress:
     returned: tuple[int, ...] = ()
     """Per pair: released waiters back at their own work, at a stack they ran before, from a wait on peers that
     other ranks sat in too (:func:`_returned`): the collective completed, so one such return is progress."""
+    left_last: frozenset[int] = frozenset()
+    """Ranks that, between the last two snapshots, left a wait on peers that at least two peers sat in too and
+    run their own code: that collective completed during the capture (never a rank stuck since before it)."""
 
     @property
     def pairs(self) -> int:
@@ -110,6 +113,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
     waiters: list[int] = []
     released: list[int] = []
     returned: list[int] = []
+    left: set[int] = set()
     world = 0
     for s in snaps:
         cur = {
@@ -120,6 +124,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
         world = max(world, len(cur))
         if prev is not None:
             w = n = back = 0
+            left = set()
             shared = Counter(prev.values())
             for r, (state, key) in prev.items():
                 if state not in WAIT_STATES or r not in cur:
@@ -128,6 +133,8 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                 if cur[r] != (state, key):
                     n += 1
                     back += _returned(state, shared[(state, key)], cur[r], before[r])
+                    if state in PEER_WAIT_STATES and shared[(state, key)] >= 3 and cur[r][0] not in WAIT_STATES:
+                        left.add(r)
             waiters.append(w)
             released.append(n)
             returned.append(back)
@@ -135,7 +142,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                 before[r].add(k)
         prev = cur
     g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
-    return Progress(len(snaps), tuple(waiters), tuple(released), g, tuple(returned))
+    return Progress(len(snaps), tuple(waiters), tuple(released), g, tuple(returned), frozenset(left))
 
 
 @dataclass(frozen=True)

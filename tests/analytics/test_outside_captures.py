@@ -1,0 +1,29 @@
+"""Real torchrun/py-spy captures an outside tester made (``tests/data/outside``, see its README), each of which
+once gave a wrong answer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rankscope.analytics import diagnose
+from rankscope.datasets.loading.inputs import load_inputs
+
+OUTSIDE = Path(__file__).parents[1] / "data" / "outside"
+
+
+def test_a_rank_released_from_the_collective_its_peers_sit_in_is_not_named_on_premise():
+    """Two rounds of a healthy job: the rank outside the all_reduce in round 1 sat in it in round 0, so it
+    completed during the capture. A machine was evicted here ("hang" on the premise, 0.81)."""
+    v = diagnose(load_inputs(OUTSIDE / "healthy-2rounds-json", gpus_per_node=4))
+    assert not v.suspect_nodes and not v.culprit_ranks and v.verdict.value in ("healthy", "inconclusive"), v.explain()
+
+
+def test_the_same_rank_stuck_in_both_rounds_is_still_named(tmp_path):
+    """The rule above spares only a rank that moved: round 1 taken twice (the job frozen between two captures)
+    names rank 4."""
+    root = tmp_path / "frozen"
+    for k in (0, 1):
+        shutil.copytree(OUTSIDE / "healthy-2rounds-json" / "round-1", root / f"round-{k}")
+    v = diagnose(load_inputs(root, gpus_per_node=4))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (4,) and v.culprit_nodes == ("trn-a02",), v.explain()
