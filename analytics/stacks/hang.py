@@ -62,6 +62,7 @@ class _Hang:
     common: dict[str, Any]
     problems: list[CaptureProblem]
     left_last: frozenset[int] = frozenset()  # on the rounds' premise: ranks a collective released just now
+    frozen: bool = False  # time evidence says the job was stuck (frozen rounds, or long after the last step)
 
     def verdict(self, kind: Severity, confidence: float, **fields: Any) -> Verdict:
         reasons = list(self.reasons)
@@ -93,6 +94,7 @@ def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> 
         common_fields(facts, topology, job, a),
         problems_of(facts),
         facts.progress.left_last if m.kind == "stuck-weak" and facts.progress is not None else frozenset(),
+        m.kind == "stuck",
     )
     return _too_little(h) or _no_outlier(h) or _localized(h)
 
@@ -144,12 +146,33 @@ def _no_outlier(h: _Hang) -> Verdict | None:
             "machine by itself."
         )
         return h.verdict(Severity.INCONCLUSIVE, 0.3, evidence=h.evidence())
+    if h.frozen:
+        return _stuck_alike(h)
     h.reasons.append(
         "No outlier: every rank is in a healthy state. If the job is stuck, the cause is not "
         "visible as a machine-specific stack (all ranks wait alike); take several snapshots "
         "to tell a hang from progress, and check the network and the Flight Recorder."
     )
     return h.verdict(Severity.HEALTHY, round(min(0.5 + 0.4 * a.dominant_fraction, 0.95), 3))
+
+
+def _stuck_alike(h: _Hang) -> Verdict:
+    """A job the time evidence shows stuck, with no rank apart from its peers: never healthy. The waits other
+    than the largest one are where to look (a stage pair waiting on each other, one replica's transfer)."""
+    a = h.a
+    trainer = [c for c in a.clusters if c.role == "trainer"]
+    others = sorted({r for c in trainer[1:] for r in c.ranks})
+    words = (
+        f"; look first at the ranks outside the largest wait: {rank_ranges(others)[:200]} "
+        f"({', '.join(sorted({c.state for c in trainer[1:]}))})"
+        if others
+        else ""
+    )
+    h.reasons.append(
+        "The job is stuck, yet no rank stands apart from its peers (every state recurs in the job): nothing "
+        f"machine-specific to isolate{words}. The Flight Recorder, the network, or more rounds would tell more."
+    )
+    return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=tuple(others), evidence=h.evidence())
 
 
 def _victims(h: _Hang, culprit_ranks: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -27,3 +27,12 @@ def test_the_same_rank_stuck_in_both_rounds_is_still_named(tmp_path):
         shutil.copytree(OUTSIDE / "healthy-2rounds-json" / "round-1", root / f"round-{k}")
     v = diagnose(load_inputs(root, gpus_per_node=4))
     assert v.verdict.value == "hang" and v.culprit_ranks == (4,) and v.culprit_nodes == ("trn-a02",), v.explain()
+
+
+def test_a_frozen_job_whose_every_wait_recurs_is_never_called_healthy():
+    """A pipeline send/recv deadlock in a dp=2 job: both rounds identical, and the three ranks in `recv` (one
+    replica) recur enough to count as a healthy state. It was `healthy` at 0.90; stuck with nobody apart from
+    their peers is inconclusive, pointing at the ranks outside the largest wait."""
+    v = diagnose(load_inputs(OUTSIDE / "pp-deadlock-2rounds", layout="tp=2,dp=2,pp=2", gpus_per_node=2))
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
+    assert "0-1,5" in v.explain()
