@@ -136,6 +136,8 @@ def facts(
         return None
     world = topology.world_size if topology is not None else max(e.rank for e in incident) + 1
     incident = [e for e in incident if 0 <= e.rank < world]
+    if any(e.time_source != "untimed" and not is_cascade(e) for e in incident):
+        incident = [e for e in incident if e.time_source != "untimed"]  # a timed first failure: order known
     if not incident:
         return None
     node_of = {
@@ -245,11 +247,16 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
         if first.time_source == "detected" and later:
             confidence = min(confidence, 0.8)  # its time is when the agent noticed, not when it died
         reasons = [f"Rank {first.rank} on {f.node_of(first)} failed first: {first.describe()}."]
-        if first.time_source == "unordered":  # no failure carried a time: only which are a cascade is known
+        if first.time_source in ("unordered", "untimed"):  # only which failures are a cascade is known
             confidence = min(confidence, 0.7)
+            why = (
+                "no failure carries a time: their order is unknown"
+                if first.time_source == "unordered"
+                else "it carries no time; every failure with a time reports a lost peer"
+            )
             reasons = [
                 f"Rank {first.rank} on {f.node_of(first)} is the failure that does not report a lost peer: "
-                f"{first.describe()} (no failure carries a time: their order is unknown)."
+                f"{first.describe()} ({why})."
             ]
     else:
         confidence = 0.5
@@ -262,7 +269,7 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
     if cascade and f.primary:
         lo, hi = min(e.time for e in cascade) - first.time, max(e.time for e in cascade) - first.time
         when = f"{lo:.1f}-{hi:.1f} s later" if lo >= 0 else f"between {-lo:.1f} s before and {hi:.1f} s after it"
-        if first.time_source == "unordered":
+        if first.time_source in ("unordered", "untimed"):
             when = "too"
         reasons.append(
             f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {when} "

@@ -23,7 +23,8 @@ def facts(logs: LogEvidence | None, topology: Topology | None) -> LogFacts | Non
         return None
     world = topology.world_size if topology is not None else (max(logs.ranks) + 1 if logs.ranks else 0)
     found = stalls(logs, topology, world)
-    lags, unresolved = sinks(found, logs.last_time) if found else ([], [])
+    beat = frozenset(w.rank for w in logs.watchdog if w.kind == "heartbeat" and w.rank is not None)
+    lags, unresolved = sinks(found, logs.last_time, beat) if found else ([], [])
     gloo_to = sorted({g.rank for g in logs.gloo if g.kind == "timeout" and g.rank is not None})
     closed = sorted({g.rank for g in logs.gloo if g.kind == "closed" and g.rank is not None} - set(gloo_to))
     times = [s.first_time for s in found if s.first_time is not None]

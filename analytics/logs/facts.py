@@ -117,7 +117,7 @@ def _groups(logs: LogEvidence) -> dict[str, list[WatchdogRecord]]:
     by_rank_seq = {(w.rank, w.seq): w for w in logs.watchdog if w.kind == "failure" and (w.pg_name or w.pg_id)}
     out: dict[str, list[WatchdogRecord]] = defaultdict(list)
     for w in logs.watchdog:
-        if w.kind == "periodic":
+        if w.kind in ("periodic", "heartbeat"):
             continue
         if w.pg_name is None and w.pg_id is None and w.kind == "timeout":
             f = by_rank_seq.get((w.rank, w.seq))
@@ -164,9 +164,12 @@ def stalls(logs: LogEvidence, topology: Topology | None, world: int) -> list[Gro
     return sorted(out, key=lambda s: (s.first_time or 0.0, s.group))
 
 
-def sinks(found: list[GroupStall], alive_after: Mapping[int, float]) -> tuple[list[Laggard], list[int]]:
+def sinks(
+    found: list[GroupStall], alive_after: Mapping[int, float], stuck_watchdog: frozenset[int] = frozenset()
+) -> tuple[list[Laggard], list[int]]:
     """Follow who waits for whom to the ranks that wait for nobody: counter laggards (strong) and silent
-    members corroborated by the chain (every wait leads to them, and they were alive after the timeouts)."""
+    members corroborated by the chain (every wait leads to them, and they were alive after the timeouts, or
+    their heartbeat monitor aborted them: their own watchdog thread was stuck, the mark of a hung device)."""
     stuck = {r for s in found for r in s.waiters}
     strong: dict[int, list[str]] = defaultdict(list)
     silent: dict[int, list[str]] = defaultdict(list)
@@ -189,14 +192,19 @@ def sinks(found: list[GroupStall], alive_after: Mapping[int, float]) -> tuple[li
         return lags, sorted(r for r in silent if r not in strong)
     first = min((s.first_time for s in found if s.first_time is not None), default=None)
     leads = {r for r in silent if _leads_everywhere(found, r)}
-    ok = [r for r in leads if first is None or alive_after.get(r, float("-inf")) >= first - 1.0]
+    ok = [r for r in leads if first is None or alive_after.get(r, float("-inf")) >= first - 1.0 or r in stuck_watchdog]
     if len(ok) == 1 and len(silent) == 1:
         r = ok[0]
+        how = (
+            "its heartbeat monitor aborted it (its own watchdog thread was stuck)"
+            if r in stuck_watchdog
+            else "was still logging after them"
+        )
         return [
             Laggard(
                 r,
                 f"printed no timeout while every other member of {_name(found, silent[r][0])} timed out in work "
-                f"{_seq_of(found, silent[r][0])}, and was still logging after them: it never entered that collective",
+                f"{_seq_of(found, silent[r][0])}, and {how}: it never entered that collective",
                 False,
                 tuple(silent[r]),
             )

@@ -32,6 +32,8 @@ class ProcessExit:
     pid: int | None = None
     role: str = "trainer"
     time_source: str = "hook"  # hook (when raised) | detected (when the agent noticed; up to a tick late)
+    # | error-file | launcher | log | unordered (no failure had a time) | untimed (this one had none: placed at
+    # the incident's first failure)
     source: str = ""  # the file or table it came from
 
     def describe(self) -> str:

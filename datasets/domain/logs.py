@@ -26,7 +26,9 @@ class WatchdogRecord:
     timeout) detected by watchdog at work: S, last enqueued NCCL work: E, ..." and "Timeout at NCCL work:
     S, ..."), ``dump-signal`` (the heartbeat monitor's "Received a dump signal ... Last enqueued NCCL work: E,
     last completed NCCL work: C": the counters of the PG in its prefix when the job timed out), ``periodic``
-    ("NCCL Work update periodically": counters at the rank's own moment, never compared across ranks).
+    ("NCCL Work update periodically": counters at the rank's own moment, never compared across ranks),
+    ``heartbeat`` ("Heartbeat monitor timed out! Process will be terminated ...": the rank's own watchdog thread
+    stopped, its process is aborted; by default 8 minutes, before its peers' 10-minute collective timeouts).
     """
 
     kind: str

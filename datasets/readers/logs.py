@@ -56,6 +56,7 @@ _DUMP = re.compile(
 _PERIODIC = re.compile(
     r"NCCL Work update periodically: last enqueued NCCL work: (?P<e>-?\d+), last completed NCCL work: (?P<c>-?\d+)"
 )
+_NCCL_HOST = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,252}):\d+:\d+ \[\d+\] NCCL (?:INFO|WARN|TRACE) ")
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (?P<ms>\d+)ms for (?P<op>\w+) operation to complete")
 _GLOO_CLOSED = re.compile(r"(?:Connection closed by peer|Connection reset by peer) \[(?P<addr>[^\]]+)\]:(?P<port>\d+)")
 _ITERATION = re.compile(r"iteration\s+(?P<it>\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*(?P<ms>[\d.]+)")
@@ -95,6 +96,7 @@ class Stream:
     ignored: bool = False  # CPython said "Exception ignored ...": the traceback that follows ended nothing
     at: int = 0  # the line number being fed
     last_step_at: int = 0  # the line of its last training-step record: an exception before it ended nothing
+    nccl_hosts: set[str] = field(default_factory=set)  # gethostname() in NCCL's own debug lines
 
 
 @dataclass
@@ -110,8 +112,22 @@ class FileRead:
     summary: list[Any] = field(default_factory=list)
     pairs: dict[int, int] = field(default_factory=dict)  # local -> global seen on one line
     years: list[int] = field(default_factory=list)
+    host_from: str = ""  # "folder" | "file" (its name) | "" (nothing in the path names the machine)
+    name_host: str | None = None  # a machine name in the file's name (``dgx-h100-0743.log``)
     finished_ok: int = 0  # the line of the launcher's last "worker group successfully finished" (0: none)
     failed_before_ok: int = 0  # the line of the launcher's last failure or restart before it (0: none)
+
+    @property
+    def nccl_host(self) -> str | None:
+        """The one machine NCCL's debug lines in this file name (``<host>:<pid>:<tid> [<dev>] NCCL INFO``: NCCL
+        prints ``gethostname()``), or None when they name none or several."""
+        hosts = {h for st in self.streams.values() for h in st.nccl_hosts}
+        return hosts.pop() if len(hosts) == 1 else None
+
+    @property
+    def workers(self) -> int:
+        """Worker processes whose lines carry a ``[<role><L>]:`` or ``[rank<N>]:`` tag (a per-host console: several)."""
+        return sum(1 for k in self.streams if k is not None)
 
     def lived_on(self, line: int) -> bool:
         """Whether an exception logged at ``line`` ended no process: the launcher of this file reported its
@@ -170,8 +186,10 @@ MAX_LOG_LINE = 1 << 16
 def read_log_file(path: str, rel: str) -> FileRead:
     """Parse one log file into per-process streams (identities still local to the file)."""
     facts = path_facts(rel)
-    host, how = (facts.host, "host-folder") if facts.host else (host_from_log_name(rel), "host-folder")
-    fr = FileRead(rel, host, how, facts.local_rank if facts.log_dir_layout else None, facts.rank)
+    name_host = host_from_log_name(rel)
+    host = facts.host or name_host
+    fr = FileRead(rel, host, "host-folder", facts.local_rank if facts.log_dir_layout else None, facts.rank)
+    fr.host_from, fr.name_host = ("folder" if facts.host else "file" if name_host else ""), name_host
     summary = SummaryParser(rel)
     with io.TextIOWrapper(open_regular(path), encoding="utf-8", errors="replace") as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -288,7 +306,10 @@ def _close_block(st: Stream) -> None:
 
 def _records(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
     """Watchdog, gloo and step records on one line."""
-    if "NCCL" in text or "Watchdog" in text or "watchdog" in text:
+    if "NCCL" in text or "Watchdog" in text or "watchdog" in text or "Heartbeat monitor" in text:
+        m = _NCCL_HOST.match(text)
+        if m and len(st.nccl_hosts) < 4:
+            st.nccl_hosts.add(m.group("host"))
         _watchdog(st, text, stamp, where)
         return
     m = _GLOO_TIMEOUT.search(text)
@@ -353,6 +374,8 @@ def _watchdog(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
         rec.update(kind="dump-signal", last_enqueued=int(m.group("e")), last_completed=int(m.group("c")))
     elif (m := _PERIODIC.search(text)) is not None:
         rec.update(kind="periodic", last_enqueued=int(m.group("e")), last_completed=int(m.group("c")))
+    elif "Heartbeat monitor timed out" in text:  # its own watchdog thread stopped beating: this rank is stuck
+        rec.update(kind="heartbeat")
     else:
         return
     st.records.append(rec)

@@ -36,3 +36,11 @@ def test_a_frozen_job_whose_every_wait_recurs_is_never_called_healthy():
     v = diagnose(load_inputs(OUTSIDE / "pp-deadlock-2rounds", layout="tp=2,dp=2,pp=2", gpus_per_node=2))
     assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
     assert "0-1,5" in v.explain()
+
+
+def test_an_untimed_segfault_is_the_culprit_when_every_timed_failure_is_a_cascade():
+    """The segfault's stderr.log has no time, every error file (timed) reports a lost peer: the segfault was
+    left out as unordered and nobody was named; it is the only failure that does not report a lost peer."""
+    v = diagnose(load_inputs(OUTSIDE / "segfault-logdir", gpus_per_node=4))
+    assert v.verdict.value == "crash" and v.culprit_ranks == (2,) and v.culprit_nodes == ("trn-a01",), v.explain()
+    assert v.confidence <= 0.7

@@ -127,3 +127,93 @@ def test_a_crash_before_a_restart_still_counts_when_the_group_then_finishes(tmp_
     root = _write(tmp_path / "job", {"logs/node03.log": _console(0, None, finished=False), "logs/node04.log": text})
     v = diagnose(load_inputs(root, gpus_per_node=2))
     assert v.verdict.value == "crash" and v.culprit_nodes == ("node04",), v.explain()
+
+
+def _timeout_console(host: str, first: int, hung: int, *, nccl: bool = True) -> str:
+    """One torchrun agent's ``--tee 3`` console of an NCCL hang (torch 2.5 wording): every local rank but the
+    one holding global rank ``hung`` times out on SeqNum 121; that one never enqueued it."""
+    out = []
+    for lr in range(2):
+        r = first + lr
+        if nccl:
+            out.append(f"[default{lr}]:{host}:1000{lr}:1000{lr} [{lr}] NCCL INFO Bootstrap : Using eth0:10.1.0.{lr}<0>\n")
+        pg = f"[PG ID 0 PG GUID 0(default_pg) Rank {r}]"
+        if r == hung:
+            out.append(
+                f"[default{lr}]:[rank{r}]:[E321 02:10:00.000000000 ProcessGroupNCCL.cpp:1710] {pg} Received a dump "
+                "signal due to a collective timeout from  rank 0 and we will try our best to dump the debug info. "
+                "Last enqueued NCCL work: 120, last completed NCCL work: 120.\n"
+            )
+            continue
+        out.append(
+            f"[default{lr}]:[rank{r}]:[E321 02:10:00.000000000 ProcessGroupNCCL.cpp:616] {pg} Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=121, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+            "Timeout(ms)=600000) ran for 600012 milliseconds before timing out.\n"
+        )
+    return "".join(out)
+
+
+def test_a_folder_of_per_host_consoles_is_no_machine(tmp_path):
+    """``kubectl logs`` per pod collected in ``pods/``: the folder was taken as the one machine ("isolate:
+    pods"); each console names its own."""
+    hosts = ("sft-worker-0", "sft-worker-1", "sft-worker-2")
+    root = _write(tmp_path / "job", {f"pods/{h}.log": _timeout_console(h, 2 * i, 3) for i, h in enumerate(hosts)})
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("sft-worker-1",), v.explain()
+    assert "pods" not in v.suspect_nodes
+
+
+def test_a_user_named_host_folder_stays_the_machine(tmp_path):
+    """The rule above never overrides a folder named after a machine holding that machine's own files."""
+    files = {f"gpu-node-{c}/console.log": _timeout_console(f"10-1-0-{i}", 2 * i, 3) for i, c in enumerate("abc")}
+    v = diagnose(load_inputs(_write(tmp_path / "job", files), gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("gpu-node-b",), v.explain()
+
+
+def test_slurm_task_files_are_named_by_nccl_hosts_and_a_batch_log_holds_no_rank(tmp_path):
+    """``srun --output=%x-%j-%t.out`` (one file per task) beside the batch log: the task files named the
+    machines (``pretrain-4471190-3``) and the batch log took a machine's slot (phantom ranks)."""
+    files = {}
+    for r, host in ((0, "gpu-b-014"), (1, "gpu-b-014"), (2, "gpu-b-015"), (3, "gpu-b-015")):
+        text = _timeout_console(host, 0, 3 if r == 3 else -1).splitlines()[0].split(":", 1)[1] + "\n"
+        text = text.replace("[0] NCCL", f"[{r % 2}] NCCL")
+        pg = f"[PG ID 0 PG GUID 0(default_pg) Rank {r}]"
+        if r == 3:
+            text += f"[rank{r}]:[E321 02:10:00.0 ProcessGroupNCCL.cpp:1710] {pg} Received a dump signal. "
+            text += "Last enqueued NCCL work: 120, last completed NCCL work: 120.\n"
+        else:
+            text += f"[rank{r}]:[E321 02:10:00.0 ProcessGroupNCCL.cpp:616] {pg} Watchdog caught collective operation "
+            text += "timeout: WorkNCCL(SeqNum=121, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600012 milliseconds\n"
+        files[f"pretrain-4471190-{r}.out"] = text
+    files["slurm-4471190.out"] = "srun: error: gpu-b-015: task 3: Exited with exit code 1\nsrun: Job step aborted\n"
+    v = diagnose(load_inputs(_write(tmp_path / "job", files), gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("gpu-b-015",), v.explain()
+    assert v.world_size == 4 and not v.details.get("inferred_node_names"), v.explain()
+
+
+def test_a_silent_member_its_heartbeat_monitor_aborted_is_the_laggard(tmp_path):
+    """torch 2.3 wording: the hung GPU's rank prints no timeout, its heartbeat monitor (8 min) aborts it two
+    minutes before its peers' 10-minute timeouts. Read with its time, its silence was no longer "alive after
+    the timeouts" and the hang named nobody."""
+    files = {}
+    for host, first in (("node201", 0), ("node202", 2)):
+        for lr in range(2):
+            r = first + lr
+            if r == 1:
+                line = (
+                    f"[rank{r}]:[E321 01:59:37.959239289 ProcessGroupNCCL.cpp:1259] [PG 0 Rank {r}] Heartbeat monitor "
+                    "timed out! Process will be terminated after dumping debug info. workMetaList_.size()=1\n"
+                )
+            else:
+                line = (
+                    f"[rank{r}]:[E321 02:01:38.354239924 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught "
+                    "collective operation timeout: WorkNCCL(SeqNum=120544, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, "
+                    "Timeout(ms)=600000) ran for 600074 milliseconds before timing out.\n"
+                    f"[rank{r}]:[E321 02:01:41.354239206 ProcessGroupNCCL.cpp:1595] [PG 0 Rank {r}] Process group "
+                    f"watchdog thread terminated with exception: [Rank {r}] Watchdog caught collective operation "
+                    "timeout: WorkNCCL(SeqNum=120544, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000) "
+                    "ran for 600074 milliseconds before timing out.\n"
+                )
+            files[f"{host}/pretrain_7k2m/attempt_0/{lr}/stderr.log"] = line
+    v = diagnose(load_inputs(_write(tmp_path / "job", files), gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (1,) and v.culprit_nodes == ("node201",), v.explain()
