@@ -19,6 +19,7 @@ from typing import Any
 
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump
+from rankscope.datasets.readers.capturefolders import machines_above_recurring, rounds_from_sibling_folders
 from rankscope.datasets.readers.identity import (
     ManifestRow,
     folders_not_machines,
@@ -196,6 +197,8 @@ def identify(
             f.siblings = trainers
             _base(f, size, trainers, hooks)
         i = j
+    machines_above_recurring(found, notes)
+    rounds_from_sibling_folders(found, notes)
     if any(f.ident.rank is None for f in found):  # the job-level steps, only when some rank is still unknown
         _children_follow_their_trainer(found)
         _siblings_by_pid(found, gpus_per_node, notes)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from rankscope.analytics import diagnose
 from rankscope.datasets.loading.inputs import load_inputs
 
@@ -44,3 +46,21 @@ def test_an_untimed_segfault_is_the_culprit_when_every_timed_failure_is_a_cascad
     v = diagnose(load_inputs(OUTSIDE / "segfault-logdir", gpus_per_node=4))
     assert v.verdict.value == "crash" and v.culprit_ranks == (2,) and v.culprit_nodes == ("trn-a01",), v.explain()
     assert v.confidence <= 0.7
+
+
+@pytest.mark.parametrize("capture", ["dumps_{k}", "job-1234-{k}", "2026-12-02T02-3{k}"])
+def test_capture_folders_under_host_folders_name_neither_machines_nor_one_snapshot(tmp_path, capture):
+    """``<host>/dumps_<k>/rankN.txt``: the capture folder was taken for the machine (then refused, and
+    ``node-1`` invented) and the two rounds read as one snapshot dumped twice."""
+    root = tmp_path / "job"
+    for src in (OUTSIDE / "host-capture-folders").rglob("*"):
+        if src.is_file():
+            parts = src.relative_to(OUTSIDE / "host-capture-folders").parts
+            if len(parts) == 3:
+                parts = (parts[0], capture.format(k=parts[1][-1]), parts[2])
+            dst = root.joinpath(*parts)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+    v = diagnose(load_inputs(root, gpus_per_node=4))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (6,) and v.culprit_nodes == ("trn-a02",), v.explain()
+    assert v.n_snapshots == 2 and not v.details.get("inferred_node_names"), v.explain()

@@ -1,0 +1,94 @@
+"""Folders that are captures, not machines, in stack dump paths.
+
+Two structures the field leaves that the per-file path rules cannot see:
+
+- ``<host>/<capture>/rank3.txt`` (``trn-a01/dumps_0/``, ``gpu7/job-1234/``, ``node3/2026-12-02T02-30/``): the
+  nearest folder is taken for the machine, yet the same folder name recurs under several parents holding
+  other ranks. A machine holds the same ranks wherever its folder appears (under ``round-N/`` too), so a
+  name that recurs with other ranks is a capture's, and the folder above it names the machine.
+- ``<host>/pyspy-0/`` and ``<host>/pyspy-1/``: sibling folders holding dumps of the same ranks are capture
+  rounds, not one snapshot dumped twice; without a ``snapshot-N``/``round-N`` name or a manifest column they
+  are numbered in the natural order of their names (``pyspy-2`` before ``pyspy-10``; timestamps sort).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from rankscope.datasets.readers.identity import _dir_facts, natural
+
+if TYPE_CHECKING:
+    from rankscope.datasets.readers.stackid import Found
+
+
+def _folder_of(rel: str, name: str) -> tuple[str, str]:
+    """(the path of the nearest folder called ``name`` above ``rel``, the path above it)."""
+    parts = rel.split("/")[:-1]
+    i = len(parts) - 1 - parts[::-1].index(name)
+    return "/".join(parts[: i + 1]), "/".join(parts[:i])
+
+
+def machines_above_recurring(found: list[Found], notes: list[str]) -> None:
+    """Host-folder names that recur under several parents with other ranks give way to the folder above."""
+    where: defaultdict[str, defaultdict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for f in found:
+        node = f.ident.node
+        if (
+            node is not None
+            and f.ident.sources.get("node") == "host-folder"
+            and f.ident.rank is not None
+            and f"/{node}/" in f"/{f.rel}"
+        ):
+            where[node][_folder_of(f.rel, node)[0]].add(f.ident.rank)
+    recurring = set()
+    for node, paths in where.items():
+        ranks = list(paths.values())
+        if len(paths) > 1 and any(r != ranks[0] for r in ranks[1:]):
+            recurring.add(node)
+    if not recurring:
+        return
+    for f in found:
+        node = f.ident.node
+        if node in recurring and f.ident.sources.get("node") == "host-folder" and f"/{node}/" in f"/{f.rel}":
+            up = _dir_facts(_folder_of(f.rel, node)[1])[3]
+            f.ident = (
+                f.ident._replace(node=up)
+                if up
+                else f.ident._replace(node=None, sources={k: v for k, v in f.ident.sources.items() if k != "node"})
+            )
+            f.host = up or f.host
+    notes.append(
+        f"folder name(s) {', '.join(sorted(recurring)[:3])} recur under several folders with other ranks: "
+        "captures, not machines; the folder above each names its machine"
+    )
+
+
+def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
+    """Sibling folders holding dumps of the same ranks become snapshots, in the natural order of their names
+    (only where no ``snapshot-N`` folder or manifest column numbers them)."""
+    trainers = [f for f in found if f.role is None and f.ident.rank is not None and "snapshot" not in f.ident.sources]
+    by_parent: defaultdict[str, defaultdict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for f in trainers:
+        folder = f.rel.rpartition("/")[0]
+        parent, _, name = folder.rpartition("/")
+        if name:
+            by_parent[parent][name].add(int(f.ident.rank))
+    names: set[str] = set()
+    for kids in by_parent.values():
+        if len(kids) < 2:
+            continue
+        sets = list(kids.values())
+        if all(s == sets[0] for s in sets[1:]):  # every sibling holds the same ranks: rounds of one capture
+            names |= set(kids)
+    if not names:
+        return
+    order = {n: i for i, n in enumerate(sorted(names, key=natural))}
+    for f in trainers:
+        name = f.rel.rpartition("/")[0].rpartition("/")[2]
+        if name in order:
+            f.ident = f.ident._replace(snapshot=order[name], sources={**f.ident.sources, "snapshot": "path"})
+    notes.append(
+        f"sibling folders holding the same ranks read as capture rounds, in the order of their names: "
+        f"{', '.join(sorted(names, key=natural)[:5])}"
+    )
