@@ -13,6 +13,7 @@ Two structures the field leaves that the per-file path rules cannot see:
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -79,7 +80,7 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         if len(kids) < 2:
             continue
         sets = list(kids.values())
-        if all(s == sets[0] for s in sets[1:]):  # every sibling holds the same ranks: rounds of one capture
+        if all(s == sets[0] for s in sets[1:]) and _numbered(list(kids)):  # the same ranks: rounds of a capture
             names |= set(kids)
     if not names:
         return
@@ -92,3 +93,34 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         f"sibling folders holding the same ranks read as capture rounds, in the order of their names: "
         f"{', '.join(sorted(names, key=natural)[:5])}"
     )
+
+
+def rounds_from_repeated_pids(found: list[Found], notes: list[str]) -> None:
+    """Files of one host that hold the same processes (the same pids, each once per file: ``py-spy dump`` of a
+    node's processes run again into ``<host>/pyspy-all-<k>.txt``) are capture rounds, in the natural order of
+    their names, where nothing else numbers them."""
+    pids: defaultdict[str, defaultdict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for f in found:
+        if f.host is not None and f.ident.pid is not None and "snapshot" not in f.ident.sources:
+            pids[f.host][f.rel].append(int(f.ident.pid))
+    order: dict[str, int] = {}
+    for files in pids.values():
+        sets = [sorted(p) for p in files.values()]
+        ok = len(files) > 1 and _numbered([rel.rsplit("/", 1)[-1] for rel in files])
+        if ok and all(len(set(s)) == len(s) and s == sets[0] for s in sets):
+            order.update({rel: i for i, rel in enumerate(sorted(files, key=natural))})
+    if not order:
+        return
+    for f in found:
+        if f.rel in order and "snapshot" not in f.ident.sources:
+            f.ident = f.ident._replace(snapshot=order[f.rel], sources={**f.ident.sources, "snapshot": "path"})
+    names = sorted({rel.rsplit("/", 1)[-1] for rel in order}, key=natural)
+    notes.append(
+        f"files of one host holding the same processes read as capture rounds, in name order: {', '.join(names[:4])}"
+    )
+
+
+def _numbered(names: list[str]) -> bool:
+    """Whether ``names`` differ only in their digits (``pyspy-0``, ``pyspy-1``; timestamps): a numbered series
+    of captures. A copy (``rank0 (copy).txt``, ``backup/``) is no round: it stays one snapshot dumped twice."""
+    return len({re.sub(r"\d+", "#", n) for n in names}) == 1

@@ -11,7 +11,7 @@ line naming both files.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -19,7 +19,11 @@ from typing import Any
 
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump
-from rankscope.datasets.readers.capturefolders import machines_above_recurring, rounds_from_sibling_folders
+from rankscope.datasets.readers.capturefolders import (
+    machines_above_recurring,
+    rounds_from_repeated_pids,
+    rounds_from_sibling_folders,
+)
 from rankscope.datasets.readers.identity import (
     ManifestRow,
     folders_not_machines,
@@ -199,6 +203,7 @@ def identify(
         i = j
     machines_above_recurring(found, notes)
     rounds_from_sibling_folders(found, notes)
+    rounds_from_repeated_pids(found, notes)
     if any(f.ident.rank is None for f in found):  # the job-level steps, only when some rank is still unknown
         _children_follow_their_trainer(found)
         _siblings_by_pid(found, gpus_per_node, notes)
@@ -222,10 +227,12 @@ def identify(
 def _folders_that_are_not_machines(found: list[Found], gpus_per_node: int | None, notes: list[str]) -> None:
     """Host-folder names that cannot be machines (:func:`folders_not_machines`) lose that role: the ranks keep
     their numbers, and their machines are named from other evidence, else ``node-<k>`` with a note."""
-    per: dict[str, Counter[int]] = defaultdict(Counter)
+    ranks: defaultdict[str, defaultdict[int, set[object]]] = defaultdict(lambda: defaultdict(set))
     for f in found:
         if f.role is None and f.ident.node is not None and f.ident.sources.get("node") == "host-folder":
-            per[f.ident.node][f.ident.snapshot] += 1
+            # distinct ranks (a copy of a dump is one rank twice); a rank still unknown counts as itself
+            ranks[f.ident.node][f.ident.snapshot].add(f.ident.rank if f.ident.rank is not None else id(f))
+    per = {h: {s: len(r) for s, r in by_snap.items()} for h, by_snap in ranks.items()}
     bad, why = folders_not_machines(per, gpus_per_node)
     if not bad:
         return

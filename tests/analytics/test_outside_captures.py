@@ -64,3 +64,22 @@ def test_capture_folders_under_host_folders_name_neither_machines_nor_one_snapsh
     v = diagnose(load_inputs(root, gpus_per_node=4))
     assert v.verdict.value == "hang" and v.culprit_ranks == (6,) and v.culprit_nodes == ("trn-a02",), v.explain()
     assert v.n_snapshots == 2 and not v.details.get("inferred_node_names"), v.explain()
+
+
+def test_per_host_files_holding_the_same_processes_are_rounds():
+    """``<host>/pyspy-all-0.txt`` and ``pyspy-all-1.txt``: the same pids twice on one host were refused ("4
+    trainer process(es) on trn-a01 without a rank, but --gpus-per-node is 2")."""
+    v = diagnose(load_inputs(OUTSIDE / "host-pyspy-rounds", gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (3,) and v.culprit_nodes == ("trn-a02",), v.explain()
+    assert v.n_snapshots == 2
+
+
+def test_a_copy_of_a_dump_is_no_round(tmp_path):
+    """Sibling folders whose names differ in more than digits (a copy) stay one snapshot dumped twice, never
+    two rounds (identical rounds read as a frozen job)."""
+    root = tmp_path / "job"
+    for host in ("trn-a01", "trn-a02"):
+        for name in ("dumps", "dumps-copy"):
+            shutil.copytree(OUTSIDE / "host-capture-folders" / host / "dumps_1", root / host / name)
+    v = diagnose(load_inputs(root, gpus_per_node=4))
+    assert v.n_snapshots == 1 and v.culprit_nodes == ("trn-a02",), v.explain()
