@@ -356,12 +356,15 @@ def step_evidence(
                 f"steps were logged until {max(upper - last_end, 0.0):.1f} s before the stop (a step takes "
                 f"{cadence:.2f} s): stopped while progressing"
             )
-        if not progressing and t_last is not None:
-            gap = t_last - last_end
+        # the last snapshot's time, else the latest one known: no step after it, none for long before it
+        t_ref = t_last if t_last is not None else (exact[-1] if exact else None)
+        if not progressing and t_ref is not None:
+            gap = t_ref - last_end
             if gap >= max(HANG_STEPS * cadence, HANG_MIN_SECONDS):
                 stuck = True
+                which = "the last snapshot" if t_last is not None else "a timed snapshot (none since)"
                 words.append(
-                    f"no step completed in the {gap:.0f} s before the last snapshot (a step takes {cadence:.2f} s): "
+                    f"no step completed in the {gap:.0f} s before {which} (a step takes {cadence:.2f} s): "
                     "the job was stuck"
                 )
         if not progressing and not stuck and upper is not None and t_last is None:

@@ -38,6 +38,8 @@ class Progress:
     """Per pair: released waiters back at their own work, at a stack they ran before, from a wait on peers that
     other ranks sat in too (:func:`_returned`): the collective completed, so one such return is progress."""
     left_last: frozenset[int] = frozenset()
+    still: tuple[frozenset[int], ...] = ()
+    """Per pair: the ranks running their own code (not waiting) at the same stack in both snapshots."""
     """Ranks that, between the last two snapshots, left a wait on peers that at least two peers sat in too and
     run their own code: that collective completed during the capture (never a rank stuck since before it)."""
 
@@ -65,8 +67,13 @@ class Progress:
 
     @property
     def frozen(self) -> bool:
-        """No waiter released between the last two snapshots."""
-        return self.pairs > 0 and self.waiters[-1] > 0 and self.released[-1] == 0
+        """No waiter released between the last two snapshots, unless an earlier pair released waiters while
+        every rank that runs its own code unchanged in the last pair was unchanged there too: in this job those
+        ranks at one stack in two snapshots do not stop it (a slow rank caught in its slow part every round)."""
+        if not (self.pairs > 0 and self.waiters[-1] > 0 and self.released[-1] == 0):
+            return False
+        last = self.still[-1] if len(self.still) == self.pairs else frozenset()
+        return not (last and any(last <= self.still[i] and self.released[i] > 0 for i in range(self.pairs - 1)))
 
     @property
     def frozen_since(self) -> int:
@@ -114,6 +121,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
     released: list[int] = []
     returned: list[int] = []
     left: set[int] = set()
+    still: list[frozenset[int]] = []
     world = 0
     for s in snaps:
         cur = {
@@ -135,6 +143,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                     back += _returned(state, shared[(state, key)], cur[r], before[r])
                     if state in PEER_WAIT_STATES and shared[(state, key)] >= 3 and cur[r][0] not in WAIT_STATES:
                         left.add(r)
+            still.append(frozenset(r for r, k in prev.items() if k[0] not in WAIT_STATES and cur.get(r) == k))
             waiters.append(w)
             released.append(n)
             returned.append(back)
@@ -142,7 +151,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                 before[r].add(k)
         prev = cur
     g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
-    return Progress(len(snaps), tuple(waiters), tuple(released), g, tuple(returned), frozenset(left))
+    return Progress(len(snaps), tuple(waiters), tuple(released), g, tuple(returned), frozenset(left), tuple(still))
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,11 @@ def verdict(
     m = motion(facts, steps, max_running_fraction=(config or StackConfig()).max_running_fraction)
     if m.kind in ("progressing", "running"):
         return moving_verdict(facts, topology, m, job, steps)
+    if m.kind == "stuck-weak" and facts.progress is not None and facts.progress.moving_pairs > 0:
+        # the job moved in some pairs, not in others: a rank ByteRobust's rounds vote names is a slow rank
+        v = moving_verdict(facts, topology, m, job, steps)
+        if v.verdict is Severity.FAIL_SLOW:
+            return v
     return hang_verdict(facts, topology, m, job)
 
 

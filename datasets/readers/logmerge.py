@@ -25,6 +25,7 @@ from rankscope.datasets.domain.logs import GlooRecord, LauncherFailure, LogEvide
 from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.identity import natural, path_facts
+from rankscope.datasets.readers.loghosts import machine_names
 from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_file, to_epoch, year_of
 from rankscope.datasets.readers.torchelastic import ElasticError, read_error_file, split_exception
 from rankscope.spine import InputError
@@ -187,7 +188,7 @@ def read_logs(
             notes.append(f"log {rel} not read ({exc})")
         except FOREIGN as exc:  # a line the parser did not expect: the file is skipped, the others kept
             notes.append(f"log {rel} unreadable ({type(exc).__name__}: {str(exc)[:80]})")
-    _machine_names(reads, notes)
+    machine_names(reads, notes)
     errors = [(rel, e) for path, rel in elastic if (e := read_error_file(path, rel)) is not None]
     fallback = next((time.gmtime(e.time).tm_year for _, e in errors if e.time), time.gmtime().tm_year)
     year = year_of(reads, fallback)
@@ -214,32 +215,6 @@ def read_logs(
     out = _build(reads, plan, err_local, ranks, year, notes, written)
     out.assumed_ranks = sorted(ranks.map[k] for k in ranks.assumed)
     return out
-
-
-def _machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
-    """Which machine each log file ran on, where the path misleads. A folder holding several per-host
-    consoles (each several workers' lines, each named after another machine: ``pods/<pod>.log``,
-    ``slurm-<jobid>/<host>.out``) is a collection, not a machine: each console's own name is. NCCL's debug
-    lines name the machine they ran on (``gethostname()``): that beats a file's name (``%x-%j-%t.out`` names a
-    SLURM task) and a collection's, never a folder the user named after a machine."""
-    by_folder: defaultdict[str, list[FileRead]] = defaultdict(list)
-    for f in reads:
-        if f.host_from == "folder" and f.path_local is None:
-            by_folder[f.rel.rsplit("/", 1)[0] if "/" in f.rel else ""].append(f)
-    for folder, fs in by_folder.items():
-        own = {f.rel: f.nccl_host or f.name_host for f in fs if f.workers >= 2 or f.nccl_host}
-        if len(fs) < 2 or len(own) < len(fs) or len(set(own.values()) - {None}) < len(fs):
-            continue
-        for f in fs:
-            f.host, f.host_from = own[f.rel], "nccl" if f.nccl_host else "file"
-            f.host_source = "log" if f.nccl_host else "host-folder"
-        notes.append(
-            f"logs: {folder}/ holds {len(fs)} consoles of different machines: each is named by its own "
-            "(NCCL's host name, else the file name), not by the folder"
-        )
-    for f in reads:
-        if f.nccl_host and f.host_from in ("file", ""):
-            f.host, f.host_from, f.host_source = f.nccl_host, "nccl", "log"
 
 
 def _build(

@@ -83,3 +83,10 @@ def test_a_copy_of_a_dump_is_no_round(tmp_path):
             shutil.copytree(OUTSIDE / "host-capture-folders" / host / "dumps_1", root / host / name)
     v = diagnose(load_inputs(root, gpus_per_node=4))
     assert v.n_snapshots == 1 and v.culprit_nodes == ("trn-a02",), v.explain()
+
+
+def test_a_slow_rank_caught_in_its_slow_part_every_round_is_fail_slow():
+    """Waiters released 0/3, 2/3, 1/2, 0/3: the last pair frozen read as a hang that began during the capture,
+    though the second pair released waiters while the slow rank sat at the very same stack."""
+    v = diagnose(load_inputs(OUTSIDE / "failslow-5rounds", gpus_per_node=2))
+    assert v.verdict.value == "fail-slow" and v.culprit_nodes == ("trn-a02",), v.explain()
