@@ -89,7 +89,11 @@ def _startup_verdict(facts: StackFacts, topology: Topology, job: str, steps: Ste
     ]
     others = [r for r in range(a.states.size) if a.states[r] >= 0 and a.states[r] != STATE_CODE["startup"]]
     if others and len(others) <= 8:
-        reasons.append(f"Rank(s) {rank_ranges(others)} had moved past start-up.")
+        reasons.append(
+            f"Rank(s) {rank_ranges(others)} were not in start-up code but elsewhere (their own code, or a wait "
+            "after it): if the others wait in the rendezvous or init_process_group, those are the ranks that have "
+            "not joined; look at them first."
+        )
     reasons += problem_words(problems_of(facts))
     return Verdict(
         Severity.INCONCLUSIVE,

@@ -26,7 +26,7 @@ from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.identity import natural, path_facts
 from rankscope.datasets.readers.loghosts import machine_names
-from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_file, to_epoch, year_of
+from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_files, to_epoch, year_of
 from rankscope.datasets.readers.torchelastic import ElasticError, read_error_file, split_exception
 from rankscope.spine import InputError
 
@@ -181,7 +181,7 @@ def read_logs(
     reads: list[FileRead] = []
     for path, rel in files:
         try:
-            reads.append(read_log_file(path, rel))
+            reads += read_log_files(path, rel)
         except OSError as exc:
             notes.append(f"log {rel} unreadable ({exc.strerror})")
         except InputError as exc:  # not a regular file, over the size limit

@@ -185,47 +185,83 @@ MAX_LOG_LINE = 1 << 16
 
 def read_log_file(path: str, rel: str) -> FileRead:
     """Parse one log file into per-process streams (identities still local to the file)."""
+    return read_log_files(path, rel)[0]
+
+
+_PDSH = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,62}): ")
+"""pdsh's prefix on every remote line (``worker-3: ...``: DeepSpeed's multi-node launcher)."""
+
+
+def _pdsh_host(line: str) -> str | None:
+    m = _PDSH.match(line)
+    return m.group("host") if m and any(c.isdigit() for c in m.group("host")) else None
+
+
+def _is_pdsh(path: str) -> bool:
+    """Whether most of the file's first lines carry pdsh's ``<host>: `` prefix (a host name with a digit)."""
+    with open_regular(path) as fh:
+        head = fh.read(1 << 16).decode("utf-8", errors="replace").splitlines()[:400]
+    lines = [ln for ln in head if ln.strip()]
+    return len(lines) >= 4 and sum(_pdsh_host(ln) is not None for ln in lines) >= 0.5 * len(lines)
+
+
+def read_log_files(path: str, rel: str) -> list[FileRead]:
+    """One log file's streams; a pdsh console (``worker-3: [rank29]: ...``, every remote host's lines in one
+    file) is one read per host, named by its prefix."""
     facts = path_facts(rel)
-    name_host = host_from_log_name(rel)
-    host = facts.host or name_host
-    fr = FileRead(rel, host, "host-folder", facts.local_rank if facts.log_dir_layout else None, facts.rank)
-    fr.host_from, fr.name_host = ("folder" if facts.host else "file" if name_host else ""), name_host
-    summary = SummaryParser(rel)
+    pdsh = _is_pdsh(path)
+    # a pdsh console holds several machines' lines: its own path names none of them
+    path_host, name_host = (None, None) if pdsh else (facts.host, host_from_log_name(rel))
+    fr = FileRead(
+        rel, path_host or name_host, "host-folder", facts.local_rank if facts.log_dir_layout else None, facts.rank
+    )
+    fr.host_from, fr.name_host = ("folder" if path_host else "file" if name_host else ""), name_host
+    reads: dict[str | None, tuple[FileRead, SummaryParser]] = {None: (fr, SummaryParser(rel))}
     with io.TextIOWrapper(open_regular(path), encoding="utf-8", errors="replace") as fh:
         for lineno, raw in enumerate(fh, 1):
             line = raw.rstrip("\n")[:MAX_LOG_LINE]  # the patterns see a bounded line (a megabyte tensor print)
-            text, rank, local, stamp = _split(line)
-            if rank is not None and local is not None:
-                fr.pairs.setdefault(local, rank)
-            key: tuple[str, int] | None = (
-                ("L", local) if local is not None else ("R", rank) if rank is not None else None
-            )
-            st = fr.streams.get(key)
-            if st is None:
-                st = fr.streams[key] = Stream()
-            st.rank = rank if rank is not None else st.rank
-            st.local = local if local is not None else st.local
-            st.lines += 1
-            if stamp is not None:
-                st.last_stamp = stamp
-                if len(stamp) == 4:
-                    fr.years.append(stamp[0])
-            if key is None:
-                if _GROUP_OK in text:
-                    fr.finished_ok = lineno
-                elif any(f in text for f in _GROUP_FAILED):
-                    fr.failed_before_ok = lineno
-                if summary.feed(text, lineno):
-                    continue
-            st.at = lineno
-            _feed(st, text, stamp, f"{rel}:{lineno}")
-    for st in fr.streams.values():
-        _close_block(st)
-    fr.summary = summary.close()
-    for e in fr.summary:
-        if e.time is not None:
-            fr.years.append(time.gmtime(e.time).tm_year)
-    return fr
+            host = _pdsh_host(line) if pdsh else None
+            if host is not None:
+                line = line[len(host) + 2 :]
+                if host not in reads:
+                    one = FileRead(rel, host, "log", None, None)
+                    one.host_from = "pdsh"
+                    reads[host] = (one, SummaryParser(rel))
+            _line(*reads[host], line, lineno, rel)
+    out = []
+    for f, summary in reads.values():
+        for st in f.streams.values():
+            _close_block(st)
+        f.summary = summary.close()
+        f.years += [time.gmtime(e.time).tm_year for e in f.summary if e.time is not None]
+        out.append(f)
+    return out if len(out) == 1 or fr.streams else out[1:]
+
+
+def _line(fr: FileRead, summary: SummaryParser, line: str, lineno: int, rel: str) -> None:
+    text, rank, local, stamp = _split(line)
+    if rank is not None and local is not None:
+        fr.pairs.setdefault(local, rank)
+    key: tuple[str, int] | None = ("L", local) if local is not None else ("R", rank) if rank is not None else None
+    st = fr.streams.get(key)
+    if st is None:
+        st = fr.streams[key] = Stream()
+    st.rank = rank if rank is not None else st.rank
+    st.local = local if local is not None else st.local
+    st.lines += 1
+    if stamp is not None:
+        st.last_stamp = stamp
+        if len(stamp) == 4:
+            fr.years.append(stamp[0])
+    if key is None:
+        if _GROUP_OK in text:
+            fr.finished_ok = lineno
+        elif any(f in text for f in _GROUP_FAILED):
+            fr.failed_before_ok = lineno
+        if summary.feed(text, lineno):
+            return
+    st.at = lineno
+    _feed(st, text, stamp, f"{rel}:{lineno}")
 
 
 def _feed(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:

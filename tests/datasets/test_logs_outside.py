@@ -217,3 +217,25 @@ def test_a_silent_member_its_heartbeat_monitor_aborted_is_the_laggard(tmp_path):
             files[f"{host}/pretrain_7k2m/attempt_0/{lr}/stderr.log"] = line
     v = diagnose(load_inputs(_write(tmp_path / "job", files), gpus_per_node=2))
     assert v.verdict.value == "hang" and v.culprit_ranks == (1,) and v.culprit_nodes == ("node201",), v.explain()
+
+
+def test_a_deepspeed_pdsh_console_names_each_host_by_its_prefix(tmp_path):
+    """``deepspeed --hostfile`` runs pdsh: every remote line is ``<host>: ...`` in one console. It read as
+    "no evidence"."""
+    lines = [
+        "[2025-03-23 11:00:00,112] [INFO] [multinode_runner.py:80:get_cmd] Running on the following workers: "
+        "worker-0,worker-1",
+        "worker-0: [2025-03-23 11:00:00,501] [INFO] [launch.py:152:main] nnodes=2, num_local_procs=2, node_rank=0",
+        "worker-1: [2025-03-23 11:00:00,511] [INFO] [launch.py:152:main] nnodes=2, num_local_procs=2, node_rank=1",
+        "worker-0: [rank0]: iteration 10/100 | elapsed time per iteration (ms): 812.0",
+        "worker-1: [rank3]: Traceback (most recent call last):",
+        'worker-1: [rank3]:   File "/workspace/sft/train.py", line 88, in <module>',
+        "worker-1: [rank3]:     loss.backward()",
+        "worker-1: [rank3]: RuntimeError: CUDA error: an illegal memory access was encountered",
+        "worker-1: [2025-03-23 11:20:01,000] [ERROR] [launch.py:325:sigkill_handler] ['/usr/bin/python', '-u', "
+        "'train.py', '--local_rank=1'] exits with return code = 1",
+        "pdsh@launcher: worker-1: ssh exited with exit code 1",
+    ]
+    root = _write(tmp_path / "job", {"ds-train-20250323.log": "\n".join(lines) + "\n"})
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.verdict.value == "crash" and v.culprit_ranks == (3,) and v.culprit_nodes == ("worker-1",), v.explain()
