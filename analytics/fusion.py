@@ -181,7 +181,9 @@ def combine(verdicts: Sequence[Verdict]) -> Verdict:
     evidence = list(lead.evidence)
     sources = list(lead.sources)
     for v in ordered[1:]:
-        reasons.append(f"[{'/'.join(v.sources) or 'other'}] {v.verdict.value}: " + (v.reasons[0] if v.reasons else ""))
+        # beside a fault another source found, a source that saw none says so, not that the job is healthy
+        label = "no fault seen here" if v.verdict is Severity.HEALTHY else v.verdict.value
+        reasons.append(f"[{'/'.join(v.sources) or 'other'}] {label}: " + (v.reasons[0] if v.reasons else ""))
         reasons.extend(v.reasons[1:4])
         evidence.extend(v.evidence)
         sources.extend(s for s in v.sources if s not in sources)

@@ -258,14 +258,26 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
                 f"Rank {first.rank} on {f.node_of(first)} is the failure that does not report a lost peer: "
                 f"{first.describe()} ({why})."
             ]
+    elif all(e.kind.rsplit(".", 1)[-1] in _STOPS for e in f.incident):
+        confidence = 0.5
+        reasons = [
+            f"Every failure is a deliberate stop ({first.kind}: Ctrl-C, or a SIGINT to the job), the earliest "
+            f"on rank {first.rank}: no fault of a machine."
+        ]
     else:
         confidence = 0.5
         reasons = [
             f"Every failure reports a lost peer; the earliest is rank {first.rank} on {f.node_of(first)} "
             f"({first.describe()}). The root cause left no record here (its process may have been killed)."
         ]
-    for e in culprits[1:]:
+    for e in culprits[1:3]:
         reasons.append(f"Rank {e.rank} on {f.node_of(e)} failed at the same moment: {e.describe()}.")
+    if len(culprits) > 3:
+        rest = culprits[3:]
+        reasons.append(
+            f"{len(rest)} more rank(s) ({rank_ranges(e.rank for e in rest)[:200]}) failed at the same moment "
+            f"({_short_kind(rest[0])})."
+        )
     if cascade and f.primary:
         lo, hi = min(e.time for e in cascade) - first.time, max(e.time for e in cascade) - first.time
         when = f"{lo:.1f}-{hi:.1f} s later" if lo >= 0 else f"between {-lo:.1f} s before and {hi:.1f} s after it"

@@ -86,7 +86,9 @@ _OK = (
 def _console(host_index: int, block: str | None, *, finished: bool, steps_after: bool = False) -> str:
     """Two workers of one torchrun agent (``--tee 3``); local rank 1 prints ``block``."""
     g = 2 * host_index
-    out = [f"[default{lr}]:[rank{g + lr}]: iteration 10/100 | elapsed time per iteration (ms): 812.0\n" for lr in (0, 1)]
+    out = [
+        f"[default{lr}]:[rank{g + lr}]: iteration 10/100 | elapsed time per iteration (ms): 812.0\n" for lr in (0, 1)
+    ]
     if block is not None:
         out += [f"[default1]:[rank{g + 1}]:{ln}\n" for ln in block.splitlines()]
     if steps_after:
@@ -136,7 +138,9 @@ def _timeout_console(host: str, first: int, hung: int, *, nccl: bool = True) -> 
     for lr in range(2):
         r = first + lr
         if nccl:
-            out.append(f"[default{lr}]:{host}:1000{lr}:1000{lr} [{lr}] NCCL INFO Bootstrap : Using eth0:10.1.0.{lr}<0>\n")
+            out.append(
+                f"[default{lr}]:{host}:1000{lr}:1000{lr} [{lr}] NCCL INFO Bootstrap : Using eth0:10.1.0.{lr}<0>\n"
+            )
         pg = f"[PG ID 0 PG GUID 0(default_pg) Rank {r}]"
         if r == hung:
             out.append(
@@ -239,3 +243,12 @@ def test_a_deepspeed_pdsh_console_names_each_host_by_its_prefix(tmp_path):
     root = _write(tmp_path / "job", {"ds-train-20250323.log": "\n".join(lines) + "\n"})
     v = diagnose(load_inputs(root, gpus_per_node=2))
     assert v.verdict.value == "crash" and v.culprit_ranks == (3,) and v.culprit_nodes == ("worker-1",), v.explain()
+
+
+def test_ctrl_c_on_every_rank_is_a_deliberate_stop_not_a_lost_peer(tmp_path):
+    ki = 'Traceback (most recent call last):\n  File "/w/train.py", line 88, in <module>\nKeyboardInterrupt\n'
+    files = {f"logs/node0{h}.log": _console(h, ki, finished=False) for h in range(2)}
+    v = diagnose(load_inputs(_write(tmp_path / "job", files), gpus_per_node=2))
+    assert not v.suspect_nodes and v.verdict.value in ("inconclusive", "healthy"), v.explain()
+    text = v.explain()
+    assert "deliberate stop" in text and "lost peer; the earliest" not in text, text
