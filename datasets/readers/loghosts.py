@@ -32,3 +32,8 @@ def machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
     for f in reads:
         if f.nccl_host and f.host_from in ("file", ""):
             f.host, f.host_from, f.host_source = f.nccl_host, "nccl", "log"
+
+
+def is_machine_name(host: str | None) -> bool:
+    """A host name worth naming (torchrun prints ``localhost`` when it knows no better)."""
+    return bool(host) and host not in ("localhost", "127.0.0.1", "::1", "<N/A>")

@@ -25,7 +25,7 @@ from rankscope.datasets.domain.logs import GlooRecord, LauncherFailure, LogEvide
 from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.identity import natural, path_facts
-from rankscope.datasets.readers.loghosts import machine_names
+from rankscope.datasets.readers.loghosts import is_machine_name, machine_names
 from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_files, to_epoch, year_of
 from rankscope.datasets.readers.torchelastic import ElasticError, read_error_file, split_exception
 from rankscope.spine import InputError
@@ -68,6 +68,29 @@ class _Ranks:
                 if len(tagged) == 1:
                     self.map.setdefault((host, f.path_local), tagged.pop())
         self._one_launcher()
+        self._same_launcher()
+
+    def _same_launcher(self) -> None:
+        """A console that names no machine and a named host's files that tag one global rank with the same local
+        rank are one launcher's (a global rank runs on one machine): the console is that host's, not another
+        machine's slot in the host order (``launcher.log`` beside its ``--log-dir`` tree under ``trn-a01/``)."""
+        pairs: defaultdict[str, dict[int, int]] = defaultdict(dict)
+        for (h, local), rank in self.map.items():
+            pairs[h][local] = rank
+        named = [h for h in self.hosts if not h.startswith(UNNAMED)]
+        for u in [h for h in self.hosts if h.startswith(UNNAMED) and pairs.get(h)]:
+            same = [
+                h
+                for h in named
+                if set(pairs[u].items()) & set(pairs[h].items())
+                and all(pairs[h].get(k, r) == r for k, r in pairs[u].items())
+            ]
+            if len(same) == 1:
+                self.alias[u] = same[0]
+                self.hosts.discard(u)
+                for k, r in pairs[u].items():
+                    self.map.setdefault((same[0], k), r)
+                self.map = {key: r for key, r in self.map.items() if key[0] != u}
 
     def _one_launcher(self) -> None:
         """Logs that name no machine at all (a console and a ``--log-dir`` tree of one torchrun, say) are one
@@ -141,11 +164,6 @@ def launcher_key(rel: str) -> str | None:
     ``<run_id>/attempt_<k>`` folder (every local rank of one torchrun agent writes below it), else None."""
     m = _LOG_DIR_TREE.match(rel)
     return f"logdir:{m.group(1)}" if m else None
-
-
-def is_machine_name(host: str | None) -> bool:
-    """A host name worth naming (torchrun prints ``localhost`` when it knows no better)."""
-    return bool(host) and host not in ("localhost", "127.0.0.1", "::1", "<N/A>")
 
 
 def _stream_rank(f: FileRead, key: tuple[str, int] | None, st: Stream, ranks: _Ranks) -> int | None:

@@ -90,3 +90,11 @@ def test_a_slow_rank_caught_in_its_slow_part_every_round_is_fail_slow():
     though the second pair released waiters while the slow rank sat at the very same stack."""
     v = diagnose(load_inputs(OUTSIDE / "failslow-5rounds", gpus_per_node=2))
     assert v.verdict.value == "fail-slow" and v.culprit_nodes == ("trn-a02",), v.explain()
+
+
+def test_a_console_and_its_log_dir_tree_are_one_launcher():
+    """The console names no machine; its [rank<N>] tags match the tree's under ``trn-a01/``. It took a second
+    machine's slot: 5 ranks for a 4-rank job, and ranks renumbered by host order."""
+    v = diagnose(load_inputs(OUTSIDE / "console-and-logdir"))
+    assert v.verdict.value == "crash" and v.culprit_ranks == (2,) and v.culprit_nodes == ("trn-a01",), v.explain()
+    assert v.world_size == 4 and not v.details.get("inferred_node_names"), v.explain()
