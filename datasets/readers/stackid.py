@@ -201,9 +201,12 @@ def identify(
             f.siblings = trainers
             _base(f, size, trainers, hooks)
         i = j
-    machines_above_recurring(found, notes)
-    rounds_from_sibling_folders(found, notes)
-    rounds_from_repeated_pids(found, notes)
+    # the path rules for capture folders concern only what no manifest numbered or named (one pass at 100k ranks)
+    loose = [f for f in found if "snapshot" not in f.ident.sources or f.ident.sources.get("node") == "host-folder"]
+    if loose:
+        machines_above_recurring(loose, notes)
+        rounds_from_sibling_folders(loose, notes)
+        rounds_from_repeated_pids(loose, notes)
     if any(f.ident.rank is None for f in found):  # the job-level steps, only when some rank is still unknown
         _children_follow_their_trainer(found)
         _siblings_by_pid(found, gpus_per_node, notes)
