@@ -81,6 +81,18 @@ def is_cascade(e: ProcessExit) -> bool:
     return bool(_CASCADE.search(f"{e.kind}: {e.message}"))
 
 
+_OWN_SIGNALS = ("Segmentation fault", "Bus error", "Illegal instruction", "Floating point exception")
+_WAITS = re.compile(r"all_reduce|all_gather|reduce_scatter|broadcast|barrier|\bwait|recv|send|all_to_all|synchronize")
+
+
+def _own_fault(e: ProcessExit) -> bool:
+    """A failure of the process itself (a fault signal in its own code, an exception that is no cascade); not
+    an abort (SIGABRT is how the NCCL watchdog takes a victim down) nor anything raised inside a wait."""
+    if e.kind == "Fatal Python error" and not e.message.startswith(_OWN_SIGNALS):
+        return False
+    return not is_cascade(e) and not _WAITS.search(e.where or "")
+
+
 def _signature(e: ProcessExit) -> str:
     """The error with its numbers blanked: the same fault on different ranks compares equal."""
     return f"{e.kind}: {_NUMBERS.sub('N', ' '.join(e.message.split())[:200])}"
@@ -138,6 +150,8 @@ def facts(
     incident = [e for e in incident if 0 <= e.rank < world]
     if any(e.time_source != "untimed" and not is_cascade(e) for e in incident):
         incident = [e for e in incident if e.time_source != "untimed"]  # a timed first failure: order known
+    else:  # an untimed failure explains the cascade only when it is the process's own fault
+        incident = [e for e in incident if e.time_source != "untimed" or _own_fault(e)]
     if not incident:
         return None
     node_of = {

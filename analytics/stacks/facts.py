@@ -67,13 +67,15 @@ class Progress:
 
     @property
     def frozen(self) -> bool:
-        """No waiter released between the last two snapshots, unless an earlier pair released waiters while
+        """No waiter released between the last two snapshots, unless two earlier pairs released waiters while
         every rank that runs its own code unchanged in the last pair was unchanged there too: in this job those
         ranks at one stack in two snapshots do not stop it (a slow rank caught in its slow part every round)."""
         if not (self.pairs > 0 and self.waiters[-1] > 0 and self.released[-1] == 0):
             return False
         last = self.still[-1] if len(self.still) == self.pairs else frozenset()
-        return not (last and any(last <= self.still[i] and self.released[i] > 0 for i in range(self.pairs - 1)))
+        # two such pairs at least: one release can be a hang spreading (a replica reaching the stuck collective)
+        moved = sum(1 for i in range(self.pairs - 1) if last <= self.still[i] and self.released[i] > 0)
+        return not (last and moved >= 2)
 
     @property
     def frozen_since(self) -> int:

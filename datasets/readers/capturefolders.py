@@ -45,7 +45,8 @@ def machines_above_recurring(found: list[Found], notes: list[str]) -> None:
     recurring = set()
     for node, paths in where.items():
         ranks = list(paths.values())
-        if len(paths) > 1 and any(r != ranks[0] for r in ranks[1:]):
+        # pairwise disjoint: a capture folder under several machines; overlapping sets are one machine's rounds
+        if len(paths) > 1 and sum(len(r) for r in ranks) == len(set().union(*ranks)):
             recurring.add(node)
     if not recurring:
         return
@@ -69,12 +70,12 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
     """Sibling folders holding dumps of the same ranks become snapshots, in the natural order of their names
     (only where no ``snapshot-N`` folder or manifest column numbers them)."""
     trainers = [f for f in found if f.role is None and f.ident.rank is not None and "snapshot" not in f.ident.sources]
-    by_parent: defaultdict[str, defaultdict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    by_parent: defaultdict[str, defaultdict[str, set[tuple[int, int | None]]]] = defaultdict(lambda: defaultdict(set))
     for f in trainers:
         folder = f.rel.rpartition("/")[0]
         parent, _, name = folder.rpartition("/")
-        if name:
-            by_parent[parent][name].add(int(f.ident.rank))
+        if name:  # rounds of one capture are the same processes: the same ranks, with the same pids when known
+            by_parent[parent][name].add((int(f.ident.rank), f.ident.pid))
     names: set[str] = set()
     for kids in by_parent.values():
         if len(kids) < 2:
@@ -95,19 +96,30 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
     )
 
 
-def rounds_from_repeated_pids(found: list[Found], notes: list[str]) -> None:
+def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_node: int | None) -> None:
     """Files of one host that hold the same processes (the same pids, each once per file: ``py-spy dump`` of a
     node's processes run again into ``<host>/pyspy-all-<k>.txt``) are capture rounds, in the natural order of
-    their names, where nothing else numbers them."""
-    pids: defaultdict[str, defaultdict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    their names, where nothing else numbers them, and where ``--gpus-per-node`` tells rounds from pods: one
+    file's trainers fit the machine, all of them together do not (pods in their own pid namespaces repeat
+    pids too)."""
+    if gpus_per_node is None:
+        return
+    pids: defaultdict[str, defaultdict[str, list[tuple[int, int | None]]]] = defaultdict(lambda: defaultdict(list))
     for f in found:
         if f.host is not None and f.ident.pid is not None and "snapshot" not in f.ident.sources:
-            pids[f.host][f.rel].append(int(f.ident.pid))
+            # the same pids, and the same ranks where known (one-process pods all run as pid 42)
+            pids[f.host][f.rel].append((int(f.ident.pid), f.ident.rank))
+    trainers: defaultdict[str, int] = defaultdict(int)
+    for f in found:
+        trainers[f.rel] += f.role is None
     order: dict[str, int] = {}
     for files in pids.values():
-        sets = [sorted(p) for p in files.values()]
+        sets = [sorted(p, key=lambda t: (t[0], -1 if t[1] is None else t[1])) for p in files.values()]
+        n = trainers[next(iter(files))]
         ok = len(files) > 1 and _numbered([rel.rsplit("/", 1)[-1] for rel in files])
-        if ok and all(len(set(s)) == len(s) and s == sets[0] for s in sets):
+        ok = ok and 0 < n <= gpus_per_node < n * len(files)
+        # a node's dump holds several processes; one process per file (pods) repeats pids across containers
+        if ok and len(sets[0]) >= 2 and all(len(set(s)) == len(s) and s == sets[0] for s in sets):
             order.update({rel: i for i, rel in enumerate(sorted(files, key=natural))})
     if not order:
         return

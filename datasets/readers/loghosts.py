@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -11,27 +12,42 @@ from rankscope.datasets.readers.logs import FileRead
 def machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
     """Which machine each log file ran on, where the path misleads. A folder holding several per-host
     consoles (each several workers' lines, each named after another machine: ``pods/<pod>.log``,
-    ``slurm-<jobid>/<host>.out``) is a collection, not a machine: each console's own name is. NCCL's debug
-    lines name the machine they ran on (``gethostname()``): that beats a file's name (``%x-%j-%t.out`` names a
-    SLURM task) and a collection's, never a folder the user named after a machine."""
+    ``slurm-<jobid>/<host>.out``) is a collection, not a machine: each console's own name is (else NCCL's).
+    NCCL's debug lines name the machine they ran on (``gethostname()``): that names a file whose path names
+    none, and beats a SLURM task file's name (``%x-%j-%t.out``); never a folder or file the user named after
+    a machine, and never a container's id."""
     by_folder: defaultdict[str, list[FileRead]] = defaultdict(list)
     for f in reads:
         if f.host_from == "folder" and f.path_local is None:
             by_folder[f.rel.rsplit("/", 1)[0] if "/" in f.rel else ""].append(f)
     for folder, fs in by_folder.items():
-        own = {f.rel: f.nccl_host or f.name_host for f in fs if f.workers >= 2 or f.nccl_host}
+        own = {f.rel: f.name_host or _nccl(f) for f in fs if f.workers >= 2 or _nccl(f)}
         if len(fs) < 2 or len(own) < len(fs) or len(set(own.values()) - {None}) < len(fs):
             continue
         for f in fs:
-            f.host, f.host_from = own[f.rel], "nccl" if f.nccl_host else "file"
-            f.host_source = "log" if f.nccl_host else "host-folder"
+            by_nccl = f.name_host is None
+            f.host, f.host_from = own[f.rel], "nccl" if by_nccl else "file"
+            f.host_source = "log" if by_nccl else "host-folder"
         notes.append(
             f"logs: {folder}/ holds {len(fs)} consoles of different machines: each is named by its own "
             "(NCCL's host name, else the file name), not by the folder"
         )
     for f in reads:
-        if f.nccl_host and f.host_from in ("file", ""):
-            f.host, f.host_from, f.host_source = f.nccl_host, "nccl", "log"
+        nccl = _nccl(f)
+        if nccl and (f.host_from == "" or (f.host_from == "file" and _TASK_FILE.search(f.rel))):
+            f.host, f.host_from, f.host_source = nccl, "nccl", "log"
+
+
+_TASK_FILE = re.compile(r"[-_.]\d{3,}[-_.]\d{1,6}\.[A-Za-z]+$")
+"""SLURM's ``--output=%x-%j-%t.out``: a job id and a task number, no machine."""
+_CONTAINER_ID = re.compile(r"^(?:[0-9a-f]{12}|[0-9a-f]{64})$")
+"""docker's default host name inside a container (its id): no machine."""
+
+
+def _nccl(f: FileRead) -> str | None:
+    """The machine NCCL's lines name, unless it is a container's id."""
+    host = f.nccl_host
+    return host if host and not _CONTAINER_ID.match(host) else None
 
 
 def is_machine_name(host: str | None) -> bool:

@@ -194,7 +194,9 @@ _PDSH = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,62}): ")
 
 def _pdsh_host(line: str) -> str | None:
     m = _PDSH.match(line)
-    return m.group("host") if m and any(c.isdigit() for c in m.group("host")) else None
+    host = m.group("host") if m else ""
+    # a host name has a digit (worker-3, node017) and a letter (srun --label prefixes a bare task number)
+    return host if any(c.isdigit() for c in host) and any(c.isalpha() for c in host) else None
 
 
 def _is_pdsh(path: str) -> bool:

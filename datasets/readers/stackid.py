@@ -206,7 +206,7 @@ def identify(
     if loose:
         machines_above_recurring(loose, notes)
         rounds_from_sibling_folders(loose, notes)
-        rounds_from_repeated_pids(loose, notes)
+        rounds_from_repeated_pids(loose, notes, gpus_per_node)
     if any(f.ident.rank is None for f in found):  # the job-level steps, only when some rank is still unknown
         _children_follow_their_trainer(found)
         _siblings_by_pid(found, gpus_per_node, notes)

@@ -1,0 +1,42 @@
+"""A reviewer's counter-examples to the rules added from the outside testers' cases (``tests/data/review``,
+see its README): each once named a wrong or non-existent machine, missed a culprit, or refused input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rankscope.analytics import diagnose
+from rankscope.datasets.loading.inputs import load_inputs
+from rankscope.spine import InputError
+
+REVIEW = Path(__file__).parents[1] / "data" / "review"
+
+
+@pytest.mark.parametrize(
+    ("case", "gpus", "node", "rank"),
+    [
+        ("s1", 4, "trn-a02", 6),  # a missing dump in one round: the host folders stay machines
+        ("s3", 4, "node8", None),  # two pods per host repeating pids: pods, not rounds (ranks by pid order)
+        ("s4", 4, "node8", 6),  # one process per file, every pid 42: one snapshot
+        ("s5", 4, "trn-a02", 6),  # a hang spreading between rounds stays a hang
+        ("s6", 2, "dgx-h100-0744", 3),  # NCCL's container id never replaces the file's machine name
+    ],
+)
+def test_the_hang_and_its_machine_hold(case, gpus, node, rank):
+    v = diagnose(load_inputs(REVIEW / case, gpus_per_node=gpus))
+    assert v.verdict.value == "hang" and v.culprit_nodes == (node,), v.explain()
+    assert rank is None or v.culprit_ranks == (rank,), v.explain()
+
+
+def test_two_hosts_local_rank_files_are_no_rounds():
+    with pytest.raises(InputError, match="claimed by two processes"):
+        load_inputs(REVIEW / "s2b", gpus_per_node=4)
+
+
+@pytest.mark.parametrize("case", ["s7", "s8"])
+def test_nobody_is_named(case):
+    """srun --label's task numbers are no machines; an abort inside a wait is the cascade, not a culprit."""
+    v = diagnose(load_inputs(REVIEW / case, gpus_per_node=4))
+    assert not v.suspect_nodes and not v.culprit_ranks, v.explain()
