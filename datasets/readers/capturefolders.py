@@ -74,8 +74,9 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
     for f in trainers:
         folder = f.rel.rpartition("/")[0]
         parent, _, name = folder.rpartition("/")
-        if name:  # rounds of one capture are the same processes: the same ranks, with the same pids when known
-            by_parent[parent][name].add((int(f.ident.rank), f.ident.pid))
+        rank = f.ident.rank
+        if name and rank is not None:  # rounds of one capture are the same processes: same ranks, same pids
+            by_parent[parent][name].add((rank, f.ident.pid))
     names: set[str] = set()
     for kids in by_parent.values():
         if len(kids) < 2:
