@@ -40,6 +40,15 @@ class Progress:
     left_last: frozenset[int] = frozenset()
     still: tuple[frozenset[int], ...] = ()
     """Per pair: the ranks running their own code (not waiting) at the same stack in both snapshots."""
+    peer_released: tuple[int, ...] = ()
+    """Per pair: waiters released from a wait on peers (a collective, a transfer), not from their own waits."""
+
+    @property
+    def peers_frozen(self) -> bool:
+        """Three snapshots or more in which no rank ever left a wait on its peers: only ranks' own waits (a
+        device sync, a sleep) came and went, the collectives never completed."""
+        return self.pairs >= 2 and len(self.peer_released) == self.pairs and not any(self.peer_released)
+
     """Ranks that, between the last two snapshots, left a wait on peers that at least two peers sat in too and
     run their own code: that collective completed during the capture (never a rank stuck since before it)."""
 
@@ -124,6 +133,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
     returned: list[int] = []
     left: set[int] = set()
     still: list[frozenset[int]] = []
+    peer: list[int] = []
     world = 0
     for s in snaps:
         cur = {
@@ -133,7 +143,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
         }
         world = max(world, len(cur))
         if prev is not None:
-            w = n = back = 0
+            w = n = back = moved = 0
             left = set()
             shared = Counter(prev.values())
             for r, (state, key) in prev.items():
@@ -142,18 +152,22 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                 w += 1
                 if cur[r] != (state, key):
                     n += 1
+                    moved += state in PEER_WAIT_STATES
                     back += _returned(state, shared[(state, key)], cur[r], before[r])
                     if state in PEER_WAIT_STATES and shared[(state, key)] >= 3 and cur[r][0] not in WAIT_STATES:
                         left.add(r)
             still.append(frozenset(r for r, k in prev.items() if k[0] not in WAIT_STATES and cur.get(r) == k))
             waiters.append(w)
             released.append(n)
+            peer.append(moved)
             returned.append(back)
             for r, k in prev.items():
                 before[r].add(k)
         prev = cur
     g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
-    return Progress(len(snaps), tuple(waiters), tuple(released), g, tuple(returned), frozenset(left), tuple(still))
+    return Progress(
+        len(snaps), tuple(waiters), tuple(released), g, tuple(returned), frozenset(left), tuple(still), tuple(peer)
+    )
 
 
 @dataclass(frozen=True)

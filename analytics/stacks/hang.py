@@ -67,6 +67,8 @@ class _Hang:
     def verdict(self, kind: Severity, confidence: float, **fields: Any) -> Verdict:
         reasons = list(self.reasons)
         details = self.details
+        if self.premise == PREMISE_ROUNDS and kind is Severity.HANG:
+            return self._rounds_name_no_machine(reasons, fields)
         if self.premise and kind is Severity.HANG:
             reasons.append(self.premise)
             confidence = max(0.05, confidence - 0.1)
@@ -74,6 +76,29 @@ class _Hang:
             details = {**details, "stuck_on_premise": True}
         reasons += problem_words(self.problems)
         return Verdict(kind, confidence=confidence, reasons=tuple(reasons), details=details, **fields, **self.common)
+
+    def _rounds_name_no_machine(self, reasons: list[str], fields: dict[str, Any]) -> Verdict:
+        """Rounds that neither show the job moving nor frozen name no machine: a healthy job with uneven work
+        (evaluation, a sleep, waiting for data) caught in a few rounds looks alike. The likeliest culprits are
+        said in words."""
+        ranks = tuple(fields.get("culprit_ranks") or fields.get("suspect_ranks") or ())
+        if ranks:
+            nodes = ", ".join(self.topology.nodes_of(ranks)[:5])
+            reasons.append(
+                f"If the job is known to be stuck, look at rank(s) {rank_ranges(ranks)[:200]} on {nodes} first; the "
+                "rounds neither show it progressing nor frozen, so no machine is isolated (a healthy job with uneven "
+                "work caught in a few rounds looks alike). More rounds, step records or Flight Recorder dumps tell."
+            )
+        reasons += problem_words(self.problems)
+        return Verdict(
+            Severity.INCONCLUSIVE,
+            confidence=0.3,
+            reasons=tuple(reasons),
+            details=self.details,
+            suspect_ranks=ranks,
+            evidence=fields.get("evidence", ()),
+            **self.common,
+        )
 
     def evidence(self, culprit_ranks: Sequence[int] = (), victims: Sequence[int] = ()) -> tuple[Evidence, ...]:
         return _evidence(self.a, self.topology, culprit_ranks, victims, self.limits.max_evidence_items)

@@ -54,6 +54,15 @@ def motion(facts: StackFacts, steps: StepEvidence | None = None, *, max_running_
         return Motion("stuck", [f"Time evidence: {'; '.join(step_words)}."] + _frozen_words(prog))
     if prog is not None and prog.frozen and last.blocked_fraction >= 0.5:
         return Motion("stuck", _frozen_words(prog) + _also(step_words))
+    if prog is not None and prog.peers_frozen and last.blocked_fraction >= 0.5:
+        return Motion(
+            "stuck",
+            [
+                f"{prog.words()}: no rank ever left a wait on its peers (only waits of a rank's own, a device sync "
+                "or a sleep, came and went): the collectives never completed, so the job is not progressing."
+            ]
+            + _also(step_words),
+        )
     if last.blocked_fraction < 0.5:
         dom = last.dominant_states()
         running = sum(n for st, n in dom.items() if st not in WAIT_STATES)

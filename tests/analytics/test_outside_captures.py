@@ -98,3 +98,11 @@ def test_a_console_and_its_log_dir_tree_are_one_launcher():
     v = diagnose(load_inputs(OUTSIDE / "console-and-logdir"))
     assert v.verdict.value == "crash" and v.culprit_ranks == (2,) and v.culprit_nodes == ("trn-a01",), v.explain()
     assert v.world_size == 4 and not v.details.get("inferred_node_names"), v.explain()
+
+
+@pytest.mark.parametrize("case", ["healthy-eval-4rounds", "healthy-uneven-3rounds", "healthy-2rounds-json"])
+def test_rounds_that_neither_move_nor_freeze_evict_no_one(case):
+    """Healthy jobs with uneven work caught in 2-4 rounds: the rounds' premise isolated a machine at 0.66-0.81
+    (a sweep of a tester's healthy captures gave 10 such evictions in 112 inputs)."""
+    v = diagnose(load_inputs(OUTSIDE / case, gpus_per_node=4))
+    assert not v.suspect_nodes and not v.culprit_nodes, v.explain()
