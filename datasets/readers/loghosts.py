@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 from rankscope.datasets.readers.logs import FileRead
 
@@ -53,3 +54,42 @@ def _nccl(f: FileRead) -> str | None:
 def is_machine_name(host: str | None) -> bool:
     """A host name worth naming (torchrun prints ``localhost`` when it knows no better)."""
     return bool(host) and host not in ("localhost", "127.0.0.1", "::1", "<N/A>")
+
+
+_ATTEMPT_DIR = re.compile(r"^(.*?)/attempt[-_]?(\d+)/", re.I)
+
+
+def latest_attempts(
+    reads: list[FileRead], errors: list[tuple[str, Any]], notes: list[str]
+) -> tuple[list[FileRead], list[tuple[str, Any]]]:
+    """Only the latest attempt of a restarted job (``torchrun --max-restarts``): the files of a ``--log-dir``
+    tree's ``attempt_<k>/`` when a later attempt of the same run exists, and what a console logged before its
+    launcher's last "will restart worker group", belong to processes the restart already replaced."""
+    latest: dict[str, int] = {}
+    for rel in [f.rel for f in reads] + [rel for rel, _ in errors]:
+        m = _ATTEMPT_DIR.match(rel)
+        if m:
+            latest[m.group(1)] = max(latest.get(m.group(1), 0), int(m.group(2)))
+
+    def old(rel: str) -> bool:
+        m = _ATTEMPT_DIR.match(rel)
+        return m is not None and int(m.group(2)) < latest[m.group(1)]
+
+    kept = [f for f in reads if not old(f.rel)]
+    kept_errors = [(rel, e) for rel, e in errors if not old(rel)]
+    n_old = len(reads) - len(kept) + len(errors) - len(kept_errors)
+    if n_old:
+        runs = sorted(r for r in latest if latest[r] > 0)
+        notes.append(
+            f"{n_old} log or error file(s) of earlier attempts not used: the job restarted ({', '.join(runs[:3])}: "
+            "latest attempt " + ", ".join(str(latest[r]) for r in runs[:3]) + "); the verdict is about its latest"
+        )
+    for f in kept:
+        if f.restarted_at:
+            f.drop_before(f.restarted_at)
+    if any(f.restarted_at for f in kept):
+        notes.append(
+            "a console's lines before its launcher's last 'will restart worker group' are of an attempt the restart "
+            "replaced: not used"
+        )
+    return kept, kept_errors

@@ -25,7 +25,7 @@ from rankscope.datasets.domain.logs import GlooRecord, LauncherFailure, LogEvide
 from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.identity import natural, path_facts
-from rankscope.datasets.readers.loghosts import is_machine_name, machine_names
+from rankscope.datasets.readers.loghosts import is_machine_name, latest_attempts, machine_names
 from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_files, to_epoch, year_of
 from rankscope.datasets.readers.torchelastic import ElasticError, read_error_file, split_exception
 from rankscope.spine import InputError
@@ -208,6 +208,7 @@ def read_logs(
             notes.append(f"log {rel} unreadable ({type(exc).__name__}: {str(exc)[:80]})")
     machine_names(reads, notes)
     errors = [(rel, e) for path, rel in elastic if (e := read_error_file(path, rel)) is not None]
+    reads, errors = latest_attempts(reads, errors, notes)
     fallback = next((time.gmtime(e.time).tm_year for _, e in errors if e.time), time.gmtime().tm_year)
     year = year_of(reads, fallback)
     ranks = _Ranks(reads, gpus_per_node)

@@ -30,6 +30,7 @@ from typing import Any
 
 from rankscope.datasets.domain.bounds import open_regular
 from rankscope.datasets.readers.identity import host_from_log_name, path_facts
+from rankscope.datasets.readers.logprefix import is_pdsh, line_of, pdsh_host
 from rankscope.datasets.readers.sniff import C10_LOG, GLOG, RAY, STAMP, WORKER_PREFIX
 from rankscope.datasets.readers.torchelastic import SummaryParser, split_exception
 
@@ -116,6 +117,14 @@ class FileRead:
     name_host: str | None = None  # a machine name in the file's name (``dgx-h100-0743.log``)
     finished_ok: int = 0  # the line of the launcher's last "worker group successfully finished" (0: none)
     failed_before_ok: int = 0  # the line of the launcher's last failure or restart before it (0: none)
+    restarted_at: int = 0  # the line of the launcher's last "will restart worker group" (0: none)
+
+    def drop_before(self, line: int) -> None:
+        """Forget what the workers said before ``line`` (an attempt a restart replaced)."""
+        for st in self.streams.values():
+            st.exits = [e for e in st.exits if e["line"] > line]
+            st.records = [r for r in st.records if line_of(r) > line]
+            st.stacks = [] if st.stacks and st.at <= line else st.stacks
 
     @property
     def nccl_host(self) -> str | None:
@@ -188,30 +197,11 @@ def read_log_file(path: str, rel: str) -> FileRead:
     return read_log_files(path, rel)[0]
 
 
-_PDSH = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,62}): ")
-"""pdsh's prefix on every remote line (``worker-3: ...``: DeepSpeed's multi-node launcher)."""
-
-
-def _pdsh_host(line: str) -> str | None:
-    m = _PDSH.match(line)
-    host = m.group("host") if m else ""
-    # a host name has a digit (worker-3, node017) and a letter (srun --label prefixes a bare task number)
-    return host if any(c.isdigit() for c in host) and any(c.isalpha() for c in host) else None
-
-
-def _is_pdsh(path: str) -> bool:
-    """Whether most of the file's first lines carry pdsh's ``<host>: `` prefix (a host name with a digit)."""
-    with open_regular(path) as fh:
-        head = fh.read(1 << 16).decode("utf-8", errors="replace").splitlines()[:400]
-    lines = [ln for ln in head if ln.strip()]
-    return len(lines) >= 4 and sum(_pdsh_host(ln) is not None for ln in lines) >= 0.5 * len(lines)
-
-
 def read_log_files(path: str, rel: str) -> list[FileRead]:
     """One log file's streams; a pdsh console (``worker-3: [rank29]: ...``, every remote host's lines in one
     file) is one read per host, named by its prefix."""
     facts = path_facts(rel)
-    pdsh = _is_pdsh(path)
+    pdsh = is_pdsh(path)
     # a pdsh console holds several machines' lines: its own path names none of them
     path_host, name_host = (None, None) if pdsh else (facts.host, host_from_log_name(rel))
     fr = FileRead(
@@ -222,7 +212,7 @@ def read_log_files(path: str, rel: str) -> list[FileRead]:
     with io.TextIOWrapper(open_regular(path), encoding="utf-8", errors="replace") as fh:
         for lineno, raw in enumerate(fh, 1):
             line = raw.rstrip("\n")[:MAX_LOG_LINE]  # the patterns see a bounded line (a megabyte tensor print)
-            host = _pdsh_host(line) if pdsh else None
+            host = pdsh_host(line) if pdsh else None
             if host is not None:
                 line = line[len(host) + 2 :]
                 if host not in reads:
@@ -260,8 +250,12 @@ def _line(fr: FileRead, summary: SummaryParser, line: str, lineno: int, rel: str
             fr.finished_ok = lineno
         elif any(f in text for f in _GROUP_FAILED):
             fr.failed_before_ok = lineno
+            if "will restart worker group" in text:
+                fr.restarted_at = lineno
         if summary.feed(text, lineno):
             return
+    if fr.failed_before_ok > fr.restarted_at and st.exits and st.exits[-1]["line"] < fr.failed_before_ok:
+        fr.restarted_at = fr.failed_before_ok  # a worker that failed speaks again: its launcher restarted the group
     st.at = lineno
     _feed(st, text, stamp, f"{rel}:{lineno}")
 

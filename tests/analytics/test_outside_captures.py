@@ -106,3 +106,9 @@ def test_rounds_that_neither_move_nor_freeze_evict_no_one(case):
     (a sweep of a tester's healthy captures gave 10 such evictions in 112 inputs)."""
     v = diagnose(load_inputs(OUTSIDE / case, gpus_per_node=4))
     assert not v.suspect_nodes and not v.culprit_nodes, v.explain()
+
+
+def test_a_restarted_job_is_diagnosed_by_its_latest_attempt():
+    """attempt_0's crash on trn-b01 led (crash 0.95) and evicted it while attempt_1 hung on trn-b02."""
+    v = diagnose(load_inputs(OUTSIDE / "restart-then-hang", gpus_per_node=4))
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("trn-b02",), v.explain()

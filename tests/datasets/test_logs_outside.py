@@ -118,15 +118,41 @@ def test_a_traceback_the_process_lived_through_is_no_crash(tmp_path, block, fini
     assert v.verdict.value != "crash" and not v.suspect_nodes, v.explain()
 
 
-def test_a_crash_before_a_restart_still_counts_when_the_group_then_finishes(tmp_path):
-    """A crash in the first attempt stays a crash when the restarted group finishes: the launcher's success
-    covers only what came after its last failure or restart."""
+def test_a_crash_before_a_restart_is_the_replaced_attempt_s(tmp_path):
+    """``torchrun --max-restarts``: the launcher restarted the group after the crash and the new attempt
+    finished. The crash belongs to processes the restart replaced: the verdict is about the latest attempt
+    (a restarted, healthy job's machine was evicted at 0.95), and the notes say so."""
     failed = (
         "W0321 01:50:00.000000 90011 torch/distributed/elastic/agent/server/api.py:700] [default] Worker group "
         "FAILED. 3/3 attempts left; will restart worker group\n"
     )
     text = _console(1, _CAUGHT.split("\n", 1)[1], finished=False) + failed + _OK
     root = _write(tmp_path / "job", {"logs/node03.log": _console(0, None, finished=False), "logs/node04.log": text})
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.verdict.value != "crash" and not v.suspect_nodes, v.explain()
+    assert any("restart" in n for n in v.details.get("notes", [])), v.details
+
+
+def test_a_failed_worker_speaking_again_marks_a_restart(tmp_path):
+    """torch 2.13's agent logs no "will restart" line at its default level: the failed worker's stream
+    printing again after the launcher's "failed (exitcode" line is the restart."""
+    failed = (
+        "E0321 01:50:00.000000 90011 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) "
+        "local_rank: 1 (pid: 12044) of binary: /usr/bin/python\n"
+    )
+    again = "[default1]:rank 3/4 pid 12261 ready attempt 1\n[default0]:step 0 loss 7.07\n"
+    text = _console(1, _CAUGHT.split("\n", 1)[1], finished=False) + failed + again
+    root = _write(tmp_path / "job", {"logs/node03.log": _console(0, None, finished=False), "logs/node04.log": text})
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.verdict.value != "crash" and not v.suspect_nodes, v.explain()
+    # without the worker speaking again the crash stands
+    root = _write(
+        tmp_path / "job2",
+        {
+            "logs/node03.log": _console(0, None, finished=False),
+            "logs/node04.log": _console(1, _CAUGHT.split("\n", 1)[1], finished=False) + failed,
+        },
+    )
     v = diagnose(load_inputs(root, gpus_per_node=2))
     assert v.verdict.value == "crash" and v.culprit_nodes == ("node04",), v.explain()
 
