@@ -112,3 +112,11 @@ def test_a_restarted_job_is_diagnosed_by_its_latest_attempt():
     """attempt_0's crash on trn-b01 led (crash 0.95) and evicted it while attempt_1 hung on trn-b02."""
     v = diagnose(load_inputs(OUTSIDE / "restart-then-hang", gpus_per_node=4))
     assert v.verdict.value == "hang" and v.culprit_nodes == ("trn-b02",), v.explain()
+
+
+def test_dumps_of_exiting_processes_are_no_healthy_cluster():
+    """py-spy caught two processes exiting (threads without a frame): they were the "dominant healthy cluster
+    (empty in empty)" and a job with half its processes gone was healthy at 0.70."""
+    v = diagnose(load_inputs(OUTSIDE / "sigkill-stacks-only", gpus_per_node=4))
+    assert v.verdict.value != "healthy" and not v.suspect_nodes, v.explain()
+    assert "empty in empty" not in v.explain()
