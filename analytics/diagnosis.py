@@ -50,12 +50,8 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     log_facts = _log_facts(inputs) if "logs" in use else None
     logs_read = "logs" in use and inputs.logs is not None
     if inputs.exits and "exits" in use:
-        crash_v = _crash(inputs, cfg)
-        if crash_v is not None and crash_v.details["crash"]["n_primary"] == 0 and (procs or fr_dumps or logs_read):
-            # every exit reports a lost peer or a deliberate stop (a hung job torn down with SIGTERM,
-            # watchdog timeouts): the stacks, Flight Recorder or logs say more than the exits (context)
-            context.append("[events] " + " ".join(crash_v.reasons))
-        elif crash_v is not None:
+        crash_v = _exits_verdict(inputs, cfg, context, bool(procs or fr_dumps or logs_read))
+        if crash_v is not None:
             verdicts.append(crash_v)
     stack_v = fr_v = steps = None
     timings = inputs.timings if "timings" in use else None
@@ -168,6 +164,43 @@ def _kept_stepping(fr_v: Verdict, steps: Any) -> Verdict:
             *fr_v.reasons,
         ),
     )
+
+
+def _exits_verdict(inputs: Inputs, cfg: Config, context: list[str], other_evidence: bool) -> Verdict | None:
+    """The crash verdict, or None when the exits are only context (their words go to ``context``)."""
+    crash_v = _crash(inputs, cfg)
+    if crash_v is None:
+        return None
+    replaced = _replaced(inputs, crash_v) if inputs.procs else ""
+    if replaced:  # the failed process is not the one the stacks show running: an earlier run's failure
+        context.append(f"[events] not this run's failure: {replaced} " + " ".join(crash_v.reasons[:1]))
+        return None
+    if crash_v.details["crash"]["n_primary"] == 0 and other_evidence:
+        # every exit reports a lost peer or a deliberate stop (a hung job torn down with SIGTERM, watchdog
+        # timeouts): the stacks, Flight Recorder or logs say more than the exits (context)
+        context.append("[events] " + " ".join(crash_v.reasons))
+        return None
+    return crash_v
+
+
+def _replaced(inputs: Inputs, v: Verdict) -> str:
+    """Words when every culprit's failed process (its pid known) is not the process the stacks captured
+    running for that rank (another pid): the failure belongs to an earlier run (a console left from yesterday
+    beside today's stacks), and the stacks say what the job does now. "" otherwise."""
+    live: dict[int, set[int]] = {}
+    for p in inputs.procs:
+        if p.role == "trainer" and p.rank is not None and p.pid is not None and p.status not in ("failed", "cut"):
+            live.setdefault(p.rank, set()).add(p.pid)
+    gone = [e for e in inputs.exits if e.rank in v.culprit_ranks and e.role == "trainer"]
+    if (
+        not v.culprit_ranks
+        or not gone
+        or any(e.pid is None or e.rank not in live or e.pid in live[e.rank] for e in gone)
+    ):
+        return ""
+    e = gone[0]
+    now = min(live[e.rank])
+    return f"rank {e.rank}'s failed process (pid {e.pid}) is not the one its stacks show running (pid {now});"
 
 
 def _crash(inputs: Inputs, cfg: Config) -> Verdict | None:

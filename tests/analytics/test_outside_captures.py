@@ -120,3 +120,14 @@ def test_dumps_of_exiting_processes_are_no_healthy_cluster():
     v = diagnose(load_inputs(OUTSIDE / "sigkill-stacks-only", gpus_per_node=4))
     assert v.verdict.value != "healthy" and not v.suspect_nodes, v.explain()
     assert "empty in empty" not in v.explain()
+
+
+@pytest.mark.parametrize(
+    ("case", "verdict", "nodes"), [("stale-console", None, ()), ("two-incidents", "hang", ("trn-b01",))]
+)
+def test_a_failure_of_a_process_the_stacks_no_longer_show_is_not_this_run_s(case, verdict, nodes):
+    """The crashed process (its pid in the launcher's summary) is not the process the stacks show running for
+    that rank: an earlier run's failure led (crash 0.80, the wrong machine) over today's stacks."""
+    v = diagnose(load_inputs(OUTSIDE / case, gpus_per_node=4))
+    assert v.verdict.value != "crash" and v.culprit_nodes == nodes, v.explain()
+    assert verdict is None or v.verdict.value == verdict, v.explain()
