@@ -22,7 +22,8 @@ class CaptureProblem:
 
     rank: int | None
     role: str
-    kind: str  # permission | concurrent-attach | process-gone | timeout | empty | unreadable | absent | cut | failed
+    # stopped | concurrent-attach | permission | process-gone | timeout | empty | unreadable | absent | cut | failed
+    kind: str
     detail: str  # what the capture said, one line
     advice: str  # what to do about it
     source: str
@@ -45,6 +46,12 @@ class CaptureProblem:
 
 # (kind, pattern over the error text, advice); the first match wins
 _KINDS: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    (
+        "stopped",
+        re.compile(r"waitpid result PtraceEvent\(.{0,40}?\bSIGSTOP\b|process is stopped|\(stopped\)", re.I),
+        "the process is stopped (SIGSTOP, state T): it runs no code at all; if its peers wait for it, look at it "
+        "first (who stopped it: a debugger, a job-control signal, the scheduler?)",
+    ),
     (
         "concurrent-attach",
         re.compile(r"failed to suspend process|already being traced|ptrace.*busy", re.I),

@@ -40,3 +40,17 @@ def test_nobody_is_named(case):
     """srun --label's task numbers are no machines; an abort inside a wait is the cascade, not a culprit."""
     v = diagnose(load_inputs(REVIEW / case, gpus_per_node=4))
     assert not v.suspect_nodes and not v.culprit_ranks, v.explain()
+
+
+def test_py_spy_on_a_stopped_process_says_it_is_stopped():
+    """py-spy's error on a SIGSTOPped process read as "two tools attached to the process at once"."""
+    from rankscope.analytics.stacks.collection import capture_problem
+    from rankscope.datasets.domain.stacks import ProcStacks
+
+    err = (
+        "Error: Failed to get stack traces (caused by: Failed to suspend process; unexpected waitpid result "
+        "PtraceEvent(Pid(8128), SIGSTOP, 128) to 8128)"
+    )
+    p = ProcStacks(0, 2, "trn-b01", "trainer", 8128, "failed", err, None, (), "r2.txt", "pyspy-text")
+    problem = capture_problem(p)
+    assert problem.kind == "stopped" and "SIGSTOP" in problem.advice and "two tools" not in problem.advice
