@@ -63,8 +63,10 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps, config=cfg.stacks)
     if fr_dumps and topology is not None:
         fr_cfg = cfg.collectives
-        if log_facts is not None and log_facts.hang_evidence and not fr_cfg.dumped_on_timeout:
-            # the watchdog timed out: torch dumps Flight Recorder on that timeout (TORCH_NCCL_DUMP_ON_TIMEOUT)
+        nccl_dumps = any(d.backend == "nccl" for d in fr_dumps)
+        if log_facts is not None and log_facts.hang_evidence and log_facts.nccl_timeouts and nccl_dumps:
+            # NCCL's watchdog timed out: torch dumps Flight Recorder on that timeout (TORCH_NCCL_DUMP_ON_TIMEOUT);
+            # gloo has no dump on timeout: its dumps were taken on demand, at a time they do not say
             fr_cfg = replace(fr_cfg, dumped_on_timeout=True)
         analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=fr_cfg)
         fr_v = collectives.verdict(analysis, topology, job=job)

@@ -131,3 +131,10 @@ def test_a_failure_of_a_process_the_stacks_no_longer_show_is_not_this_run_s(case
     v = diagnose(load_inputs(OUTSIDE / case, gpus_per_node=4))
     assert v.verdict.value != "crash" and v.culprit_nodes == nodes, v.explain()
     assert verdict is None or v.verdict.value == verdict, v.explain()
+
+
+def test_gloo_timeouts_do_not_make_on_demand_dumps_watchdog_dumps():
+    """Any timeout in the logs took the Flight Recorder dumps as written by NCCL's watchdog at the timeout;
+    gloo dumps only on demand: the earliest stale dump's rank was named at 0.90 (the wrong machine)."""
+    v = diagnose(load_inputs(OUTSIDE / "stale-gloo-fr", gpus_per_node=4))
+    assert "trn-b01" not in v.suspect_nodes, v.explain()
