@@ -36,12 +36,13 @@ from rankscope.spine import InputError, ParseError
 
 MANIFEST = "manifest.csv"
 
-SNAPSHOT_DIR = re.compile(r"^(?:snap(?:shot)?|round)[-_]?(\d+)$", re.I)
-_RANK = re.compile(r"(?<![A-Za-z])(?<!local_)(?<!local-)(?<!local)rank[-_]?(\d+)", re.I)
-_LOCAL = re.compile(r"(?<![A-Za-z])local[-_]?rank[-_]?(\d+)", re.I)
+# a space separates too ("round 0/", "rank 3.json": names typed by hand)
+SNAPSHOT_DIR = re.compile(r"^(?:snap(?:shot)?|round)[-_ ]?(\d+)$", re.I)
+_RANK = re.compile(r"(?<![A-Za-z])(?<!local_)(?<!local-)(?<!local )(?<!local)rank[-_ ]?(\d+)", re.I)
+_LOCAL = re.compile(r"(?<![A-Za-z])local[-_ ]?rank[-_ ]?(\d+)", re.I)
 _ATTEMPT = re.compile(r"^attempt[-_]?\d+$", re.I)
 _CONTAINER = re.compile(
-    r"^(?:snap(?:shot)?[-_]?\d+|round[-_]?\d+|attempt[-_]?\d+|(?:local[-_]?)?rank[-_]?\d+|\d+|stacks?|dumps?"
+    r"^(?:snap(?:shot)?[-_ ]?\d+|round[-_ ]?\d+|attempt[-_]?\d+|(?:local[-_ ]?)?rank[-_ ]?\d+|\d+|stacks?|dumps?"
     r"|py-?spy(?:[-_]?(?:dumps?|text|json))?|traces?|text|txt|json|logs?|log[-_]?dir|outputs?|fr|flight[-_]?recorder"
     r"|faulthandler(?:[-_]rounds?)?|torchelastic|errors?|runs?|data|captures?|incidents?|results?|artifacts?"
     r"|collect(?:ed|ion)?|evidence|tmp|temp)$",

@@ -138,3 +138,15 @@ def test_gloo_timeouts_do_not_make_on_demand_dumps_watchdog_dumps():
     gloo dumps only on demand: the earliest stale dump's rank was named at 0.90 (the wrong machine)."""
     v = diagnose(load_inputs(OUTSIDE / "stale-gloo-fr", gpus_per_node=4))
     assert "trn-b01" not in v.suspect_nodes, v.explain()
+
+
+def test_names_typed_with_spaces_are_read(tmp_path):
+    """``round 0/``, ``rank 3.json``: a space for the separator was refused as too many ranks without one."""
+    root = tmp_path / "incident 2026-12-02"
+    for src in (OUTSIDE / "pp-deadlock-2rounds").rglob("*.json"):
+        snap, host, name = src.relative_to(OUTSIDE / "pp-deadlock-2rounds").parts
+        dst = root / snap.replace("snapshot-", "round ") / host / name.replace("rank", "rank ")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, dst)
+    v = diagnose(load_inputs(root, layout="tp=2,dp=2,pp=2", gpus_per_node=2))
+    assert v.n_snapshots == 2 and v.world_size == 8 and not v.suspect_nodes, v.explain()
