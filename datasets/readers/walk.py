@@ -23,6 +23,7 @@ class Walk:
     dangling: list[str] = field(default_factory=list)
     special: list[str] = field(default_factory=list)  # FIFOs, devices, sockets: never opened
     cycles: int = 0
+    twice: int = 0  # files reached both directly and through a link: read once, under the link's path
 
     def notes(self) -> list[str]:
         out = []
@@ -39,6 +40,11 @@ class Walk:
             out.append(f"{len(self.special)} FIFO(s), device(s) or socket(s) not read: {shown}")
         if self.cycles:
             out.append(f"{self.cycles} symbolic link(s) to a folder already read were not read twice")
+        if self.twice:
+            out.append(
+                f"{self.twice} file(s) reached both directly and through a symbolic link were read once, under "
+                "the link's path (the layout the links make names them)"
+            )
         return out
 
 
@@ -58,6 +64,7 @@ def walk(root: str, *, follow_outside: bool = False) -> Walk:
     except OSError:
         return out
     seen = {(st.st_dev, st.st_ino)}
+    linked: set[str] = set()  # the real paths file links point at
     stack: list[tuple[str, str]] = [(root, "")]
     while stack:
         dirpath, prefix = stack.pop()
@@ -89,9 +96,15 @@ def walk(root: str, *, follow_outside: bool = False) -> Walk:
                     subdirs.append((e.path, rel + "/"))
                 elif e.is_file(follow_symlinks=True):
                     out.files.append((e.path, rel))
+                    if is_link:
+                        linked.add(real)
                 else:
                     out.special.append(rel)
             except OSError:
                 continue
         stack.extend(reversed(subdirs))
+    if linked:  # a file also reached through a link is one file: the link's path names it (host, round, rank)
+        n = len(out.files)
+        out.files = [(a, r) for a, r in out.files if os.path.islink(a) or os.path.realpath(a) not in linked]
+        out.twice = n - len(out.files)
     return out

@@ -3,6 +3,7 @@ once gave a wrong answer."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -150,3 +151,22 @@ def test_names_typed_with_spaces_are_read(tmp_path):
         shutil.copy(src, dst)
     v = diagnose(load_inputs(root, layout="tp=2,dp=2,pp=2", gpus_per_node=2))
     assert v.n_snapshots == 2 and v.world_size == 8 and not v.suspect_nodes, v.explain()
+
+
+def test_a_dump_reached_through_a_link_and_directly_is_one_dump(tmp_path):
+    """``by-host/round-N/<host>/rankK.txt`` links to ``pool/<time>/<name>.txt``: every dump was read twice,
+    and the pool copies (no rank in their names) were refused as too many ranks for the host."""
+    root = tmp_path / "job"
+    pool = root / "pool" / "2026-12-02T03-40"
+    pool.mkdir(parents=True)
+    for k in (0, 1):
+        for host in ("trn-a01", "trn-a02"):
+            for src in sorted((OUTSIDE / "host-capture-folders" / host / f"dumps_{k}").glob("rank*.txt")):
+                real = pool / f"r{k}-{host}-{src.stem.replace('rank', 'p')}.txt"
+                shutil.copy(src, real)
+                link = root / "by-host" / f"round-{k}" / host / src.name
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(os.path.relpath(real, link.parent))
+    v = diagnose(load_inputs(root, gpus_per_node=4))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (6,) and v.culprit_nodes == ("trn-a02",), v.explain()
+    assert v.n_snapshots == 2
