@@ -37,7 +37,6 @@ class Progress:
     returned: tuple[int, ...] = ()
     """Per pair: released waiters back at their own work, at a stack they ran before, from a wait on peers that
     other ranks sat in too (:func:`_returned`): the collective completed, so one such return is progress."""
-    left_last: frozenset[int] = frozenset()
     still: tuple[frozenset[int], ...] = ()
     """Per pair: the ranks running their own code (not waiting) at the same stack in both snapshots."""
     peer_released: tuple[int, ...] = ()
@@ -48,9 +47,6 @@ class Progress:
         """Three snapshots or more in which no rank ever left a wait on its peers: only ranks' own waits (a
         device sync, a sleep) came and went, the collectives never completed."""
         return self.pairs >= 2 and len(self.peer_released) == self.pairs and not any(self.peer_released)
-
-    """Ranks that, between the last two snapshots, left a wait on peers that at least two peers sat in too and
-    run their own code: that collective completed during the capture (never a rank stuck since before it)."""
 
     @property
     def pairs(self) -> int:
@@ -131,7 +127,6 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
     waiters: list[int] = []
     released: list[int] = []
     returned: list[int] = []
-    left: set[int] = set()
     still: list[frozenset[int]] = []
     peer: list[int] = []
     world = 0
@@ -144,7 +139,6 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
         world = max(world, len(cur))
         if prev is not None:
             w = n = back = moved = 0
-            left = set()
             shared = Counter(prev.values())
             for r, (state, key) in prev.items():
                 if state not in WAIT_STATES or r not in cur:
@@ -154,8 +148,6 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                     n += 1
                     moved += state in PEER_WAIT_STATES
                     back += _returned(state, shared[(state, key)], cur[r], before[r])
-                    if state in PEER_WAIT_STATES and shared[(state, key)] >= 3 and cur[r][0] not in WAIT_STATES:
-                        left.add(r)
             still.append(frozenset(r for r, k in prev.items() if k[0] not in WAIT_STATES and cur.get(r) == k))
             waiters.append(w)
             released.append(n)
@@ -165,9 +157,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                 before[r].add(k)
         prev = cur
     g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
-    return Progress(
-        len(snaps), tuple(waiters), tuple(released), g, tuple(returned), frozenset(left), tuple(still), tuple(peer)
-    )
+    return Progress(len(snaps), tuple(waiters), tuple(released), g, tuple(returned), tuple(still), tuple(peer))
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,6 @@ class _Hang:
     details: dict[str, Any]
     common: dict[str, Any]
     problems: list[CaptureProblem]
-    left_last: frozenset[int] = frozenset()  # on the rounds' premise: ranks a collective released just now
     frozen: bool = False  # time evidence says the job was stuck (frozen rounds, or long after the last step)
 
     def verdict(self, kind: Severity, confidence: float, **fields: Any) -> Verdict:
@@ -118,7 +117,6 @@ def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> 
         details(facts, {"prefix_tree": tree.to_dict()[:200], "dominant_fraction": round(a.dominant_fraction, 4)}),
         common_fields(facts, topology, job, a),
         problems_of(facts),
-        facts.progress.left_last if m.kind == "stuck-weak" and facts.progress is not None else frozenset(),
         m.kind == "stuck",
     )
     return _too_little(h) or _no_outlier(h) or _localized(h)
@@ -221,15 +219,6 @@ def _localized(h: _Hang) -> Verdict:
         f"{len(a.outlier_ranks)} outlier rank(s) in {n_out_clusters} cluster(s): {rank_ranges(a.outlier_ranks)[:300]}."
     )
     culprit_ranks, strong = culprits(a, topology)
-    moved = sorted(h.left_last.intersection(culprit_ranks))
-    if moved:
-        h.reasons.append(
-            f"Rank(s) {rank_ranges(moved)[:200]}, the likeliest culprit(s) of the last snapshot, had left a "
-            "collective or transfer that their peers sat in too between the last two snapshots, and run their "
-            "own code: it completed during the capture, so the job moved; the premise that it is stuck fails "
-            "for them. Nothing to isolate; more rounds or step records would tell a slow rank from a hang."
-        )
-        return h.verdict(Severity.INCONCLUSIVE, 0.25, evidence=h.evidence())
     if strong:
         victims, unexplained = _victims(h, culprit_ranks)
         if not unexplained:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rankscope.datasets.domain.bounds import open_regular
-
 _PDSH = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,62}): ")
 """pdsh's prefix on every remote line (``worker-3: ...``: DeepSpeed's multi-node launcher)."""
 
@@ -24,9 +22,7 @@ def pdsh_host(line: str) -> str | None:
     return host if any(c.isdigit() for c in host) and any(c.isalpha() for c in host) else None
 
 
-def is_pdsh(path: str) -> bool:
-    """Whether most of the file's first lines carry pdsh's ``<host>: `` prefix (a host name with a digit)."""
-    with open_regular(path) as fh:
-        head = fh.read(1 << 16).decode("utf-8", errors="replace").splitlines()[:400]
-    lines = [ln for ln in head if ln.strip()]
+def is_pdsh(head: bytes) -> bool:
+    """Whether most of a file's first lines (``head``, its first bytes) carry pdsh's ``<host>: `` prefix."""
+    lines = [ln for ln in head.decode("utf-8", errors="replace").splitlines()[:400] if ln.strip()]
     return len(lines) >= 4 and sum(pdsh_host(ln) is not None for ln in lines) >= 0.5 * len(lines)

@@ -200,26 +200,10 @@ def read_log_file(path: str, rel: str) -> FileRead:
 def read_log_files(path: str, rel: str) -> list[FileRead]:
     """One log file's streams; a pdsh console (``worker-3: [rank29]: ...``, every remote host's lines in one
     file) is one read per host, named by its prefix."""
-    facts = path_facts(rel)
-    pdsh = is_pdsh(path)
-    # a pdsh console holds several machines' lines: its own path names none of them
-    path_host, name_host = (None, None) if pdsh else (facts.host, host_from_log_name(rel))
-    fr = FileRead(
-        rel, path_host or name_host, "host-folder", facts.local_rank if facts.log_dir_layout else None, facts.rank
-    )
-    fr.host_from, fr.name_host = ("folder" if path_host else "file" if name_host else ""), name_host
-    reads: dict[str | None, tuple[FileRead, SummaryParser]] = {None: (fr, SummaryParser(rel))}
-    with io.TextIOWrapper(open_regular(path), encoding="utf-8", errors="replace") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            line = raw.rstrip("\n")[:MAX_LOG_LINE]  # the patterns see a bounded line (a megabyte tensor print)
-            host = pdsh_host(line) if pdsh else None
-            if host is not None:
-                line = line[len(host) + 2 :]
-                if host not in reads:
-                    one = FileRead(rel, host, "log", None, None)
-                    one.host_from = "pdsh"
-                    reads[host] = (one, SummaryParser(rel))
-            _line(*reads[host], line, lineno, rel)
+    with open_regular(path) as raw_fh:
+        pdsh = is_pdsh(raw_fh.read(1 << 16))  # the head (a regular file: read again from its start below)
+        raw_fh.seek(0)
+        reads = _read_streams(io.TextIOWrapper(raw_fh, encoding="utf-8", errors="replace"), rel, pdsh)
     out = []
     for f, summary in reads.values():
         for st in f.streams.values():
@@ -227,7 +211,29 @@ def read_log_files(path: str, rel: str) -> list[FileRead]:
         f.summary = summary.close()
         f.years += [time.gmtime(e.time).tm_year for e in f.summary if e.time is not None]
         out.append(f)
-    return out if len(out) == 1 or fr.streams else out[1:]
+    return out if len(out) == 1 or out[0].streams else out[1:]
+
+
+def _read_streams(fh: io.TextIOWrapper, rel: str, pdsh: bool) -> dict[str | None, tuple[FileRead, SummaryParser]]:
+    facts = path_facts(rel)
+    # a pdsh console holds several machines' lines: its own path names none of them
+    path_host, name_host = (None, None) if pdsh else (facts.host, host_from_log_name(rel))
+    fr = FileRead(
+        rel, path_host or name_host, "host-folder", facts.local_rank if facts.log_dir_layout else None, facts.rank
+    )
+    fr.host_from, fr.name_host = ("folder" if path_host else "file" if name_host else ""), name_host
+    reads: dict[str | None, tuple[FileRead, SummaryParser]] = {None: (fr, SummaryParser(rel))}
+    for lineno, raw in enumerate(fh, 1):
+        line = raw.rstrip("\n")[:MAX_LOG_LINE]  # the patterns see a bounded line (a megabyte tensor print)
+        host = pdsh_host(line) if pdsh else None
+        if host is not None:
+            line = line[len(host) + 2 :]
+            if host not in reads:
+                one = FileRead(rel, host, "log", None, None)
+                one.host_from = "pdsh"
+                reads[host] = (one, SummaryParser(rel))
+        _line(*reads[host], line, lineno, rel)
+    return reads
 
 
 def _line(fr: FileRead, summary: SummaryParser, line: str, lineno: int, rel: str) -> None:
