@@ -14,7 +14,7 @@ commands all call it (``detect`` and ``fr`` with fewer ``sources``).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,8 @@ from rankscope.spine import InputError
 
 if TYPE_CHECKING:
     from rankscope.analytics.logs import LogFacts
+    from rankscope.datasets.domain.exits import ProcessExit
+    from rankscope.datasets.domain.stacks import ProcStacks
 
 SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "exits", "logs")
 """The evidence ``diagnose`` can use; ``sources=`` picks some of them."""
@@ -50,7 +52,7 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     log_facts = _log_facts(inputs) if "logs" in use else None
     logs_read = "logs" in use and inputs.logs is not None
     if inputs.exits and "exits" in use:
-        crash_v = _exits_verdict(inputs, cfg, context, bool(procs or fr_dumps or logs_read))
+        crash_v = _exits_verdict(inputs, cfg, context, procs, bool(procs or fr_dumps or logs_read))
         if crash_v is not None:
             verdicts.append(crash_v)
     stack_v = fr_v = steps = None
@@ -168,12 +170,15 @@ def _kept_stepping(fr_v: Verdict, steps: Any) -> Verdict:
     )
 
 
-def _exits_verdict(inputs: Inputs, cfg: Config, context: list[str], other_evidence: bool) -> Verdict | None:
-    """The crash verdict, or None when the exits are only context (their words go to ``context``)."""
+def _exits_verdict(
+    inputs: Inputs, cfg: Config, context: list[str], procs: Sequence[ProcStacks], other_evidence: bool
+) -> Verdict | None:
+    """The crash verdict, or None when the exits are only context (their words go to ``context``); ``procs``:
+    the stacks in use."""
     crash_v = _crash(inputs, cfg)
     if crash_v is None:
         return None
-    replaced = _replaced(inputs, crash_v) if inputs.procs else ""
+    replaced = _replaced(inputs.exits, procs, crash_v)
     if replaced:  # the failed process is not the one the stacks show running: an earlier run's failure
         context.append(f"[events] not this run's failure: {replaced} " + " ".join(crash_v.reasons[:1]))
         return None
@@ -185,20 +190,16 @@ def _exits_verdict(inputs: Inputs, cfg: Config, context: list[str], other_eviden
     return crash_v
 
 
-def _replaced(inputs: Inputs, v: Verdict) -> str:
+def _replaced(exits: Sequence[ProcessExit], procs: Sequence[ProcStacks], v: Verdict) -> str:
     """Words when every culprit's failed process (its pid known) is not the process the stacks captured
     running for that rank (another pid): the failure belongs to an earlier run (a console left from yesterday
     beside today's stacks), and the stacks say what the job does now. "" otherwise."""
     live: dict[int, set[int]] = {}
-    for p in inputs.procs:
+    for p in procs:
         if p.role == "trainer" and p.rank is not None and p.pid is not None and p.status not in ("failed", "cut"):
             live.setdefault(p.rank, set()).add(p.pid)
-    gone = [e for e in inputs.exits if e.rank in v.culprit_ranks and e.role == "trainer"]
-    if (
-        not v.culprit_ranks
-        or not gone
-        or any(e.pid is None or e.rank not in live or e.pid in live[e.rank] for e in gone)
-    ):
+    gone = [e for e in exits if e.rank in v.culprit_ranks and e.role == "trainer"]
+    if not gone or any(e.pid is None or e.rank not in live or e.pid in live[e.rank] for e in gone):
         return ""
     e = gone[0]
     now = min(live[e.rank])
