@@ -164,6 +164,7 @@ class _Roles:
     cut: list[int]
     problems: list[CaptureProblem]
     gone: list[int]  # trainer ranks whose process was gone (or its listed dump absent) when captured
+    stopped: list[int]  # trainer ranks whose process py-spy found stopped (SIGSTOP, state T): it runs nothing
 
 
 def split_roles(procs: Sequence[ProcStacks]) -> _Roles:
@@ -175,6 +176,7 @@ def split_roles(procs: Sequence[ProcStacks]) -> _Roles:
     cut: list[int] = []
     problems: list[CaptureProblem] = []
     gone: list[int] = []
+    stopped: list[int] = []
     for p in procs:
         if p.role != "trainer":
             if p.status in ("failed", "cut"):
@@ -193,9 +195,11 @@ def split_roles(procs: Sequence[ProcStacks]) -> _Roles:
                 cut.append(p.rank)
             elif prob.gone:
                 gone.append(p.rank)
+            elif prob.kind == "stopped":
+                stopped.append(p.rank)
         else:
             trainers.append(p)
-    return _Roles(trainers, children, seen, cut, problems, gone)
+    return _Roles(trainers, children, seen, cut, problems, gone, stopped)
 
 
 class _Findings(dict[int, Finding]):
@@ -318,8 +322,10 @@ def analyze_snapshot(
     healthy = _trainer_findings(clusters, findings)
     states, healthy_rank = _states(clusters, world)
     known = topology.ranks if expected is None else np.asarray(expected, dtype=np.int64)
+    gone, stopped = set(roles.gone), set(roles.stopped)
+    known = np.union1d(known, np.fromiter(stopped, dtype=np.int64, count=len(stopped)))  # its own capture says so
     known = known[(known >= 0) & (known < world)]
-    gone = set(roles.gone)
+    gone |= stopped  # a stopped process runs no code: for its waiting peers it is as absent as a dead one
     dumped = np.fromiter((r for r in roles.seen if r not in gone), dtype=np.int64, count=len(roles.seen) - len(gone))
     missing = np.setdiff1d(known, dumped)
     if missing.size:
@@ -328,15 +334,13 @@ def analyze_snapshot(
         )
         for r, why in zip(missing.tolist(), waits):
             if why:
-                was_gone = r in gone
-                findings.add(
-                    Finding(
-                        int(r),
-                        "missing-dump",
-                        ("its process was gone when captured" if was_gone else "no stack dump for this rank")
-                        + f" (crashed, exited, or unreachable), and {why}",
-                    )
-                )
+                if r in stopped:
+                    what = "its process is stopped (SIGSTOP, state T: py-spy could not sample it; it runs no code)"
+                elif r in gone:
+                    what = "its process was gone when captured (crashed, exited, or unreachable)"
+                else:
+                    what = "no stack dump for this rank (crashed, exited, or unreachable)"
+                findings.add(Finding(int(r), "missing-dump", f"{what}, and {why}"))
     clusters.extend(
         _child_findings(
             roles.children,

@@ -170,3 +170,26 @@ def test_a_dump_reached_through_a_link_and_directly_is_one_dump(tmp_path):
     v = diagnose(load_inputs(root, gpus_per_node=4))
     assert v.verdict.value == "hang" and v.culprit_ranks == (6,) and v.culprit_nodes == ("trn-a02",), v.explain()
     assert v.n_snapshots == 2
+
+
+def test_a_stopped_rank_its_peers_wait_for_is_the_culprit():
+    """4 ranks (one per machine); rank 2 SIGSTOPped mid-training, the others block in the all_reduce; py-spy
+    cannot sample a stopped process ("Failed to suspend process; unexpected waitpid result PtraceEvent(...,
+    SIGSTOP, ...)"). Its own capture proves the process exists and runs nothing: it was a collection problem
+    and the verdict inconclusive with nobody named."""
+    v = diagnose(load_inputs(OUTSIDE / "sigstop-2rounds", gpus_per_node=1))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (2,) and v.suspect_nodes == ("node-2",), v.explain()
+    assert any("stopped (SIGSTOP" in r for r in v.reasons), v.explain()
+
+
+def test_a_stopped_rank_nobody_waits_for_is_not_named(tmp_path):
+    """The same capture with the peers' dumps of a healthy round instead (all computing): the stopped rank is
+    still only a collection problem."""
+    root = tmp_path / "job"
+    shutil.copytree(OUTSIDE / "sigstop-2rounds" / "round-1", root)
+    for r in (0, 1, 3):
+        text = (root / f"rank{r}.txt").read_text()
+        head, _, _ = text.partition("    all_reduce")
+        (root / f"rank{r}.txt").write_text(head + "    forward (torch/nn/modules/linear.py:125)\n    <module> (train.py:7)\n")
+    v = diagnose(load_inputs(root, gpus_per_node=1))
+    assert not v.suspect_nodes and not v.culprit_ranks, v.explain()
