@@ -210,7 +210,7 @@ def _read_logs(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> None:
     """Logs and TorchElastic error files: log evidence, exits, machine names, and a stack snapshot."""
     from rankscope.datasets.readers.logmerge import read_logs
 
-    lr = read_logs(dd.log_files, dd.elastic_files, gpus_per_node=gpus_per_node)
+    lr = read_logs(dd.log_files, dd.elastic_files, gpus_per_node=gpus_per_node, attempt_files=dd.attempt_files)
     src.notes += lr.notes
     src.logs = lr.evidence
     src.exits += lr.exits

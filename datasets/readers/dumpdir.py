@@ -94,6 +94,7 @@ class DumpDir:
     elastic_files: tuple[tuple[str, str], ...] = ()  # TorchElastic error files
     expected_ranks: dict[int, str] = field(default_factory=dict)  # rank -> the source that says it exists
     named_nodes: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank -> (node, provenance)
+    attempt_files: tuple[str, ...] = ()  # every file under an attempt_<k>/ folder, evidence or not (restarts)
 
 
 def read_stack_file(
@@ -155,6 +156,7 @@ class _Scan:
     skipped: list[str] = field(default_factory=list)  # "rel (why)"
     unlisted: list[str] = field(default_factory=list)  # stack files a manifest covers but does not list
     notes: list[str] = field(default_factory=list)
+    attempt_files: tuple[str, ...] = ()
 
 
 def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_symlinks: bool = False) -> DumpDir:
@@ -171,7 +173,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_sym
     for abs_path, rel in w.files:
         if rel.rsplit("/", 1)[-1] == MANIFEST:
             manifests.add(rel, read_manifest(abs_path, rel), present)
-    sc = _Scan(root, notes=w.notes())
+    sc = _Scan(root, notes=w.notes(), attempt_files=tuple(rel for _, rel in w.files if "attempt" in rel.lower()))
     hooked: dict[tuple[str, int], object] = {}
     cap = limits().max_files
     if len(w.files) > cap:

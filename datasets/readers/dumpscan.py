@@ -85,6 +85,7 @@ def finish(
         tuple(sc.elastic),
         expected,
         named,
+        sc.attempt_files,
     )
 
 

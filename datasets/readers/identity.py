@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import operator
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 from rankscope.datasets.domain.bounds import int_text, limits, open_regular
@@ -201,8 +202,9 @@ def _uint(v: str, hi: int) -> bool:
     return v.isdigit() and int_text(v, lo=0, hi=hi) is not None
 
 
-def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
-    """Rows of one manifest.csv, validated (one clear error naming the file and line)."""
+def read_manifest(path: str, rel: str) -> dict[str, tuple[str, ...]]:
+    """The columns of one manifest.csv (``file``, ``rank`` and whichever of node, role, pid, snapshot,
+    local_rank it has), stripped and validated: one clear error naming the file and line."""
     try:
         with io.TextIOWrapper(open_regular(path), newline="", encoding="utf-8") as fh:
             reader = csv.reader(fh)
@@ -213,39 +215,7 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
                     f"{rel}: header must have file,rank (and node to name machines); missing "
                     f"{', '.join(sorted(missing))}"
                 )
-            idx = {c: header.index(c) for c in _COLUMNS if c in header}
-            cols, fields = tuple(idx), operator.itemgetter(*idx.values())  # file and rank: always two or more
-            width = len(header)
-            max_rank = limits().max_world_size - 1
-            bounded = [
-                (c, hi) for c, hi in (("pid", 2**63 - 1), ("snapshot", 2**31 - 1), ("local_rank", max_rank)) if c in idx
-            ]
-            roles = _roles()
-            rows = []
-            for i, rec in enumerate(reader, start=2):
-                if not rec or not "".join(rec).strip():
-                    continue
-                if len(rec) < width:
-                    rec = rec + [""] * (width - len(rec))
-                row = dict(zip(cols, map(str.strip, fields(rec))))
-                if not row["file"]:
-                    raise InputError(f"{rel}: line {i}: empty 'file'")
-                if not row["rank"].isdigit():
-                    raise InputError(f"{rel}: line {i}: rank {row['rank'][:40]!r} is not a non-negative integer")
-                if not _uint(row["rank"], max_rank):
-                    raise InputError(
-                        f"{rel}: line {i}: rank {row['rank'][:40]!r} is not a rank (an integer 0 .. "
-                        f"{max_rank}, limits.max_world_size)"
-                    )
-                role = row.get("role")
-                if role and role not in roles:
-                    raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(roles)}")
-                for col, hi in bounded:
-                    v = row[col]
-                    if v and not _uint(v, hi):
-                        raise InputError(f"{rel}: line {i}: {col} {v[:40]!r} is not an integer 0 .. {hi}")
-                rows.append(row)
-            return rows
+            recs = list(reader)
     except UnicodeDecodeError:
         raise InputError(f"{rel}: not a UTF-8 CSV file") from None
     except ParseError as exc:  # not a regular file, unreadable
@@ -254,6 +224,95 @@ def read_manifest(path: str, rel: str) -> list[dict[str, str]]:
         raise InputError(f"{rel}: malformed CSV ({exc})") from None
     except OSError as exc:
         raise InputError(f"{rel}: unreadable ({exc.strerror})") from None
+    idx = {c: header.index(c) for c in _COLUMNS if c in header}
+    return _columns_at_once(recs, idx, len(header)) or _columns_by_row(recs, idx, len(header), rel)
+
+
+def _bounds() -> list[tuple[str, int]]:
+    return [("rank", limits().max_world_size - 1), ("pid", 2**63 - 1), ("snapshot", 2**31 - 1)] + [
+        ("local_rank", limits().max_world_size - 1)
+    ]
+
+
+def _columns_at_once(recs: list[list[str]], idx: dict[str, int], width: int) -> dict[str, tuple[str, ...]] | None:
+    """The fast path (a 200,000-row manifest in one pass of C loops): every row as wide as the header, every
+    value valid; anything else (a blank or short line, a bad value) is None and the row-by-row path names it."""
+    if not recs or set(map(len, recs)) != {width}:
+        return None
+    cols = list(zip(*recs))
+    out = {c: tuple(map(str.strip, cols[i])) for c, i in idx.items()}
+    if not all(out["file"]) or not all(out["rank"]):
+        return None
+    for c, hi in _bounds():
+        vals = out.get(c)
+        if vals is None:
+            continue
+        vals = tuple(filter(None, vals))
+        if vals and not (
+            all(map(str.isascii, vals))
+            and all(map(str.isdigit, vals))
+            and max(map(len, vals)) < 19
+            and max(map(int, vals)) <= hi
+        ):
+            return None
+    if "role" in out and not set(out["role"]) <= {"", *_roles()}:
+        return None
+    return out
+
+
+def _columns_by_row(recs: list[list[str]], idx: dict[str, int], width: int, rel: str) -> dict[str, tuple[str, ...]]:
+    """Row by row: blank lines skipped, short rows padded, the first bad value named with its line."""
+    cols, fields = tuple(idx), operator.itemgetter(*idx.values())  # file and rank: always two or more
+    max_rank = limits().max_world_size - 1
+    bounded = [c for c in _bounds() if c[0] in idx and c[0] != "rank"]
+    roles = _roles()
+    rows = []
+    for i, rec in enumerate(recs, start=2):
+        if not rec or not "".join(rec).strip():
+            continue
+        if len(rec) < width:
+            rec = rec + [""] * (width - len(rec))
+        row = dict(zip(cols, map(str.strip, fields(rec))))
+        if not row["file"]:
+            raise InputError(f"{rel}: line {i}: empty 'file'")
+        if not row["rank"].isdigit():
+            raise InputError(f"{rel}: line {i}: rank {row['rank'][:40]!r} is not a non-negative integer")
+        if not _uint(row["rank"], max_rank):
+            raise InputError(
+                f"{rel}: line {i}: rank {row['rank'][:40]!r} is not a rank (an integer 0 .. "
+                f"{max_rank}, limits.max_world_size)"
+            )
+        role = row.get("role")
+        if role and role not in roles:
+            raise InputError(f"{rel}: line {i}: role {role!r} is not one of {', '.join(roles)}")
+        for col, hi in bounded:
+            v = row[col]
+            if v and not _uint(v, hi):
+                raise InputError(f"{rel}: line {i}: {col} {v[:40]!r} is not an integer 0 .. {hi}")
+        rows.append(tuple(row[c] for c in cols))
+    return {c: tuple(r[k] for r in rows) for k, c in enumerate(cols)}
+
+
+def _ints(col: tuple[str, ...] | None, n: int) -> Iterable[int | None]:
+    if col is None:
+        return itertools.repeat(None, n)
+    return [int(v) if v else None for v in col]
+
+
+_new_row = partial(tuple.__new__, ManifestRow)
+
+
+def _needs_cleaning(files: tuple[str, ...]) -> bool:
+    joined = "\n".join(files)
+    return "\\" in joined or joined.startswith("./") or "\n./" in joined
+
+
+def _clean(f: str) -> str:
+    """A ``file`` value as a POSIX path without leading ``./``."""
+    f = f.replace("\\", "/")
+    while f.startswith("./"):
+        f = f[2:]
+    return f
 
 
 class Manifests:
@@ -263,32 +322,33 @@ class Manifests:
         self.by_file: dict[str, list[ManifestRow]] = {}
         self.scopes: list[str] = []  # folders ("" = root, else "a/b/") that hold a manifest, deepest first
 
-    def add(self, manifest_rel: str, rows: Iterable[Mapping[str, str]], present: set[str]) -> None:
+    def add(self, manifest_rel: str, cols: Mapping[str, tuple[str, ...]], present: set[str]) -> None:
+        """A manifest's rows (its :func:`read_manifest` columns), each ``file`` resolved under the root."""
         scope = manifest_rel[: -len(MANIFEST)]
         self.scopes.append(scope)
         self.scopes.sort(key=len, reverse=True)
+        files = [_clean(f) for f in cols["file"]] if _needs_cleaning(cols["file"]) else cols["file"]
+        rels = list(map(scope.__add__, files))
+        if not all(map(present.__contains__, rels)):  # relative to the root (the older convention)
+            rels = [f if r not in present and f in present else r for r, f in zip(rels, files)]
+        n = len(rels)
+        nodes, roles = cols.get("node"), cols.get("role")
+        rows = map(
+            _new_row,
+            zip(
+                rels,
+                map(int, cols["rank"]),
+                [v or None for v in nodes] if nodes is not None else itertools.repeat(None, n),
+                [v or None for v in roles] if roles is not None else itertools.repeat(None, n),
+                _ints(cols.get("pid"), n),
+                _ints(cols.get("snapshot"), n),  # None: the file's snapshot-N/ folder counts
+                _ints(cols.get("local_rank"), n),
+                itertools.repeat(manifest_rel, n),
+            ),
+        )
         by_file = self.by_file
-        for r in rows:
-            f = r["file"]
-            if "\\" in f or f.startswith("./"):
-                f = f.replace("\\", "/")
-                while f.startswith("./"):
-                    f = f[2:]
-            rel = scope + f
-            if rel not in present and f in present:
-                rel = f  # relative to the root (the older convention)
-            snap = int(r["snapshot"]) if r.get("snapshot") else None  # else: the file's snapshot-N/ folder
-            row = ManifestRow(
-                rel,
-                int(r["rank"]),
-                r.get("node") or None,
-                r.get("role") or None,
-                int(r["pid"]) if r.get("pid") else None,
-                snap,
-                int(r["local_rank"]) if r.get("local_rank") else None,
-                manifest_rel,
-            )
-            by_file.setdefault(rel, []).append(row)
+        for row in rows:
+            by_file.setdefault(row[0], []).append(row)
 
     def __bool__(self) -> bool:
         return bool(self.scopes)

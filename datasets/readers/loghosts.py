@@ -59,14 +59,24 @@ def is_machine_name(host: str | None) -> bool:
 _ATTEMPT_DIR = re.compile(r"^(.*?)/attempt[-_]?(\d+)/", re.I)
 
 
+_LOG_DIR_TREE = re.compile(r"^(.*?[^/]+/attempt[-_]?\d+)/\d+/[^/]+$", re.I)
+
+
+def launcher_key(rel: str) -> str | None:
+    """The one launcher a ``--log-dir`` file belongs to when no host folder names it: its
+    ``<run_id>/attempt_<k>`` folder (every local rank of one torchrun agent writes below it), else None."""
+    m = _LOG_DIR_TREE.match(rel)
+    return f"logdir:{m.group(1)}" if m else None
+
+
 def latest_attempts(
-    reads: list[FileRead], errors: list[tuple[str, Any]], notes: list[str]
+    reads: list[FileRead], errors: list[tuple[str, Any]], notes: list[str], also: Sequence[str] = ()
 ) -> tuple[list[FileRead], list[tuple[str, Any]]]:
     """Only the latest attempt of a restarted job (``torchrun --max-restarts``): the files of a ``--log-dir``
     tree's ``attempt_<k>/`` when a later attempt of the same run exists, and what a console logged before its
     launcher's last "will restart worker group", belong to processes the restart already replaced."""
     latest: dict[str, int] = {}
-    for rel in [f.rel for f in reads] + [rel for rel, _ in errors]:
+    for rel in [f.rel for f in reads] + [rel for rel, _ in errors] + list(also):
         m = _ATTEMPT_DIR.match(rel)
         if m:
             latest[m.group(1)] = max(latest.get(m.group(1), 0), int(m.group(2)))

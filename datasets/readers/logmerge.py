@@ -12,7 +12,6 @@ describe the same failure, their difference corrects the zone of every naive tim
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from rankscope.datasets.domain.logs import GlooRecord, LauncherFailure, LogEvide
 from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.identity import natural, path_facts
-from rankscope.datasets.readers.loghosts import is_machine_name, latest_attempts, machine_names
+from rankscope.datasets.readers.loghosts import is_machine_name, latest_attempts, launcher_key, machine_names
 from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_files, to_epoch, year_of
 from rankscope.datasets.readers.torchelastic import ElasticError, read_error_file, split_exception
 from rankscope.spine import InputError
@@ -156,15 +155,6 @@ class _Ranks:
 
 UNNAMED = ("file:", "logdir:", "logs:")  # launcher keys that name no machine
 
-_LOG_DIR_TREE = re.compile(r"^(.*?[^/]+/attempt[-_]?\d+)/\d+/[^/]+$", re.I)
-
-
-def launcher_key(rel: str) -> str | None:
-    """The one launcher a ``--log-dir`` file belongs to when no host folder names it: its
-    ``<run_id>/attempt_<k>`` folder (every local rank of one torchrun agent writes below it), else None."""
-    m = _LOG_DIR_TREE.match(rel)
-    return f"logdir:{m.group(1)}" if m else None
-
 
 def _stream_rank(f: FileRead, key: tuple[str, int] | None, st: Stream, ranks: _Ranks) -> int | None:
     host = ranks.host_of(f)
@@ -192,9 +182,14 @@ def _with_launcher(facts: Any, rel: str) -> Any:
 
 
 def read_logs(
-    files: Sequence[tuple[str, str]], elastic: Sequence[tuple[str, str]], *, gpus_per_node: int | None
+    files: Sequence[tuple[str, str]],
+    elastic: Sequence[tuple[str, str]],
+    *,
+    gpus_per_node: int | None,
+    attempt_files: Sequence[str] = (),
 ) -> LogRead:
-    """Every log and TorchElastic error file of the input, merged."""
+    """Every log and TorchElastic error file of the input, merged (``attempt_files``: every file under an
+    ``attempt_<k>/`` folder, read or not: an empty log of a later attempt still says the job restarted)."""
     notes: list[str] = []
     reads: list[FileRead] = []
     for path, rel in files:
@@ -208,7 +203,7 @@ def read_logs(
             notes.append(f"log {rel} unreadable ({type(exc).__name__}: {str(exc)[:80]})")
     machine_names(reads, notes)
     errors = [(rel, e) for path, rel in elastic if (e := read_error_file(path, rel)) is not None]
-    reads, errors = latest_attempts(reads, errors, notes)
+    reads, errors = latest_attempts(reads, errors, notes, attempt_files)
     fallback = next((time.gmtime(e.time).tm_year for _, e in errors if e.time), time.gmtime().tm_year)
     year = year_of(reads, fallback)
     ranks = _Ranks(reads, gpus_per_node)

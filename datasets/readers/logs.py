@@ -260,8 +260,15 @@ def _line(fr: FileRead, summary: SummaryParser, line: str, lineno: int, rel: str
                 fr.restarted_at = lineno
         if summary.feed(text, lineno):
             return
-    if fr.failed_before_ok > fr.restarted_at and st.exits and st.exits[-1]["line"] < fr.failed_before_ok:
-        fr.restarted_at = fr.failed_before_ok  # a worker that failed speaks again: its launcher restarted the group
+    if (
+        key is not None
+        and fr.failed_before_ok > fr.restarted_at
+        and st.exits
+        and st.exits[-1]["line"] < fr.failed_before_ok
+    ):
+        # a worker that failed speaks again: its launcher restarted the group (a rank's own stream only: the
+        # unprefixed one mixes the launcher's lines, and its traceback, with C++'s "terminate called ...")
+        fr.restarted_at = fr.failed_before_ok
     st.at = lineno
     _feed(st, text, stamp, f"{rel}:{lineno}")
 

@@ -54,3 +54,22 @@ def test_py_spy_on_a_stopped_process_says_it_is_stopped():
     p = ProcStacks(0, 2, "trn-b01", "trainer", 8128, "failed", err, None, (), "r2.txt", "pyspy-text")
     problem = capture_problem(p)
     assert problem.kind == "stopped" and "SIGSTOP" in problem.advice and "two tools" not in problem.advice
+
+
+def test_cpp_abort_lines_in_a_console_are_no_restart():
+    """Consoles of a job the NCCL watchdog took down: the c10 lines carry ``[rankN]:``, the C++ exception and
+    ``terminate called after throwing ...`` do not (libstdc++ writes them to the inherited stderr), then the
+    launcher's ``failed (exitcode: -6)`` and its summary. The unprefixed stream went on after the failure
+    line (the launcher's own traceback), which read as a failed worker speaking again: a restart, every
+    watchdog line dropped, and the SIGABRTs called a code fault (``crash``)."""
+    v = diagnose(load_inputs(REVIEW / "s9", layout="tp=4,dp=2", gpus_per_node=4))
+    assert v.verdict.value == "hang" and v.suspect_nodes == ("dgx-h100-0742",), v.explain()
+    assert "restart" not in v.explain(), v.explain()
+
+
+def test_an_empty_log_of_a_later_attempt_still_says_the_job_restarted():
+    """``--log-dir`` trees of a restarted job: attempt_0 holds rank 3's CUDA error (error.json), attempt_1 is
+    the current run; on ml-gpu-018 attempt_1's logs are empty. Only the read files counted, so that host's
+    attempt_0 looked current and a healthy machine was named (``crash``, 0.95)."""
+    v = diagnose(load_inputs(REVIEW / "s10"))
+    assert not v.suspect_nodes and not v.culprit_ranks and v.verdict.value != "crash", v.explain()
