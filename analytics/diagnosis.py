@@ -61,7 +61,7 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         stack_facts = stacks.facts(
             procs, topology, config=cfg.stacks, limits=cfg.limits, expected=sorted(inputs.expected_ranks)
         )
-        steps = _steps(inputs, timings, stack_facts)
+        steps = _steps(inputs, timings, stack_facts) or _logged_steps(inputs, log_facts, stack_facts)
         stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps, config=cfg.stacks)
     if fr_dumps and topology is not None:
         fr_cfg = cfg.collectives
@@ -149,6 +149,20 @@ def _steps(inputs: Inputs, timings: Any, f: stacks.StackFacts) -> Any:
         inputs.snapshot_latest,
         last_snapshot=f.analyses[-1].snapshot,
     )
+
+
+def _logged_steps(inputs: Inputs, log_facts: LogFacts | None, f: stacks.StackFacts) -> Any:
+    """Steps the logs recorded after the latest moment the last snapshot can have been taken (a bound, never
+    an exact time): the job was moving then. Only progress is read here (never a hang: the bound is late)."""
+    if log_facts is None or log_facts.last_step_time is None or not f.analyses:
+        return None
+    bound = inputs.snapshot_times.get(f.analyses[-1].snapshot) or inputs.snapshot_latest.get(f.analyses[-1].snapshot)
+    if bound is None or log_facts.last_step_time <= bound:
+        return None
+    from rankscope.analytics.performance.failslow import StepEvidence
+
+    words = f"the logs show a step completed {log_facts.last_step_time - bound:.0f} s after the last snapshot's time"
+    return StepEvidence(log_facts.last_step_time, 0.0, 0, True, False, None, (words,))
 
 
 def _kept_stepping(fr_v: Verdict, steps: Any) -> Verdict:

@@ -53,6 +53,7 @@ def _from_dir(
     round_notes: list[str] = []
     rounds = stack_rounds(src.procs, root, round_notes)  # the hook's run directory: every dump is a round
     procs = rounds.procs
+    latest = rounds.latest or _folder_times(procs, round_notes)
     names = src.names
     world_ranks = sorted(
         {p.rank for p in procs if p.rank is not None}
@@ -108,7 +109,7 @@ def _from_dir(
         exits=tuple(src.exits),
         logs=src.logs,
         snapshot_times=rounds.times,
-        snapshot_latest=rounds.latest,
+        snapshot_latest=latest,
         expected_ranks=expected,
         inferred_nodes=inferred,
         source_files=_source_files(dd, procs, src.fr),
@@ -303,6 +304,19 @@ def _own_topology(topo: Any, ingest_id: str | None) -> Any:
         if mine.height:
             topo = mine
     return topo.unique(subset=["rank"], keep="last").sort("rank")
+
+
+def _folder_times(procs: Sequence[ProcStacks], notes: list[str]) -> dict[int, float]:
+    """Capture rounds whose folders carry their capture time (``pyspy-20261202-055119/``): latest bounds."""
+    from rankscope.datasets.readers.capturefolders import folder_times
+
+    out = folder_times(procs)
+    if out:
+        notes.append(
+            f"capture times of {len(out)} round(s) read from their folder names (as the node's clock writes them): "
+            "steps logged after a round's time show the job moving then"
+        )
+    return out
 
 
 def latest_series(snapshot_times: Mapping[int, float], gap_s: float = InputsConfig().series_gap_seconds) -> set[int]:

@@ -13,13 +13,16 @@ Two structures the field leaves that the per-file path rules cannot see:
 
 from __future__ import annotations
 
+import calendar
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rankscope.datasets.readers.identity import _dir_facts, natural
 
 if TYPE_CHECKING:
+    from rankscope.datasets.domain.stacks import ProcStacks
     from rankscope.datasets.readers.stackid import Found
 
 
@@ -137,3 +140,32 @@ def _numbered(names: list[str]) -> bool:
     """Whether ``names`` differ only in their digits (``pyspy-0``, ``pyspy-1``; timestamps): a numbered series
     of captures. A copy (``rank0 (copy).txt``, ``backup/``) is no round: it stays one snapshot dumped twice."""
     return len({re.sub(r"\d+", "#", n) for n in names}) == 1
+
+
+_STAMP = re.compile(
+    r"(?<!\d)(20\d\d)-?(0[1-9]|1[0-2])-?(0[1-9]|[12]\d|3[01])"  # date
+    r"[-_T. ]?([01]\d|2[0-3])[-_:.]?([0-5]\d)[-_:.]?([0-5]\d)(?!\d)"  # time of day, to the second
+)
+
+
+def folder_times(procs: Sequence[ProcStacks]) -> dict[int, float]:
+    """When each snapshot was captured, from its folders' names (``pyspy-20261202-055119/``,
+    ``2026-12-02T05-51-19/``: an operator's ``date +%Y%m%d-%H%M%S``, read as the naive time the node's logs
+    also write): snapshot -> the latest stamp among its trainer dumps. Empty unless every trainer dump has one
+    stamp in its folders and the snapshots' stamps rise with their order. The stamp is taken when the capture
+    starts, on the capturing node's clock: only ever evidence that the job moved after it."""
+    stamps: dict[int, list[float]] = defaultdict(list)
+    for p in procs:
+        if p.role != "trainer":
+            continue
+        found = {m.groups() for part in p.source.split("/")[:-1] for m in _STAMP.finditer(part)}
+        if len(found) != 1:
+            return {}
+        y, mo, d, hh, mi, ss = (int(x) for x in found.pop())
+        try:
+            stamps[p.snapshot].append(float(calendar.timegm((y, mo, d, hh, mi, ss, 0, 0, 0))))
+        except (ValueError, OverflowError):
+            return {}
+    out = {s: max(ts) for s, ts in stamps.items()}
+    order = [out[s] for s in sorted(out)]
+    return out if len(out) > 1 and all(a < b for a, b in zip(order, order[1:])) else {}

@@ -314,9 +314,10 @@ def _feed(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
     if _TB_HEAD.match(text):
         st.mode, st.block = "tb", [text]
         return
-    # "Exception ignored in: <function X.__del__>" (a finalizer, an atexit callback): CPython printed the
-    # traceback that follows and went on; it is never the process's exit
-    st.ignored = text.startswith("Exception ignored ")
+    # "Exception ignored in: <function X.__del__>" (a finalizer, an atexit callback) and "Exception in thread
+    # NAME:" (threading's excepthook: a thread other than the main one died): CPython printed the traceback
+    # that follows and the process went on; it is never the process's exit
+    st.ignored = text.startswith(("Exception ignored ", "Exception in thread "))
     if st.ignored:
         return
     if text.startswith(_CHAIN):

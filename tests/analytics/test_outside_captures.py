@@ -193,3 +193,37 @@ def test_a_stopped_rank_nobody_waits_for_is_not_named(tmp_path):
         (root / f"rank{r}.txt").write_text(head + "    forward (torch/nn/modules/linear.py:125)\n    <module> (train.py:7)\n")
     v = diagnose(load_inputs(root, gpus_per_node=1))
     assert not v.suspect_nodes and not v.culprit_ranks, v.explain()
+
+
+def test_steps_logged_after_a_stamped_round_mean_the_job_was_moving():
+    """8 ranks on 4 hosts, rank 4 slow every step; five py-spy rounds in ``<host>/pyspy-<YYYYmmdd-HHMMSS>/``
+    and each host's torchrun console with timed step lines. The last two rounds showed no waiter released,
+    which read as a hang beginning during the capture and named rank 0's machine (caught in its backward). The
+    folder names carry the capture times, and the console logged a step after the last of them."""
+    v = diagnose(load_inputs(OUTSIDE / "failslow-stamped-rounds", gpus_per_node=2))
+    assert v.verdict.value != "hang" and "hpc-gpu0115" not in v.suspect_nodes, v.explain()
+    assert "after the last snapshot" in v.explain(), v.explain()
+
+
+def test_a_stamp_shared_by_every_round_is_no_capture_time(tmp_path):
+    """The same rounds under one folder named by the job's launch time: one stamp for all rounds proves
+    nothing about when each was taken (the old reading, a hang, stands)."""
+    src = OUTSIDE / "failslow-stamped-rounds"
+    root = tmp_path / "incident"
+    run = root / "run-20261202-050000"
+    for host in sorted(p for p in src.iterdir() if p.is_dir()):
+        for k, rnd in enumerate(sorted(q for q in host.iterdir() if q.is_dir())):
+            shutil.copytree(rnd, run / host.name / f"round-{k}")
+        shutil.copy(host / "torchrun-console.log", run / host.name / "torchrun-console.log")
+    inputs = load_inputs(root, gpus_per_node=2)
+    assert not inputs.snapshot_latest and len({p.snapshot for p in inputs.procs}) == 5
+    v = diagnose(inputs)
+    assert "after the last snapshot" not in v.explain(), v.explain()
+
+
+def test_a_thread_s_traceback_is_no_exit_of_its_process():
+    """Rank 0's prefetch thread died with an I/O error ("Exception in thread batch-prefetch:" and its
+    traceback in the console), the process lived on, logged steps, then blocked in ``Queue.get`` while its
+    peers waited in the all_reduce. It was a ``crash`` (the thread's traceback read as the process's exit)."""
+    v = diagnose(load_inputs(OUTSIDE / "thread-exception-queue", gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (0,) and v.suspect_nodes == ("gpu-node-a",), v.explain()
