@@ -190,7 +190,8 @@ def test_a_stopped_rank_nobody_waits_for_is_not_named(tmp_path):
     for r in (0, 1, 3):
         text = (root / f"rank{r}.txt").read_text()
         head, _, _ = text.partition("    all_reduce")
-        (root / f"rank{r}.txt").write_text(head + "    forward (torch/nn/modules/linear.py:125)\n    <module> (train.py:7)\n")
+        computing = "    forward (torch/nn/modules/linear.py:125)\n    <module> (train.py:7)\n"
+        (root / f"rank{r}.txt").write_text(head + computing)
     v = diagnose(load_inputs(root, gpus_per_node=1))
     assert not v.suspect_nodes and not v.culprit_ranks, v.explain()
 
