@@ -108,6 +108,7 @@ class LogEvidence:
     files: tuple[str, ...] = ()
     stack_ranks: tuple[int, ...] = ()  # ranks whose faulthandler blocks became stacks
     notes: tuple[str, ...] = ()
+    zone_offset_s: float = 0.0  # added to the logs' naive times to make them epoch times (0: assumed UTC)
 
     @property
     def empty(self) -> bool:

@@ -304,6 +304,7 @@ def _build(
         tuple(f.rel for f in reads) + tuple(rel for rel, _, _ in err_local),
         tuple(sorted({r for r, _, _ in out.stacks})),
         tuple(notes),
+        offset,
     )
     return out
 
