@@ -323,6 +323,7 @@ def analyze_snapshot(
     states, healthy_rank = _states(clusters, world)
     known = topology.ranks if expected is None else np.asarray(expected, dtype=np.int64)
     gone, stopped = set(roles.gone), set(roles.stopped)
+    absent = {p.rank for p in roles.problems if p.kind == "absent"}
     known = np.union1d(known, np.fromiter(stopped, dtype=np.int64, count=len(stopped)))  # its own capture says so
     known = known[(known >= 0) & (known < world)]
     gone |= stopped  # a stopped process runs no code: for its waiting peers it is as absent as a dead one
@@ -336,6 +337,8 @@ def analyze_snapshot(
             if why:
                 if r in stopped:
                     what = "its process is stopped (SIGSTOP, state T: py-spy could not sample it; it runs no code)"
+                elif r in absent:
+                    what = "its dump is listed in the manifest but absent (its machine unreachable, or it crashed)"
                 elif r in gone:
                     what = "its process was gone when captured (crashed, exited, or unreachable)"
                 else:

@@ -190,7 +190,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_sym
             sc.skipped.append(f"{rel} (unreadable: {type(exc).__name__}: {str(exc)[:80]})")
     for row in manifests.absent(present):  # listed but not there: that process's capture is missing
         why = f"listed in {row.manifest} but the file is absent"
-        sc.found.append(Found(row.file, failed_dump(row.file, "unknown", why, row.pid, kind="absent"), None, 0))
+        sc.found.append(Found(row.file, failed_dump(row.file, "unknown", why, row.pid, kind="absent"), [row], 0))
     from rankscope.datasets.readers.dumpscan import finish
 
     return finish(sc, manifests, hooked, gpus_per_node=gpus_per_node)

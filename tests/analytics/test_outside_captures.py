@@ -228,3 +228,12 @@ def test_a_thread_s_traceback_is_no_exit_of_its_process():
     peers waited in the all_reduce. It was a ``crash`` (the thread's traceback read as the process's exit)."""
     v = diagnose(load_inputs(OUTSIDE / "thread-exception-queue", gpus_per_node=2))
     assert v.verdict.value == "hang" and v.culprit_ranks == (0,) and v.suspect_nodes == ("gpu-node-a",), v.explain()
+
+
+def test_a_manifest_row_whose_file_is_absent_keeps_its_rank_and_machine():
+    """8 ranks on 4 hosts named by a manifest; the collection could not reach ``trn-a03`` (its two rows listed,
+    their files absent), rank 5 there stuck in compute, the other six in the all_reduce. The absent rows lost
+    their manifest identity: "dumps with no rank", and the culprit machine invented as ``node-2``."""
+    v = diagnose(load_inputs(OUTSIDE / "manifest-absent-host", gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.suspect_nodes == ("trn-a03",) and v.culprit_ranks == (4, 5), v.explain()
+    assert "listed in the manifest but absent" in v.explain() and "node-2" not in v.explain(), v.explain()
