@@ -146,7 +146,9 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                 w += 1
                 if cur[r] != (state, key):
                     n += 1
-                    moved += state in PEER_WAIT_STATES
+                    # DDP waits for its gradient all-reduce inside the autograd engine: ranks leaving a backward
+                    # that others sat in at the same site were released by peers too (a lone one: its own work)
+                    moved += state in PEER_WAIT_STATES or (state == "backward" and shared[(state, key)] >= 2)
                     back += _returned(state, shared[(state, key)], cur[r], before[r])
             still.append(frozenset(r for r, k in prev.items() if k[0] not in WAIT_STATES and cur.get(r) == k))
             waiters.append(w)

@@ -237,3 +237,12 @@ def test_a_manifest_row_whose_file_is_absent_keeps_its_rank_and_machine():
     v = diagnose(load_inputs(OUTSIDE / "manifest-absent-host", gpus_per_node=2))
     assert v.verdict.value == "hang" and v.suspect_nodes == ("trn-a03",) and v.culprit_ranks == (4, 5), v.explain()
     assert "listed in the manifest but absent" in v.explain() and "node-2" not in v.explain(), v.explain()
+
+
+def test_ddp_ranks_leaving_backward_together_are_released_by_their_peers():
+    """A 4-rank DDP job on 2 hosts still training, rank 2 (``gpu-node-b``) ~3x slow every step; five concatenated
+    per-host py-spy rounds. DDP waits for its gradient all-reduce inside the autograd engine, so the fast ranks
+    wait in ``backward``, not in a collective: their leaving it never counted as a release, and three rounds
+    without one read as a frozen job (``hang``)."""
+    v = diagnose(load_inputs(OUTSIDE / "ddp-failslow-5rounds", gpus_per_node=2))
+    assert v.verdict.value == "fail-slow" and v.culprit_ranks == (2,) and "gpu-node-b" in v.suspect_nodes, v.explain()
