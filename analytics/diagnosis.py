@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rankscope.analytics import collectives, crashes, stacks
+from rankscope.analytics.collectives.gloo_clock import gloo_timeout_clock
 from rankscope.analytics.fusion import combine, fuse
 from rankscope.analytics.verdict import Severity, Verdict
 from rankscope.config import Config
@@ -70,6 +71,9 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
             # NCCL's watchdog timed out: torch dumps Flight Recorder on that timeout (TORCH_NCCL_DUMP_ON_TIMEOUT);
             # gloo has no dump on timeout: its dumps were taken on demand, at a time they do not say
             fr_cfg = replace(fr_cfg, dumped_on_timeout=True)
+        elif inputs.logs is not None and inputs.logs.gloo:
+            fr_dumps, tie = gloo_timeout_clock(fr_dumps, inputs.logs.gloo, inputs.exits)
+            context += [tie] if tie else []
         analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=fr_cfg)
         fr_v = collectives.verdict(analysis, topology, job=job)
         if fr_v.verdict is Severity.HANG and steps is not None and steps.progressing:

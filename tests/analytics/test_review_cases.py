@@ -3,6 +3,7 @@ see its README): each once named a wrong or non-existent machine, missed a culpr
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,24 @@ def test_an_empty_log_of_a_later_attempt_still_says_the_job_restarted():
     attempt_0 looked current and a healthy machine was named (``crash``, 0.95)."""
     v = diagnose(load_inputs(REVIEW / "s10"))
     assert not v.suspect_nodes and not v.culprit_ranks and v.verdict.value != "crash", v.explain()
+
+
+def test_gloo_timeouts_give_gloo_dumps_a_clock_when_they_tie():
+    """A real 4-rank gloo job on 2 hosts: rank 2 (``trn-a02``) sleeps instead of calling all_reduce #11; each
+    rank dumped Flight Recorder on demand 4 s into the wait; ranks 0, 1, 3 then failed with gloo's "Timed out
+    waiting 25000ms" at 05:40:39, 24.6 s after the op in flight in their dumps was created. Gloo dumps carry
+    no time, so this was inconclusive; the timeouts show that op never completed."""
+    v = diagnose(load_inputs(REVIEW / "s11", gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (2,) and v.suspect_nodes == ("trn-a02",), v.explain()
+
+
+def test_gloo_timeouts_of_another_moment_give_no_clock(tmp_path):
+    """The same dumps beside consoles whose failures came 7 minutes later (a dump of another moment): the
+    op in flight is not the one that timed out, and the dumps stay without a clock."""
+    root = tmp_path / "job"
+    shutil.copytree(REVIEW / "s11", root)
+    for log in (root / "logs").iterdir():
+        text = log.read_text().replace("2026-12-02_05:40:", "2026-12-02_05:47:").replace("E1202 05:40:", "E1202 05:47:")
+        log.write_text(text)
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert not v.suspect_nodes and "gloo timeouts in the logs" not in v.explain(), v.explain()
