@@ -72,7 +72,8 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
             # gloo has no dump on timeout: its dumps were taken on demand, at a time they do not say
             fr_cfg = replace(fr_cfg, dumped_on_timeout=True)
         elif inputs.logs is not None and inputs.logs.gloo:
-            fr_dumps, tie = gloo_timeout_clock(fr_dumps, inputs.logs.gloo, inputs.exits)
+            clocked, tie = gloo_timeout_clock(fr_dumps, inputs.logs.gloo, inputs.exits)
+            fr_dumps = tuple(clocked)
             context += [tie] if tie else []
         analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=fr_cfg)
         fr_v = collectives.verdict(analysis, topology, job=job)
