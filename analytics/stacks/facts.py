@@ -41,6 +41,8 @@ class Progress:
     """Per pair: the ranks running their own code (not waiting) at the same stack in both snapshots."""
     peer_released: tuple[int, ...] = ()
     """Per pair: waiters released from a wait on peers (a collective, a transfer), not from their own waits."""
+    same: tuple[frozenset[int], ...] = ()
+    """Per pair: the ranks at the same place (state and call site) in both snapshots, waiting or not."""
 
     @property
     def peers_frozen(self) -> bool:
@@ -81,6 +83,16 @@ class Progress:
         # two such pairs at least: one release can be a hang spreading (a replica reaching the stuck collective)
         moved = sum(1 for i in range(self.pairs - 1) if last <= self.still[i] and self.released[i] > 0)
         return not (last and moved >= 2)
+
+    @property
+    def frozen_late(self) -> bool:
+        """Frozen in the last pair only, after waiters were released, with no rank at one place through the last
+        three snapshots: a phase of a running job caught twice (every rank waiting on rank 0's periodic
+        checkpoint) looks alike, so it proves no hang. A hang that began before the capture leaves its culprit,
+        or its waiters, unmoved through all three."""
+        if not self.frozen or self.pairs < 2 or self.frozen_since != self.pairs - 1 or len(self.same) != self.pairs:
+            return False
+        return not (self.same[-1] & self.same[-2])
 
     @property
     def frozen_since(self) -> int:
@@ -129,6 +141,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
     returned: list[int] = []
     still: list[frozenset[int]] = []
     peer: list[int] = []
+    same: list[frozenset[int]] = []
     world = 0
     for s in snaps:
         cur = {
@@ -151,6 +164,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                     moved += state in PEER_WAIT_STATES or (state == "backward" and shared[(state, key)] >= 2)
                     back += _returned(state, shared[(state, key)], cur[r], before[r])
             still.append(frozenset(r for r, k in prev.items() if k[0] not in WAIT_STATES and cur.get(r) == k))
+            same.append(frozenset(r for r, k in prev.items() if cur.get(r) == k))
             waiters.append(w)
             released.append(n)
             peer.append(moved)
@@ -159,7 +173,9 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                 before[r].add(k)
         prev = cur
     g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
-    return Progress(len(snaps), tuple(waiters), tuple(released), g, tuple(returned), tuple(still), tuple(peer))
+    return Progress(
+        len(snaps), tuple(waiters), tuple(released), g, tuple(returned), tuple(still), tuple(peer), tuple(same)
+    )
 
 
 @dataclass(frozen=True)

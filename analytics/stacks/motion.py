@@ -52,6 +52,16 @@ def motion(facts: StackFacts, steps: StepEvidence | None = None, *, max_running_
         return Motion("progressing", [f"{prog.words()}: the job progresses (not a hang)."] + _also(step_words))
     if steps is not None and steps.stuck:
         return Motion("stuck", [f"Time evidence: {'; '.join(step_words)}."] + _frozen_words(prog))
+    if prog is not None and prog.frozen_late and last.blocked_fraction >= 0.5:
+        return Motion(
+            "stuck-weak",
+            [
+                f"{prog.words()}: waiters were released until the last pair of snapshots and none in it, yet no rank "
+                "sat at one place through the last three: a phase of a running job caught twice (every rank waiting "
+                "on one rank's periodic checkpoint or evaluation) looks alike. More rounds, or step times, would tell."
+            ]
+            + _also(step_words),
+        )
     if prog is not None and prog.frozen and last.blocked_fraction >= 0.5:
         return Motion("stuck", _frozen_words(prog) + _also(step_words))
     if prog is not None and prog.peers_frozen and last.blocked_fraction >= 0.5:

@@ -246,3 +246,22 @@ def test_ddp_ranks_leaving_backward_together_are_released_by_their_peers():
     without one read as a frozen job (``hang``)."""
     v = diagnose(load_inputs(OUTSIDE / "ddp-failslow-5rounds", gpus_per_node=2))
     assert v.verdict.value == "fail-slow" and v.culprit_ranks == (2,) and "gpu-node-b" in v.suspect_nodes, v.explain()
+
+
+def test_one_frozen_pair_after_progress_is_no_hang_when_nobody_sat_still_through_three_rounds():
+    """A healthy 4-rank job on 2 hosts: rank 0 saves a ~120 MB checkpoint every 5 steps while the others wait
+    in a barrier; three ``--json`` rounds, the last two catching two different checkpoints with identical
+    stacks (the job went from step 7 to 19 to 29). It was a hang on ``gpu-node-a``: "a hang that began
+    during the capture"."""
+    v = diagnose(load_inputs(OUTSIDE / "checkpoint-caught-twice", gpus_per_node=2))
+    assert not v.suspect_nodes and not v.culprit_ranks and v.verdict.value != "hang", v.explain()
+
+
+def test_the_same_rounds_with_the_checkpoint_already_running_in_the_first_stay_a_hang(tmp_path):
+    """Round 1 taken in place of round 0 too: rank 0 in its checkpoint and the others in the barrier through
+    three snapshots is frozen from the start."""
+    root = tmp_path / "job"
+    for k, src in enumerate(("round-1", "round-1", "round-2")):
+        shutil.copytree(OUTSIDE / "checkpoint-caught-twice" / src, root / f"round-{k}")
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.suspect_nodes == ("gpu-node-a",), v.explain()
