@@ -211,6 +211,17 @@ def _victims(h: _Hang, culprit_ranks: Sequence[int]) -> tuple[list[int], list[in
     return [int(r) for r in others[ok]], [int(r) for r in others[~ok]]
 
 
+def _stopped(h: _Hang, ranks: Sequence[int]) -> Verdict:
+    """The ranks the others wait for are stopped processes: the hang's cause, but no machine's fault."""
+    _culprit_words(h, ranks)
+    h.reasons.append(
+        f"Rank(s) {rank_ranges(ranks)[:100]} are stopped (SIGSTOP, state T): a person, a debugger, job control or the "
+        "scheduler (a suspended node) stopped them, never a hardware fault. Nothing to evict: resume them "
+        "(kill -CONT) or find who stopped them."
+    )
+    return h.verdict(Severity.INCONCLUSIVE, 0.5, suspect_ranks=tuple(ranks), evidence=h.evidence(ranks))
+
+
 def _localized(h: _Hang) -> Verdict:
     """Outliers mapped onto a fault domain (hang) with their likeliest culprits, or inconclusive."""
     a, topology = h.a, h.topology
@@ -219,6 +230,9 @@ def _localized(h: _Hang) -> Verdict:
         f"{len(a.outlier_ranks)} outlier rank(s) in {n_out_clusters} cluster(s): {rank_ranges(a.outlier_ranks)[:300]}."
     )
     culprit_ranks, strong = culprits(a, topology)
+    stopped = {p.rank for p in h.problems if p.kind == "stopped"}
+    if strong and culprit_ranks and set(culprit_ranks) <= stopped:
+        return _stopped(h, culprit_ranks)
     if strong:
         victims, unexplained = _victims(h, culprit_ranks)
         if not unexplained:
