@@ -156,18 +156,31 @@ def _steps(inputs: Inputs, timings: Any, f: stacks.StackFacts) -> Any:
     )
 
 
+STEP_AFTER_MAX_S = 300.0
+"""A logged step counts as progress at the last snapshot only this soon after its time: later ones are as
+likely another run's (a requeued job appends to the same console) or another clock's (a zone is 900 s+)."""
+
+
 def _logged_steps(inputs: Inputs, log_facts: LogFacts | None, f: stacks.StackFacts) -> Any:
-    """Steps the logs recorded after the latest moment the last snapshot can have been taken (a bound, never
-    an exact time): the job was moving then. Only progress is read here (never a hang: the bound is late)."""
-    if log_facts is None or log_facts.last_step_time is None or not f.analyses:
+    """A step the logs recorded soon after the latest moment the last snapshot can have been taken (a bound,
+    never an exact time), with no process failing in between: the captured processes were moving then. Only
+    progress is read here (never a hang: the bound is late)."""
+    if log_facts is None or inputs.logs is None or not f.analyses:
         return None
-    bound = inputs.snapshot_times.get(f.analyses[-1].snapshot) or inputs.snapshot_latest.get(f.analyses[-1].snapshot)
-    if bound is None or log_facts.last_step_time <= bound:
+    snap = f.analyses[-1].snapshot
+    bound = inputs.snapshot_times.get(snap) or inputs.snapshot_latest.get(snap)
+    after = [s.time for s in inputs.logs.steps if s.time is not None and bound is not None and s.time > bound]
+    if bound is None or not after or min(after) - bound > STEP_AFTER_MAX_S:
+        return None
+    first = min(after)
+    ended = [e.time for e in inputs.exits if e.time_source not in ("unordered", "untimed")]
+    ended += [x.time for x in inputs.logs.launcher if x.time is not None]
+    if any(bound - 1.0 <= t <= first for t in ended):  # the captured processes ended before that step
         return None
     from rankscope.analytics.performance.failslow import StepEvidence
 
-    words = f"the logs show a step completed {log_facts.last_step_time - bound:.0f} s after the last snapshot's time"
-    return StepEvidence(log_facts.last_step_time, 0.0, 0, True, False, None, (words,))
+    words = f"the logs show a step completed {first - bound:.0f} s after the last snapshot's time"
+    return StepEvidence(first, 0.0, 0, True, False, None, (words,))
 
 
 def _kept_stepping(fr_v: Verdict, steps: Any) -> Verdict:

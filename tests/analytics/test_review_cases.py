@@ -95,3 +95,24 @@ def test_gloo_timeouts_of_another_moment_give_no_clock(tmp_path):
         log.write_text(text)
     v = diagnose(load_inputs(root, gpus_per_node=2))
     assert not v.suspect_nodes and "gloo timeouts in the logs" not in v.explain(), v.explain()
+
+
+@pytest.mark.parametrize(
+    "case, why",
+    [
+        ("s12", "the console goes on with a requeued run's steps after the captured processes were SIGTERMed"),
+        ("s13", "the rounds are stamped in UTC, the console logs in UTC+8: its last step reads as 8 h later"),
+    ],
+)
+def test_steps_of_another_run_or_clock_are_no_progress_at_a_stamped_round(case, why):
+    """A real hang (rank 6 spinning on ``trn-a02``, two frozen rounds in ``<host>/pyspy-<stamp>/``) beside a
+    console whose later step lines are not the captured processes' progress: it read as fail-slow."""
+    v = diagnose(load_inputs(REVIEW / case))
+    assert v.verdict.value == "hang" and v.suspect_nodes == ("trn-a02",), (why, v.explain())
+
+
+def test_a_suspended_node_is_not_evicted():
+    """Both ranks of ``gpu-node-a`` stopped (a scheduler suspending the node, ``kill -STOP``), the other host's
+    ranks wait in the all_reduce: the stopped ranks are named, the machine is not evicted."""
+    v = diagnose(load_inputs(REVIEW / "s14", gpus_per_node=2))
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes and set(v.suspect_ranks) == {0, 1}, v.explain()
