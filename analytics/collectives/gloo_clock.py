@@ -9,7 +9,9 @@ completed. Each such rank's dump is read as taken at ``T`` (the op is one timeou
 have been taken earlier, during the wait, but the op was still in flight at ``T``).
 
 All or nothing, so that a dump from another moment (a previous run's, taken before the hang began) never
-gets a clock: every rank that timed out and has a dump must tie, two ranks at least. ``T`` is read to the
+gets a clock: every rank that timed out and has a dump must tie, two ranks at least, and the tied members of
+one process group must wait in the same collective (a dump taken an op earlier, within the time window, is
+one op behind its peers). ``T`` is read to the
 second (torchrun's summary) and noticed up to a monitor tick late; a naive log time in another time zone is
 hours off and ties nothing.
 """
@@ -39,19 +41,23 @@ def gloo_timeout_clock(
         if e.rank in waited and e.time_source not in ("unordered", "untimed"):
             failed[e.rank] = min(failed.get(e.rank, e.time), e.time)
     tied: dict[int, float] = {}
+    stuck_at: dict[str, set[int]] = {}  # group -> the collective seqs the tied ranks wait in
     for d in dumps:
         if d.rank not in waited or d.rank not in failed:
             continue
         if d.backend != "gloo" or d.dump_time_ns is not None:
             return list(dumps), None
-        open_ops = [e.time_created_ns for e in d.entries if not e.retired and e.time_created_ns]
+        open_ops = [e for e in d.entries if not e.retired and e.time_created_ns]
         if not open_ops:
             return list(dumps), None  # nothing in flight: this dump is not of the wait that timed out
-        lag = failed[d.rank] - (min(open_ops) / 1e9 + waited[d.rank] / 1000.0)
+        oldest = min(open_ops, key=lambda e: e.time_created_ns or 0)
+        lag = failed[d.rank] - ((oldest.time_created_ns or 0) / 1e9 + waited[d.rank] / 1000.0)
         if not -EARLY_S <= lag <= LATE_S:
             return list(dumps), None
         tied[d.rank] = failed[d.rank]
-    if len(tied) < 2:
+        stuck_at.setdefault(oldest.pg_name, set()).add(oldest.collective_seq_id)
+    # members of one group that timed out waited in one collective: a dump one op behind is of another moment
+    if len(tied) < 2 or any(len(seqs) > 1 for seqs in stuck_at.values()):
         return list(dumps), None
     out = [replace(d, dump_time_ns=int(tied[d.rank] * 1e9)) if d.rank in tied else d for d in dumps]
     ranks = ", ".join(map(str, sorted(tied)[:8])) + (" ..." if len(tied) > 8 else "")

@@ -116,3 +116,11 @@ def test_a_suspended_node_is_not_evicted():
     ranks wait in the all_reduce: the stopped ranks are named, the machine is not evicted."""
     v = diagnose(load_inputs(REVIEW / "s14", gpus_per_node=2))
     assert v.verdict.value == "inconclusive" and not v.suspect_nodes and set(v.suspect_ranks) == {0, 1}, v.explain()
+
+
+def test_a_gloo_dump_one_op_behind_its_timed_out_peers_gets_no_clock():
+    """``s11`` with rank 0's dump as taken 0.3 s earlier (in all_reduce #10, #11 not yet enqueued): its failure
+    still came one timeout after its oldest op in flight, but its peers wait in #11. Tied, it was read as
+    frozen at #10 and its healthy machine evicted beside the culprit's."""
+    v = diagnose(load_inputs(REVIEW / "s15"))
+    assert "trn-a01" not in v.suspect_nodes and "gloo timeouts in the logs" not in v.explain(), v.explain()
