@@ -276,12 +276,18 @@ def _build(
         for ex in st.exits:
             if ex["kind"] in _LAUNCHER_EXC:
                 continue
-            if f.lived_on(ex["line"]) or ex["line"] < st.last_step_at:
+            if ex.pop("thread", "") or f.lived_on(ex["line"]) or ex["line"] < st.last_step_at:
                 why = (
                     "its launcher then reported the worker group finished"
                     if f.lived_on(ex["line"])
-                    else ("it logged training steps after it")
+                    else ("it logged training steps after it" if ex["line"] < st.last_step_at else "")
                 )
+                if not why:  # a thread's death: evidence of a fault on this rank, not its process's exit
+                    msg = " ".join(ex["message"].split())[:160]
+                    notes.append(
+                        f"rank {rank}: a thread died with {ex['kind']}: {msg} ({ex['source']}); its process lived on"
+                    )
+                    continue
                 notes.append(f"rank {rank} logged {ex['kind']} at {ex['source']} and lived on ({why}): not a failure")
                 continue
             t = to_epoch(ex["stamp"], year)

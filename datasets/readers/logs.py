@@ -94,7 +94,7 @@ class Stream:
     last_stamp: Stamp | None = None
     lines: int = 0
     cxx: str = ""  # the type of a C++ exception that ended the process, until its ``what():`` line
-    ignored: bool = False  # CPython said "Exception ignored ...": the traceback that follows ended nothing
+    ignored: str = ""  # "Exception ignored ..." / "Exception in thread NAME:": the traceback ends no process
     at: int = 0  # the line number being fed
     last_step_at: int = 0  # the line of its last training-step record: an exception before it ended nothing
     nccl_hosts: set[str] = field(default_factory=set)  # gethostname() in NCCL's own debug lines
@@ -286,9 +286,9 @@ def _feed(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
             return
         exc = split_exception(text)
         if exc is not None:
-            if not st.ignored:
-                _exit(st, exc[0], exc[1], st.block, stamp, where)
-            st.mode, st.block, st.ignored = "", [], False
+            if not st.ignored.startswith("Exception ignored"):  # a thread's end is kept, marked with its name
+                _exit(st, exc[0], exc[1], st.block, stamp, where, st.ignored[len("Exception in thread ") :].strip(":"))
+            st.mode, st.block, st.ignored = "", [], ""
             _records(st, text, stamp, where)
             return
         if text.startswith(_CHAIN):
@@ -317,7 +317,7 @@ def _feed(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
     # "Exception ignored in: <function X.__del__>" (a finalizer, an atexit callback) and "Exception in thread
     # NAME:" (threading's excepthook: a thread other than the main one died): CPython printed the traceback
     # that follows and the process went on; it is never the process's exit
-    st.ignored = text.startswith(("Exception ignored ", "Exception in thread "))
+    st.ignored = text if text.startswith(("Exception ignored ", "Exception in thread ")) else ""
     if st.ignored:
         return
     if text.startswith(_CHAIN):
@@ -326,7 +326,9 @@ def _feed(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
     _records(st, text, stamp, where)
 
 
-def _exit(st: Stream, kind: str, message: str, block: list[str], stamp: Stamp | None, where: str) -> None:
+def _exit(
+    st: Stream, kind: str, message: str, block: list[str], stamp: Stamp | None, where: str, thread: str = ""
+) -> None:
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', "\n".join(block))
     inner = f"{frames[-1][2]} ({frames[-1][0].rsplit('/', 1)[-1]}:{frames[-1][1]})" if frames else ""
     rec = {
@@ -336,6 +338,7 @@ def _exit(st: Stream, kind: str, message: str, block: list[str], stamp: Stamp | 
         "stamp": stamp or st.last_stamp,
         "source": where,
         "line": st.at,
+        "thread": thread,  # a thread other than the main one died: its process lived on
     }
     if st.chain and st.exits:
         st.exits[-1] = rec  # the last exception of a chain is the one that ended the process
@@ -360,28 +363,13 @@ def _records(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
         return
     m = _GLOO_TIMEOUT.search(text)
     if m:
-        st.records.append(
-            {
-                "type": "gloo",
-                "kind": "timeout",
-                "op": m.group("op"),
-                "timeout_ms": int(m.group("ms")),
-                "stamp": stamp,
-                "source": where,
-            }
-        )
+        rec = {"type": "gloo", "kind": "timeout", "op": m.group("op"), "timeout_ms": int(m.group("ms"))}
+        st.records.append({**rec, "stamp": stamp, "source": where})
         return
     m = _GLOO_CLOSED.search(text)
     if m:
-        st.records.append(
-            {
-                "type": "gloo",
-                "kind": "closed",
-                "peer": f"{m.group('addr')}:{m.group('port')}",
-                "stamp": stamp,
-                "source": where,
-            }
-        )
+        rec = {"type": "gloo", "kind": "closed", "peer": f"{m.group('addr')}:{m.group('port')}"}
+        st.records.append({**rec, "stamp": stamp, "source": where})
         return
     m = _ITERATION.search(text)
     if m:

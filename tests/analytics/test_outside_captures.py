@@ -226,8 +226,10 @@ def test_a_thread_s_traceback_is_no_exit_of_its_process():
     """Rank 0's prefetch thread died with an I/O error ("Exception in thread batch-prefetch:" and its
     traceback in the console), the process lived on, logged steps, then blocked in ``Queue.get`` while its
     peers waited in the all_reduce. It was a ``crash`` (the thread's traceback read as the process's exit)."""
-    v = diagnose(load_inputs(OUTSIDE / "thread-exception-queue", gpus_per_node=2))
+    inputs = load_inputs(OUTSIDE / "thread-exception-queue", gpus_per_node=2)
+    v = diagnose(inputs)
     assert v.verdict.value == "hang" and v.culprit_ranks == (0,) and v.suspect_nodes == ("gpu-node-a",), v.explain()
+    assert any("rank 0: a thread died with OSError: [Errno 5]" in n for n in inputs.notes), inputs.notes
 
 
 def test_a_manifest_row_whose_file_is_absent_keeps_its_rank_and_machine():
