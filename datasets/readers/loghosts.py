@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from rankscope.datasets.readers.logs import FileRead
+from rankscope.datasets.readers.logs import FileRead, Stream
 
 
 def machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
@@ -103,3 +103,27 @@ def latest_attempts(
             "replaced: not used"
         )
     return kept, kept_errors
+
+
+def failed_pid(f: FileRead, st: Stream, rank: int, line: int) -> int | None:
+    """The pid the launcher's "failed (exitcode: N) local_rank: L (pid: P)" line, after ``line``, gives this
+    rank's process: its local rank from its tag, else its place among the file's ranks (torchrun numbers one
+    agent's workers consecutively)."""
+    ranks = sorted({s.rank for s in f.streams.values() if s.rank is not None})
+    local = st.local if st.local is not None else (rank - ranks[0] if ranks else None)
+    return next((pid for ln, lr, pid in f.failed_pids if lr == local and ln > line), None)
+
+
+def zone_offset(launcher: Sequence[Any], err_local: Sequence[tuple[str, Any, Any]], ranks: Any) -> float:
+    """Seconds to add to the logs' naive (local) times so they compare with epoch times, from failures that
+    both the launcher's summary and an error file timed; 0 when none."""
+    by_rank = {e.rank: e.time for e in launcher if e.time is not None}
+    diffs = []
+    for _rel, one, facts in err_local:
+        r = ranks.of_error_file(facts)
+        if r is not None and r in by_rank and one.time is not None:
+            diffs.append(one.time - by_rank[r])
+    if not diffs:
+        return 0.0
+    diffs.sort()
+    return round(diffs[len(diffs) // 2] / 900.0) * 900.0  # time zones are whole quarter hours

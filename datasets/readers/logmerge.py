@@ -24,7 +24,14 @@ from rankscope.datasets.domain.logs import GlooRecord, LauncherFailure, LogEvide
 from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.identity import natural, path_facts
-from rankscope.datasets.readers.loghosts import is_machine_name, latest_attempts, launcher_key, machine_names
+from rankscope.datasets.readers.loghosts import (
+    failed_pid,
+    is_machine_name,
+    latest_attempts,
+    launcher_key,
+    machine_names,
+    zone_offset,
+)
 from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_files, to_epoch, year_of
 from rankscope.datasets.readers.torchelastic import ElasticError, read_error_file, split_exception
 from rankscope.spine import InputError
@@ -249,7 +256,7 @@ def _build(
     found_exits: dict[int, dict[str, Any]] = {}
     blocks: dict[int, list[ProcessDump]] = defaultdict(list)
     launcher: list[LauncherFailure] = [e for f in reads for e in f.summary]
-    offset = _zone_offset(launcher, err_local, ranks)
+    offset = zone_offset(launcher, err_local, ranks)
     for f, key, st in plan:
         rank = _stream_rank(f, key, st, ranks)
         key_host = ranks.host_of(f) or ""
@@ -291,7 +298,8 @@ def _build(
                 notes.append(f"rank {rank} logged {ex['kind']} at {ex['source']} and lived on ({why}): not a failure")
                 continue
             t = to_epoch(ex["stamp"], year)
-            found_exits.setdefault(rank, {**ex, "time": t + offset if t is not None else None, "node": host})
+            when = t + offset if t is not None else None
+            found_exits.setdefault(rank, {**ex, "time": when, "node": host, "pid": failed_pid(f, st, rank, ex["line"])})
         for text in st.stacks:
             blocks[rank].extend(d for d in parse_traceback_text(text, f.rel) if d.status in ("ok", "partial"))
     _exits(out, found_exits, launcher, err_local, ranks, wd, offset, gloo, written)
@@ -313,23 +321,6 @@ def _build(
         offset,
     )
     return out
-
-
-def _zone_offset(
-    launcher: list[LauncherFailure], err_local: list[tuple[str, ElasticError, Any]], ranks: _Ranks
-) -> float:
-    """Seconds to add to the logs' naive (local) times so they compare with epoch times, from failures that
-    both the launcher's summary and an error file timed; 0 when none."""
-    by_rank = {e.rank: e.time for e in launcher if e.time is not None}
-    diffs = []
-    for _rel, one, facts in err_local:
-        r = ranks.of_error_file(facts)
-        if r is not None and r in by_rank and one.time is not None:
-            diffs.append(one.time - by_rank[r])
-    if not diffs:
-        return 0.0
-    diffs.sort()
-    return round(diffs[len(diffs) // 2] / 900.0) * 900.0  # time zones are whole quarter hours
 
 
 def _exits(
@@ -415,7 +406,8 @@ def _exits(
             when = ex["time"]
         node = (s.host if s is not None and is_machine_name(s.host) else None) or (ex or {}).get("node") or ""
         node = node or out.names.get(rank, ("",))[0]
-        x = ProcessExit(rank, when or 0.0, kind, message, where, node, s.pid if s else None, "trainer", how, source)
+        pid = s.pid if s else (ex or {}).get("pid")
+        x = ProcessExit(rank, when or 0.0, kind, message, where, node, pid, "trainer", how, source)
         (out.exits if when is not None else untimed).append(x)
     if untimed and not out.exits and written is not None:
         # no failure carries a time (a --log-dir tree without error files or stamps): their order is unknown,

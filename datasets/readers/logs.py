@@ -70,6 +70,7 @@ _WHAT = re.compile(r"^\s+what\(\):\s+(.*)$")
 _LAUNCHER_EXC = frozenset({"ChildFailedError", "SignalException"})
 _GROUP_OK = "worker group successfully finished"  # torch.distributed.elastic's agent: every worker exited 0
 _GROUP_FAILED = ("Worker group FAILED", "will restart worker group", "ChildFailedError", "failed (exitcode")
+_FAILED_PID = re.compile(r"failed \(exitcode: -?\d+\) local_rank: (\d+) \(pid: (\d+)\)")
 
 Stamp = tuple[int, int, float] | tuple[int, int, int, float]  # (month, day, secs) or (year, month, day, secs)
 
@@ -118,6 +119,7 @@ class FileRead:
     finished_ok: int = 0  # the line of the launcher's last "worker group successfully finished" (0: none)
     failed_before_ok: int = 0  # the line of the launcher's last failure or restart before it (0: none)
     restarted_at: int = 0  # the line of the launcher's last "will restart worker group" (0: none)
+    failed_pids: list[tuple[int, int, int]] = field(default_factory=list)  # (line, local rank, pid): "failed (exitcode"
 
     def drop_before(self, line: int) -> None:
         """Forget what the workers said before ``line`` (an attempt a restart replaced)."""
@@ -256,6 +258,8 @@ def _line(fr: FileRead, summary: SummaryParser, line: str, lineno: int, rel: str
             fr.finished_ok = lineno
         elif any(f in text for f in _GROUP_FAILED):
             fr.failed_before_ok = lineno
+            if m := _FAILED_PID.search(text):
+                fr.failed_pids.append((lineno, int(m.group(1)), int(m.group(2))))
             if "will restart worker group" in text:
                 fr.restarted_at = lineno
         if summary.feed(text, lineno):

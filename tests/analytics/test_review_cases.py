@@ -124,3 +124,12 @@ def test_a_gloo_dump_one_op_behind_its_timed_out_peers_gets_no_clock():
     frozen at #10 and its healthy machine evicted beside the culprit's."""
     v = diagnose(load_inputs(REVIEW / "s15"))
     assert "trn-a01" not in v.suspect_nodes and "gloo timeouts in the logs" not in v.explain(), v.explain()
+
+
+def test_the_launchers_failed_pid_tells_an_earlier_attempts_crash_without_tee():
+    """The real ``restart-then-hang`` consoles without torchrun's ``[defaultN]:`` tee prefix: the workers'
+    own lines are unprefixed, so no restart can be seen from them; attempt 0's rank 1 CUDA error evicted
+    ``trn-b01`` while attempt 1 hangs on rank 6. The launcher's "failed (exitcode: 1) local_rank: 1 (pid:
+    12044)" gives the failed process's pid; the stacks show rank 1 running as pid 12261."""
+    v = diagnose(load_inputs(REVIEW / "s16"))
+    assert v.verdict.value == "hang" and v.suspect_nodes == ("trn-b02",) and v.culprit_ranks == (6,), v.explain()
