@@ -91,9 +91,14 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         return
     order = {n: i for i, n in enumerate(sorted(names, key=natural))}
     for f in trainers:
-        name = f.rel.rpartition("/")[0].rpartition("/")[2]
+        parent, _, name = f.rel.rpartition("/")[0].rpartition("/")
         if name in order:
             f.ident = f.ident._replace(snapshot=order[name], sources={**f.ident.sources, "snapshot": "path"})
+            if f.ident.node == name and f.ident.sources.get("node") == "host-folder":  # a round, not a machine
+                up = _dir_facts(parent)[3] if parent else None
+                sources = {k: v for k, v in f.ident.sources.items() if k != "node" or up}
+                f.ident = f.ident._replace(node=up, sources=sources)
+                f.host = up or f.host
     notes.append(
         f"sibling folders holding the same ranks read as capture rounds, in the order of their names: "
         f"{', '.join(sorted(names, key=natural)[:5])}"

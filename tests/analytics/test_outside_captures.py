@@ -267,3 +267,13 @@ def test_the_same_rounds_with_the_checkpoint_already_running_in_the_first_stay_a
         shutil.copytree(OUTSIDE / "checkpoint-caught-twice" / src, root / f"round-{k}")
     v = diagnose(load_inputs(root, gpus_per_node=2))
     assert v.verdict.value == "hang" and v.suspect_nodes == ("gpu-node-a",), v.explain()
+
+
+def test_round_folders_on_one_host_are_never_machine_names(tmp_path):
+    """``<host>/pyspy-0/`` and ``<host>/pyspy-1/`` on a single host: the rounds were read as rounds, yet the
+    round folder stayed the machine's name ("Culprit rank 2 on pyspy-0")."""
+    for k in (0, 1):
+        shutil.copytree(OUTSIDE / "sigstop-2rounds" / f"round-{k}", tmp_path / "gpu-node-a" / f"pyspy-{k}")
+    inputs = load_inputs(tmp_path, gpus_per_node=4)
+    assert len({p.snapshot for p in inputs.procs}) == 2
+    assert not any(p.node and p.node.startswith("pyspy") for p in inputs.procs), {p.node for p in inputs.procs}
