@@ -43,12 +43,20 @@ class Progress:
     """Per pair: waiters released from a wait on peers (a collective, a transfer), not from their own waits."""
     same: tuple[frozenset[int], ...] = ()
     """Per pair: the ranks at the same place (state and call site) in both snapshots, waiting or not."""
+    peer_waiters: tuple[int, ...] = ()
+    """Per pair: the ranks waiting on peers (a collective, a transfer) at its first snapshot."""
 
     @property
     def peers_frozen(self) -> bool:
         """Three snapshots or more in which no rank ever left a wait on its peers: only ranks' own waits (a
         device sync, a sleep) came and went, the collectives never completed."""
-        return self.pairs >= 2 and len(self.peer_released) == self.pairs and not any(self.peer_released)
+        return (
+            self.pairs >= 2
+            and len(self.peer_released) == self.pairs
+            and not any(self.peer_released)
+            and len(self.peer_waiters) == self.pairs
+            and all(self.peer_waiters)  # ranks sat in those waits throughout: none waiting proves nothing
+        )
 
     @property
     def pairs(self) -> int:
@@ -142,6 +150,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
     still: list[frozenset[int]] = []
     peer: list[int] = []
     same: list[frozenset[int]] = []
+    peer_w: list[int] = []
     world = 0
     for s in snaps:
         cur = {
@@ -151,12 +160,13 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
         }
         world = max(world, len(cur))
         if prev is not None:
-            w = n = back = moved = 0
+            w = n = back = moved = pw = 0
             shared = Counter(prev.values())
             for r, (state, key) in prev.items():
                 if state not in WAIT_STATES or r not in cur:
                     continue
                 w += 1
+                pw += state in PEER_WAIT_STATES
                 if cur[r] != (state, key):
                     n += 1
                     # DDP waits for its gradient all-reduce inside the autograd engine: ranks leaving a backward
@@ -168,14 +178,14 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
             waiters.append(w)
             released.append(n)
             peer.append(moved)
+            peer_w.append(pw)
             returned.append(back)
             for r, k in prev.items():
                 before[r].add(k)
         prev = cur
     g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
-    return Progress(
-        len(snaps), tuple(waiters), tuple(released), g, tuple(returned), tuple(still), tuple(peer), tuple(same)
-    )
+    pairs = (tuple(returned), tuple(still), tuple(peer), tuple(same), tuple(peer_w))
+    return Progress(len(snaps), tuple(waiters), tuple(released), g, *pairs)
 
 
 @dataclass(frozen=True)

@@ -277,3 +277,11 @@ def test_round_folders_on_one_host_are_never_machine_names(tmp_path):
     inputs = load_inputs(tmp_path, gpus_per_node=4)
     assert len({p.snapshot for p in inputs.procs}) == 2
     assert not any(p.node and p.node.startswith("pyspy") for p in inputs.procs), {p.node for p in inputs.procs}
+
+
+def test_rounds_in_which_nobody_waited_prove_no_frozen_collective():
+    """A fourth tester's healthy 4-rank job evaluating: every rank computes in rounds 0 and 1, in round 2 three
+    wait in the all_reduce for rank 0's larger shard. "No rank ever left a wait on its peers" held because no
+    rank had been waiting at all, and rank 0's machine was named (hang, 0.88)."""
+    v = diagnose(load_inputs(OUTSIDE / "eval-uneven-3rounds", gpus_per_node=2))
+    assert not v.suspect_nodes and not v.culprit_ranks, v.explain()
