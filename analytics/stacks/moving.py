@@ -8,7 +8,7 @@ every snapshot do. Otherwise the job is healthy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,11 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
         if len(rounds) >= 2
         else None
     )
+    d = v.degrader if v is not None else None
+    duty = _main_process_duty(facts, d.culprit_ranks, {s for s, f in d.per_round if 0 in f}) if d and not slowed else ""
+    if duty and d is not None:
+        reasons.append(_duty_words(f"stood out in {d.flags} of {len(rounds)} rounds", duty))
+        v, few = None, True
     if v is not None and v.degrader is not None and (len(rounds) >= VOTE_ROUNDS or slowed):
         return _failslow(facts, topology, v.degrader, reasons, common, v.others)
     if v is not None and v.degrader is not None:  # too few rounds for the vote alone: a near miss, in words
@@ -104,6 +109,34 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
     )
 
 
+def _main_process_duty(facts: StackFacts, culprits: Sequence[int], flagged: Collection[int]) -> str:
+    """A frame rank 0 ran when flagged that no other rank ran in any round, when rank 0 alone is the culprit
+    ("" otherwise): the main process has duties of its own (``if rank == 0:`` logging, metrics, checkpoints,
+    data preparation) that the others wait on, and lags in its common work too because of them."""
+    if tuple(culprits) != (0,):
+        return ""
+    own: set[str] = set()
+    others: set[str] = set()
+    for a in facts.analyses:
+        for c in a.clusters:
+            if c.role != "trainer":
+                continue
+            if 0 in c.ranks and a.snapshot in flagged:
+                own |= set(c.signature)
+            if any(r != 0 for r in c.ranks):
+                others |= set(c.signature)
+    return min(own - others, default="")
+
+
+def _duty_words(how: str, duty: str) -> str:
+    return (
+        f"Rank 0 {how}, running code no other rank ran in any round ({duty}): the main process's own duties "
+        "(logging, metrics, checkpoints, data preparation: `if rank == 0:`) that the job waits on by design, not a "
+        "slower machine, and no step record shows the job slowing down. Nothing evicted; if the steps are slower "
+        "than they should be, look there first."
+    )
+
+
 def _hint(a: SnapshotAnalysis, topology: Topology) -> str:
     """Words for a progressing job whose last snapshot shows a few ranks running their own code while most
     wait: one snapshot cannot tell a slow rank from the last one to finish its step."""
@@ -142,8 +175,12 @@ def _steps_and_stacks(
     if group is None or len(group.indices) != 1:
         return None
     culprit_ranks = tuple(int(x) for x in flagged)
-    culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in group.nodes)
     n = len(rounds)
+    duty = "" if steps.slowdown else _main_process_duty(facts, culprit_ranks, {r.snapshot for r in rounds})
+    if duty:
+        reasons.append(_duty_words(f"ran its own code while most ranks waited in all {n} snapshot(s)", duty))
+        return None
+    culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in group.nodes)
     for rk in culprit_ranks[:5]:
         reasons.append(
             f"Rank {rk} on {topology.node_of(rk)} ran its own code ({a.state_of(rk)}) while most ranks waited, in "

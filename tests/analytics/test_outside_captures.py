@@ -285,3 +285,12 @@ def test_rounds_in_which_nobody_waited_prove_no_frozen_collective():
     rank had been waiting at all, and rank 0's machine was named (hang, 0.88)."""
     v = diagnose(load_inputs(OUTSIDE / "eval-uneven-3rounds", gpus_per_node=2))
     assert not v.suspect_nodes and not v.culprit_ranks, v.explain()
+
+
+def test_rank_0_lagging_behind_its_own_duties_is_no_degraded_machine():
+    """A fourth tester's healthy 4-rank job on 2 hosts: rank 0 writes a metrics JSONL line (json.dumps, fsync)
+    after every step while the others wait in the next all_reduce; five ``--json`` rounds 2 s apart in
+    ``<host>/pyspy-<stamp>/``. Rank 0 stood out in 4 of 5 rounds (caught in ``log_metrics``, or behind in
+    its compute because of it), and the vote called it a fail-slow machine (0.85)."""
+    v = diagnose(load_inputs(OUTSIDE / "rank0-metrics-5rounds", gpus_per_node=2))
+    assert not v.suspect_nodes and v.verdict.value != "fail-slow", v.explain()
