@@ -127,3 +127,24 @@ def zone_offset(launcher: Sequence[Any], err_local: Sequence[tuple[str, Any, Any
         return 0.0
     diffs.sort()
     return round(diffs[len(diffs) // 2] / 900.0) * 900.0  # time zones are whole quarter hours
+
+
+def lived_on(f: FileRead, st: Stream, ex: dict[str, Any]) -> str:
+    """Why the exception ``ex`` (one of ``st.exits``) ended no process, as the end of a note ("" when it may
+    have): a thread other than the main one died; the launcher later reported its group finished, or was itself
+    stopped from outside with no failure before; the rank logged training steps after it; or it printed the
+    same error more than once (a process ends once: one that repeats an error handles it and goes on)."""
+    line, kind, message = ex["line"], ex["kind"], ex["message"]
+    if ex.pop("thread", ""):
+        msg = " ".join(message.split())[:160]
+        return f": a thread died with {kind}: {msg} ({ex['source']}); its process lived on"
+    if f.lived_on(line):
+        then = "the worker group finished" if line < f.finished_ok else "no failure before it was stopped from outside"
+        why = f"its launcher then reported {then}"
+    elif line < st.last_step_at:
+        why = "it logged training steps after it"
+    elif sum(1 for e in st.exits if e["kind"] == kind and e["message"] == message) > 1:
+        why = "it printed the same error again later: a handled error"
+    else:
+        return ""
+    return f" logged {kind} at {ex['source']} and lived on ({why}): not a failure"

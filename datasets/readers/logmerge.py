@@ -29,6 +29,7 @@ from rankscope.datasets.readers.loghosts import (
     is_machine_name,
     latest_attempts,
     launcher_key,
+    lived_on,
     machine_names,
     zone_offset,
 )
@@ -254,6 +255,7 @@ def _build(
     gloo: list[GlooRecord] = []
     steps: list[StepRecord] = []
     found_exits: dict[int, dict[str, Any]] = {}
+    lived: set[tuple[int, str, str]] = set()  # (rank, kind, message) of exceptions a process lived through
     blocks: dict[int, list[ProcessDump]] = defaultdict(list)
     launcher: list[LauncherFailure] = [e for f in reads for e in f.summary]
     offset = zone_offset(launcher, err_local, ranks)
@@ -283,25 +285,18 @@ def _build(
         for ex in st.exits:
             if ex["kind"] in _LAUNCHER_EXC:
                 continue
-            if ex.pop("thread", "") or f.lived_on(ex["line"]) or ex["line"] < st.last_step_at:
-                why = (
-                    "its launcher then reported the worker group finished"
-                    if f.lived_on(ex["line"])
-                    else ("it logged training steps after it" if ex["line"] < st.last_step_at else "")
-                )
-                if not why:  # a thread's death: evidence of a fault on this rank, not its process's exit
-                    msg = " ".join(ex["message"].split())[:160]
-                    notes.append(
-                        f"rank {rank}: a thread died with {ex['kind']}: {msg} ({ex['source']}); its process lived on"
-                    )
-                    continue
-                notes.append(f"rank {rank} logged {ex['kind']} at {ex['source']} and lived on ({why}): not a failure")
+            why = lived_on(f, st, ex)
+            if why:
+                notes.append(f"rank {rank}{why}")
+                lived.add((rank, ex["kind"], ex["message"]))
                 continue
             t = to_epoch(ex["stamp"], year)
             when = t + offset if t is not None else None
             found_exits.setdefault(rank, {**ex, "time": when, "node": host, "pid": failed_pid(f, st, rank, ex["line"])})
         for text in st.stacks:
             blocks[rank].extend(d for d in parse_traceback_text(text, f.rel) if d.status in ("ok", "partial"))
+    for r in [r for r, ex in found_exits.items() if (r, ex["kind"], ex["message"]) in lived]:  # a copy lived on
+        del found_exits[r]
     _exits(out, found_exits, launcher, err_local, ranks, wd, offset, gloo, written)
     for e in launcher:
         if is_machine_name(e.host):

@@ -70,6 +70,7 @@ _WHAT = re.compile(r"^\s+what\(\):\s+(.*)$")
 _LAUNCHER_EXC = frozenset({"ChildFailedError", "SignalException"})
 _GROUP_OK = "worker group successfully finished"  # torch.distributed.elastic's agent: every worker exited 0
 _GROUP_FAILED = ("Worker group FAILED", "will restart worker group", "ChildFailedError", "failed (exitcode")
+_STOPPED = re.compile(r"SignalException: Process \d+ got signal|Received Signals\.SIG\w+ death signal, shutting down")
 _FAILED_PID = re.compile(r"failed \(exitcode: -?\d+\) local_rank: (\d+) \(pid: (\d+)\)")
 
 Stamp = tuple[int, int, float] | tuple[int, int, int, float]  # (month, day, secs) or (year, month, day, secs)
@@ -120,6 +121,8 @@ class FileRead:
     failed_before_ok: int = 0  # the line of the launcher's last failure or restart before it (0: none)
     restarted_at: int = 0  # the line of the launcher's last "will restart worker group" (0: none)
     failed_pids: list[tuple[int, int, int]] = field(default_factory=list)  # (line, local rank, pid): "failed (exitcode"
+    failures: list[int] = field(default_factory=list)  # the lines of the launcher's failures and restarts
+    stopped_at: int = 0  # the line where the launcher itself got a signal (the job stopped from outside; 0: none)
 
     def drop_before(self, line: int) -> None:
         """Forget what the workers said before ``line`` (an attempt a restart replaced)."""
@@ -141,9 +144,11 @@ class FileRead:
         return sum(1 for k in self.streams if k is not None)
 
     def lived_on(self, line: int) -> bool:
-        """Whether an exception logged at ``line`` ended no process: the launcher of this file reported its
-        worker group finished successfully afterwards, with no failure or restart in between."""
-        return self.failed_before_ok < line < self.finished_ok
+        """Whether an exception logged at ``line`` ended no process: this file's launcher then reported its group
+        finished, or was itself stopped by a signal (``scancel``), with no failure or restart in between."""
+        if self.failed_before_ok < line < self.finished_ok:
+            return True
+        return line < self.stopped_at and not any(line < f < self.stopped_at for f in self.failures)
 
 
 def _parse_stamp(m: re.Match[str]) -> Stamp | None:
@@ -256,7 +261,10 @@ def _line(fr: FileRead, summary: SummaryParser, line: str, lineno: int, rel: str
     if key is None:
         if _GROUP_OK in text:
             fr.finished_ok = lineno
+        elif _STOPPED.search(text):
+            fr.stopped_at = fr.stopped_at or lineno
         elif any(f in text for f in _GROUP_FAILED):
+            fr.failures.append(lineno)
             fr.failed_before_ok = lineno
             if m := _FAILED_PID.search(text):
                 fr.failed_pids.append((lineno, int(m.group(1)), int(m.group(2))))

@@ -294,3 +294,18 @@ def test_rank_0_lagging_behind_its_own_duties_is_no_degraded_machine():
     its compute because of it), and the vote called it a fail-slow machine (0.85)."""
     v = diagnose(load_inputs(OUTSIDE / "rank0-metrics-5rounds", gpus_per_node=2))
     assert not v.suspect_nodes and v.verdict.value != "fail-slow", v.explain()
+
+
+@pytest.mark.parametrize(
+    "case, why",
+    [
+        ("handled-errors-console", "the launcher was stopped from outside (scancel) with no failure of its own"),
+        ("handled-errors-logdir", "rank 2 printed the same ConnectionError twice: a process ends once"),
+    ],
+)
+def test_tracebacks_a_healthy_job_lived_through_name_no_machine(case, why):
+    """A fourth tester's healthy 4-rank job on 2 hosts: rank 2 prints the traceback of a caught ConnectionError
+    (a metrics push) at steps 5 and 12 and trains on, a daemon thread of it dies at step 8; the job is stopped
+    with SIGTERM. Its traceback read as its exit: a crash on ``trn-a02``."""
+    v = diagnose(load_inputs(OUTSIDE / case, gpus_per_node=2))
+    assert not v.suspect_nodes and v.verdict.value != "crash", (why, v.explain())
