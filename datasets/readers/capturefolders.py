@@ -34,17 +34,19 @@ def _folder_of(rel: str, name: str) -> tuple[str, str]:
 
 
 def machines_above_recurring(found: list[Found], notes: list[str]) -> None:
-    """Host-folder names that recur under several parents with other ranks give way to the folder above."""
-    where: defaultdict[str, defaultdict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    """Host-folder names that recur under several parents with other ranks (other processes, before ranks are
+    known) give way to the folder above."""
+    where: defaultdict[str, defaultdict[str, set[object]]] = defaultdict(lambda: defaultdict(set))
     for f in found:
         node = f.ident.node
+        who = f.ident.rank if f.ident.rank is not None else (("pid", f.ident.pid) if f.ident.pid is not None else None)
         if (
             node is not None
             and f.ident.sources.get("node") == "host-folder"
-            and f.ident.rank is not None
+            and who is not None  # a rank, else its process (whole-host dumps not yet numbered)
             and f"/{node}/" in f"/{f.rel}"
         ):
-            where[node][_folder_of(f.rel, node)[0]].add(f.ident.rank)
+            where[node][_folder_of(f.rel, node)[0]].add(who)
     recurring = set()
     for node, paths in where.items():
         ranks = list(paths.values())

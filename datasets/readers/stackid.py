@@ -36,6 +36,7 @@ from rankscope.datasets.readers.identity import (
 from rankscope.spine import InputError
 
 _DATALOADER_FRAMES = ("_worker_loop",)
+_LAUNCHER_FILES = ("elastic/agent/server/api.py", "distributed/launcher/api.py", "torch/distributed/run.py")
 _CHECKPOINT_HINTS = ("checkpoint", "async_save", "filesystem.py", "write_data")
 _CHILD_FILES = ("multiprocessing/process.py", "multiprocessing/spawn.py", "multiprocessing/forkserver.py")
 _CHILD_FUNCS = frozenset({"spawn_main", "_process_worker", "_bootstrap"})
@@ -85,6 +86,8 @@ def _stack_role(dump: ProcessDump, name: str, single: bool, first: bool) -> str 
 def _frames_role(frames: Sequence[Any], first: bool) -> str | None:
     if any(f.function in _DATALOADER_FRAMES for f in frames):
         return "dataloader"
+    if any(f.function == "launch_agent" or f.file.replace("\\", "/").endswith(_LAUNCHER_FILES) for f in frames):
+        return "other"  # torchrun's own agent process (py-spy of a node's whole process tree), never a rank"
     child = any(f.function in _CHILD_FUNCS and f.file.replace("\\", "/").endswith(_CHILD_FILES) for f in frames)
     if (child or not first) and any(h in (f.file + f.function) for f in frames for h in _CHECKPOINT_HINTS):
         return "checkpoint"

@@ -309,3 +309,15 @@ def test_tracebacks_a_healthy_job_lived_through_name_no_machine(case, why):
     with SIGTERM. Its traceback read as its exit: a crash on ``trn-a02``."""
     v = diagnose(load_inputs(OUTSIDE / case, gpus_per_node=2))
     assert not v.suspect_nodes and v.verdict.value != "crash", (why, v.explain())
+
+
+def test_whole_host_dumps_with_the_launcher_in_stamped_round_folders():
+    """A fourth tester's healthy 4-rank job (DataLoader num_workers=2) on 2 hosts: every python process of each
+    host's launcher tree (torchrun's agent, 2 trainers, 4 DataLoader workers) py-spy'd into one file per round,
+    ``<host>/pyspy-<stamp>/<host>.txt``, three rounds, plus consoles. The agent counted as a trainer and the
+    round folder (recurring under both hosts, before any rank was known) as the machine: refused."""
+    inputs = load_inputs(OUTSIDE / "whole-host-stamped-rounds", gpus_per_node=2)
+    trainers = [p for p in inputs.procs if p.role == "trainer"]
+    assert len(trainers) == 12 and {p.node for p in trainers} == {"trn-a01", "trn-a02"}
+    v = diagnose(inputs)
+    assert not v.suspect_nodes, v.explain()
