@@ -176,3 +176,46 @@ def folder_times(procs: Sequence[ProcStacks]) -> dict[int, float]:
     out = {s: max(ts) for s, ts in stamps.items()}
     order = [out[s] for s in sorted(out)]
     return out if len(out) > 1 and all(a < b for a, b in zip(order, order[1:])) else {}
+
+
+_DAY = re.compile(r"(?<!\d)(20\d\d)-?(0[1-9]|1[0-2])-?(0[1-9]|[12]\d|3[01])(?!\d)")
+
+
+def _outer_stamp(rel: str) -> tuple[str, tuple[int, ...]] | None:
+    """The outermost folder of ``rel`` whose name carries a date (and time): (its path, the stamp's fields)."""
+    parts = rel.split("/")[:-1]
+    for i, part in enumerate(parts):
+        m = _STAMP.search(part) or _DAY.search(part)
+        if m:
+            return "/".join(parts[: i + 1]), tuple(int(x) for x in m.groups())
+    return None
+
+
+def older_incidents(found: list[Found], notes: list[str]) -> list[Found]:
+    """Two processes that claim one rank in one snapshot, in folders stamped with different dates or times
+    (``incident-20261201/...`` beside ``<host>/pyspy-20261202-062650/...``): the older folder is an earlier
+    incident kept beside the current one, and every dump under it is left out, with a note. Only when every
+    such clash is settled the same way (one side older); otherwise nothing changes (the clash is refused)."""
+    seen: dict[tuple[int, int], Found] = {}
+    drop: set[str] = set()
+    keep: set[str] = set()
+    for f in found:
+        if f.role is not None or f.ident.rank is None:
+            continue
+        cur = seen.setdefault((f.ident.snapshot, f.ident.rank), f)
+        if cur is f or cur.ident.pid is None or f.ident.pid is None or cur.ident.pid == f.ident.pid:
+            continue
+        a, b = _outer_stamp(cur.rel), _outer_stamp(f.rel)
+        if a is None or b is None or a[1][:3] == b[1][:3] and (len(a[1]) < 6 or len(b[1]) < 6) or a[1] == b[1]:
+            return found  # undated, or one day only on one side: which came first is unknown
+        old, new = sorted((a, b), key=lambda x: x[1] + (0,) * (6 - len(x[1])))
+        drop.add(old[0])
+        keep.add(new[0])
+    if not drop or drop & keep:
+        return found
+    kept = [f for f in found if not any(f.rel.startswith(d + "/") for d in drop)]
+    notes.append(
+        f"{len(found) - len(kept)} dump(s) under {', '.join(sorted(drop)[:3])} left out: an older incident than "
+        "the dumps that claim the same ranks beside it (the latest incident is diagnosed)"
+    )
+    return kept

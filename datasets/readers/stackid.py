@@ -21,6 +21,7 @@ from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.capturefolders import (
     machines_above_recurring,
+    older_incidents,
     rounds_from_repeated_pids,
     rounds_from_sibling_folders,
 )
@@ -227,7 +228,7 @@ def identify(
             f"ignored {len(lost)} process dump(s) with no rank (no manifest row, hook identity, rank<N> in the "
             f"path or host folder to number them on): {shown}"
         )
-    return _dedupe(kept, notes)
+    return _dedupe(older_incidents(kept, notes), notes)
 
 
 def _folders_that_are_not_machines(found: list[Found], gpus_per_node: int | None, notes: list[str]) -> None:

@@ -321,3 +321,14 @@ def test_whole_host_dumps_with_the_launcher_in_stamped_round_folders():
     assert len(trainers) == 12 and {p.node for p in trainers} == {"trn-a01", "trn-a02"}
     v = diagnose(inputs)
     assert not v.suspect_nodes, v.explain()
+
+
+def test_an_older_incident_kept_beside_the_current_capture_is_left_out():
+    """A fourth tester's healthy job captured in five stamped rounds (``<host>/pyspy-20261202-0626xx/``) beside
+    yesterday's hang (``incident-20261201/round-N/<host>/rankK.json``: rank 1 stuck, other pids). Both claimed
+    each rank, and the input was refused; the latest incident is diagnosed, the older one left out with a note."""
+    inputs = load_inputs(OUTSIDE / "older-incident-beside", gpus_per_node=2)
+    assert not any(p.source.startswith("incident-20261201/") for p in inputs.procs)
+    assert any("incident-20261201 left out" in n for n in inputs.notes), inputs.notes
+    v = diagnose(inputs)
+    assert not v.suspect_nodes, v.explain()
