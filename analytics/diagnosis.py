@@ -210,7 +210,7 @@ def _exits_verdict(
     crash_v = _crash(inputs, cfg)
     if crash_v is None:
         return None
-    replaced = _replaced(inputs.exits, procs, crash_v)
+    replaced = _replaced(inputs.exits, procs, crash_v) or _stepped_after(inputs, procs, crash_v)
     if replaced:  # the failed process is not the one the stacks show running: an earlier run's failure
         context.append(f"[events] not this run's failure: {replaced} " + " ".join(crash_v.reasons[:1]))
         return None
@@ -236,6 +236,27 @@ def _replaced(exits: Sequence[ProcessExit], procs: Sequence[ProcStacks], v: Verd
     e = gone[0]
     now = min(live[e.rank])
     return f"rank {e.rank}'s failed process (pid {e.pid}) is not the one its stacks show running (pid {now});"
+
+
+STEPPED_AFTER_S = 60.0
+"""Steps logged this long after every culprit's failure mean the job went on without it (a restart, or a later
+run writing to the same files): a synchronous job cannot step once a rank is dead."""
+
+
+def _stepped_after(inputs: Inputs, procs: Sequence[ProcStacks], v: Verdict) -> str:
+    """Words when the logs show training steps well after every culprit's (timed) failure and the stacks show
+    each culprit rank running, "" otherwise."""
+    alive = {p.rank for p in procs if p.role == "trainer" and p.status in ("ok", "partial")}
+    if inputs.logs is None or not set(v.culprit_ranks) <= alive:
+        return ""
+    failed = [e.time for e in inputs.exits if e.rank in v.culprit_ranks and e.time_source in _TIMED]
+    steps = [s.time for s in inputs.logs.steps if s.time is not None]
+    if not failed or len(failed) < len(v.culprit_ranks) or not steps or max(steps) - max(failed) < STEPPED_AFTER_S:
+        return ""
+    return f"the logs show training steps {max(steps) - max(failed):.0f} s after it, so the job went on without it;"
+
+
+_TIMED = ("hook", "detected", "error-file", "launcher", "log")
 
 
 def _crash(inputs: Inputs, cfg: Config) -> Verdict | None:

@@ -332,3 +332,13 @@ def test_an_older_incident_kept_beside_the_current_capture_is_left_out():
     assert any("incident-20261201 left out" in n for n in inputs.notes), inputs.notes
     v = diagnose(inputs)
     assert not v.suspect_nodes, v.explain()
+
+
+def test_a_crash_the_job_stepped_on_after_is_not_the_current_fault():
+    """A fourth tester's ``--log-dir`` root reused across submissions: each host folder holds the previous run's
+    tree (rank 2 on ``trn-a02`` died of a DataLoader bus error, error.json at 06:20) and today's healthy run
+    (another run id, steps to 06:27), plus today's five stamped py-spy rounds showing rank 2 training. The
+    old error file led (crash, 0.95) and evicted ``trn-a02``."""
+    v = diagnose(load_inputs(OUTSIDE / "reused-logdir-old-crash", gpus_per_node=2))
+    assert not v.suspect_nodes and v.verdict.value != "crash", v.explain()
+    assert "the job went on without it" in v.explain(), v.explain()
