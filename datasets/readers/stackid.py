@@ -11,7 +11,8 @@ line naming both files.
 
 from __future__ import annotations
 
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -82,6 +83,24 @@ def _stack_role(dump: ProcessDump, name: str, single: bool, first: bool) -> str 
     role = _frames_role(frames, first)
     _ROLE_MEMO[key] = (frames, role)
     return role
+
+
+_LOCAL_ARG = re.compile(r"\s--?local[-_]rank[= ]\d+")
+
+
+def _strangers(group: Sequence[Found]) -> None:
+    """In one file of several processes (``py-spy dump`` of every python process of a host), trainer-like
+    processes whose command line is not the one most of them share are no ranks (a sidecar, a monitoring
+    script): role ``other``. Only when two or more share the common command line, and it is clearly the most."""
+    lines = Counter(_LOCAL_ARG.sub("", f.dump.cmdline) for f in group if f.role is None and f.dump.cmdline)
+    if len(lines) < 2:
+        return
+    (common, n), (_, second) = lines.most_common(2)
+    if n < 2 or n == second:
+        return
+    for f in group:
+        if f.role is None and f.dump.cmdline and _LOCAL_ARG.sub("", f.dump.cmdline) != common:
+            f.role = "other"
 
 
 def _frames_role(frames: Sequence[Any], first: bool) -> str | None:
@@ -200,6 +219,8 @@ def identify(
         trainers = 0
         for f in group:
             f.role = _stack_role(f.dump, name, False, f.index == 0)
+        _strangers(group)
+        for f in group:
             trainers += f.role is None
         for f in group:
             f.siblings = trainers

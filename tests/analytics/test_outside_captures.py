@@ -342,3 +342,13 @@ def test_a_crash_the_job_stepped_on_after_is_not_the_current_fault():
     v = diagnose(load_inputs(OUTSIDE / "reused-logdir-old-crash", gpus_per_node=2))
     assert not v.suspect_nodes and v.verdict.value != "crash", v.explain()
     assert "the job went on without it" in v.explain(), v.explain()
+
+
+def test_a_sidecar_in_a_whole_host_dump_is_no_rank():
+    """``for p in $(pgrep python); do py-spy dump --pid $p; done`` per host and round: torchrun's agent, an
+    unrelated ``python -m http.server`` and the 2 trainers. The sidecar counted as a third trainer per host, and
+    the input was refused (9 trainers on one host with --gpus-per-node 2)."""
+    inputs = load_inputs(OUTSIDE / "whole-host-sidecar", gpus_per_node=2)
+    trainers = [p for p in inputs.procs if p.role == "trainer"]
+    assert len(trainers) == 12 and len({p.snapshot for p in trainers}) == 3
+    assert not diagnose(inputs).suspect_nodes
