@@ -53,7 +53,8 @@ def _from_dir(
     round_notes: list[str] = []
     rounds = stack_rounds(src.procs, root, round_notes)  # the hook's run directory: every dump is a round
     procs = rounds.procs
-    latest = rounds.latest or _folder_times(procs, round_notes, src.logs.zone_offset_s if src.logs else 0.0)
+    zone = src.logs.zone_offset_s if src.logs else 0.0
+    latest = rounds.latest or _folder_times(procs, round_notes, zone, [rel for _, rel in dd.log_files])
     names = src.names
     world_ranks = sorted(
         {p.rank for p in procs if p.rank is not None}
@@ -306,12 +307,12 @@ def _own_topology(topo: Any, ingest_id: str | None) -> Any:
     return topo.unique(subset=["rank"], keep="last").sort("rank")
 
 
-def _folder_times(procs: Sequence[ProcStacks], notes: list[str], zone_s: float) -> dict[int, float]:
+def _folder_times(procs: Sequence[ProcStacks], notes: list[str], zone_s: float, logs: list[str]) -> dict[int, float]:
     """Capture rounds whose folders carry their capture time (``pyspy-20261202-055119/``): latest bounds, in
     the zone the logs' naive times were found to be in (``zone_s``)."""
     from rankscope.datasets.readers.capturefolders import folder_times
 
-    out = {s: t + zone_s for s, t in folder_times(procs).items()}
+    out = {s: t + zone_s for s, t in folder_times(procs, logs).items()}
     if out:
         notes.append(
             f"capture times of {len(out)} round(s) read from their folder names (as the node's clock writes them): "

@@ -155,26 +155,34 @@ _STAMP = re.compile(
 )
 
 
-def folder_times(procs: Sequence[ProcStacks]) -> dict[int, float]:
+def folder_times(procs: Sequence[ProcStacks], other_files: Sequence[str] = ()) -> dict[int, float]:
     """When each snapshot was captured, from its folders' names (``pyspy-20261202-055119/``,
     ``2026-12-02T05-51-19/``: an operator's ``date +%Y%m%d-%H%M%S``, read as the naive time the node's logs
     also write): snapshot -> the latest stamp among its trainer dumps. Empty unless every trainer dump has one
-    stamp in its folders and the snapshots' stamps rise with their order. The stamp is taken when the capture
-    starts, on the capturing node's clock: only ever evidence that the job moved after it."""
+    stamp in its folders and the snapshots' stamps rise with their order; a single snapshot counts only when
+    no other evidence (``other_files``: logs) lies in its stamped folders (a capture folder, not a run folder
+    named by the job's start). The stamp is taken when the capture starts, on the capturing node's clock: only
+    ever evidence that the job moved after it."""
     stamps: dict[int, list[float]] = defaultdict(list)
+    folders: set[str] = set()
     for p in procs:
         if p.role != "trainer":
             continue
-        found = {m.groups() for part in p.source.split("/")[:-1] for m in _STAMP.finditer(part)}
-        if len(found) != 1:
+        parts = p.source.split("/")[:-1]
+        found = {(m.groups(), "/".join(parts[: i + 1])) for i, part in enumerate(parts) for m in _STAMP.finditer(part)}
+        if len({g for g, _ in found}) != 1 or len(found) != 1:
             return {}
-        y, mo, d, hh, mi, ss = (int(x) for x in found.pop())
+        groups, folder = found.pop()
+        folders.add(folder + "/")
+        y, mo, d, hh, mi, ss = (int(x) for x in groups)
         try:
             stamps[p.snapshot].append(float(calendar.timegm((y, mo, d, hh, mi, ss, 0, 0, 0))))
         except (ValueError, OverflowError):
             return {}
     out = {s: max(ts) for s, ts in stamps.items()}
     order = [out[s] for s in sorted(out)]
+    if len(out) == 1 and not any(f.startswith(tuple(folders)) for f in other_files):
+        return out
     return out if len(out) > 1 and all(a < b for a, b in zip(order, order[1:])) else {}
 
 

@@ -352,3 +352,11 @@ def test_a_sidecar_in_a_whole_host_dump_is_no_rank():
     trainers = [p for p in inputs.procs if p.role == "trainer"]
     assert len(trainers) == 12 and len({p.snapshot for p in trainers}) == 3
     assert not diagnose(inputs).suspect_nodes
+
+
+def test_one_stamped_round_and_steps_soon_after_it_are_no_hang():
+    """One py-spy round in ``<host>/pyspy-<stamp>/`` during rank 0's 9 s validation (ranks 1-3 in a barrier) and
+    the consoles, whose iteration lines resume 8 s after the stamp. One snapshot was analysed on the premise
+    that the job was stuck, and rank 0's machine named."""
+    v = diagnose(load_inputs(OUTSIDE / "one-stamped-round-validation", gpus_per_node=2))
+    assert not v.suspect_nodes and v.verdict.value != "hang", v.explain()

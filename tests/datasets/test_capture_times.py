@@ -35,7 +35,15 @@ def test_no_times_unless_every_round_has_its_own():
     two_stamps = [_proc(0, k, f"run-20261202-050000/pyspy-20261202-05511{k}/rank0.txt") for k in range(2)]
     unstamped = [_proc(0, 0, "round-0/rank0.txt"), _proc(0, 1, "pyspy-20261202-055110/rank0.txt")]
     falling = [_proc(0, k, f"pyspy-20261202-05511{5 - k}/rank0.txt") for k in range(2)]
-    single = [_proc(0, 0, "pyspy-20261202-055110/rank0.txt")]
     no_date = [_proc(0, k, f"pyspy-2026-13-02T05-51-1{k}/rank0.txt") for k in range(2)]  # month 13
-    for procs in (one_stamp_for_all, two_stamps, unstamped, falling, single, no_date):
+    for procs in (one_stamp_for_all, two_stamps, unstamped, falling, no_date):
         assert folder_times(procs) == {}, procs
+
+
+def test_one_round_counts_only_as_a_capture_folder():
+    """A single stamped snapshot is its capture time unless logs lie in the stamped folder too (a run folder
+    named by the job's start, whose stamp says nothing of the capture)."""
+    single = [_proc(r, 0, f"host{r}/pyspy-20261202-055110/rank{r}.txt") for r in range(2)]
+    assert folder_times(single, ["host0/console.log"]) == {0: _t(2026, 12, 2, 5, 51, 10)}
+    run = [_proc(r, 0, f"run-20261202-050000/dumps/rank{r}.txt") for r in range(2)]
+    assert folder_times(run, ["run-20261202-050000/train.log"]) == {}
