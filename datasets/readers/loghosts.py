@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rankscope.datasets.readers.logs import FileRead, Stream
+from rankscope.datasets.readers.logs import FileRead, Stream, to_epoch
 
 
 def machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
@@ -70,7 +70,11 @@ def launcher_key(rel: str) -> str | None:
 
 
 def latest_attempts(
-    reads: list[FileRead], errors: list[tuple[str, Any]], notes: list[str], also: Sequence[str] = ()
+    reads: list[FileRead],
+    errors: list[tuple[str, Any]],
+    notes: list[str],
+    also: Sequence[str] = (),
+    mtimes: Mapping[str, float] | None = None,
 ) -> tuple[list[FileRead], list[tuple[str, Any]]]:
     """Only the latest attempt of a restarted job (``torchrun --max-restarts``): the files of a ``--log-dir``
     tree's ``attempt_<k>/`` when a later attempt of the same run exists, and what a console logged before its
@@ -85,8 +89,14 @@ def latest_attempts(
         m = _ATTEMPT_DIR.match(rel)
         return m is not None and int(m.group(2)) < latest[m.group(1)]
 
-    kept = [f for f in reads if not old(f.rel)]
-    kept_errors = [(rel, e) for rel, e in errors if not old(rel)]
+    stale = _earlier_runs(reads, mtimes or {})
+    kept = [f for f in reads if not old(f.rel) and not _under(f.rel, stale)]
+    kept_errors = [(rel, e) for rel, e in errors if not old(rel) and not _under(rel, stale)]
+    if stale:
+        notes.append(
+            f"{len(stale)} earlier run(s) in a reused --log-dir ({', '.join(sorted(stale)[:3])}) not used: a later "
+            "run of the same launcher logged after them"
+        )
     n_old = len(reads) - len(kept) + len(errors) - len(kept_errors)
     if n_old:
         runs = sorted(r for r in latest if latest[r] > 0)
@@ -148,3 +158,39 @@ def lived_on(f: FileRead, st: Stream, ex: dict[str, Any]) -> str:
     else:
         return ""
     return f" logged {kind} at {ex['source']} and lived on ({why}): not a failure"
+
+
+def _under(rel: str, folders: set[str]) -> bool:
+    return any(rel.startswith(d + "/") for d in folders)
+
+
+def _earlier_runs(reads: Sequence[FileRead], mtimes: Mapping[str, float]) -> set[str]:
+    """The run folders (``<parent>/<run_id>``) of a ``--log-dir`` root reused by several launches, except the one
+    that logged last: each launch writes a new ``<run_id>/attempt_<k>/`` beside the old ones. Compared by the
+    newest time stamped in each run's logs (one clock: the node's), else by the files' modification times when
+    one run's are a minute or more newer than every other's (a copy that reset them all ties: left alone)."""
+    by_mtime: dict[str, dict[str, float]] = defaultdict(dict)
+    for f in reads:
+        m = _ATTEMPT_DIR.match(f.rel)
+        if m is not None and f.rel in mtimes:
+            parent = m.group(1).rpartition("/")[0]
+            by_mtime[parent][m.group(1)] = max(by_mtime[parent].get(m.group(1), 0.0), mtimes[f.rel])
+    newest: dict[str, dict[str, float]] = defaultdict(dict)  # parent -> run folder -> its newest stamped line
+    for f in reads:
+        m = _ATTEMPT_DIR.match(f.rel)
+        if m is None:
+            continue
+        parent, _, _run = m.group(1).rpartition("/")
+        stamps = [t for st in f.streams.values() if (t := to_epoch(st.last_stamp, 2000)) is not None]
+        cur = newest[parent].get(m.group(1), float("-inf"))
+        newest[parent][m.group(1)] = max([cur, *stamps])
+    stale: set[str] = set()
+    for parent, runs in newest.items():
+        if len(runs) > 1 and all(t > float("-inf") for t in runs.values()):
+            last = max(runs, key=lambda r: runs[r])
+            stale |= {r for r in runs if r != last}
+        elif len(runs) > 1 and len(by_mtime[parent]) == len(runs):
+            times = sorted(by_mtime[parent].values())
+            if times[-1] - times[-2] >= 60.0:
+                stale |= {r for r, x in by_mtime[parent].items() if x < times[-1]}
+    return stale

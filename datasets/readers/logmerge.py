@@ -211,7 +211,8 @@ def read_logs(
             notes.append(f"log {rel} unreadable ({type(exc).__name__}: {str(exc)[:80]})")
     machine_names(reads, notes)
     errors = [(rel, e) for path, rel in elastic if (e := read_error_file(path, rel)) is not None]
-    reads, errors = latest_attempts(reads, errors, notes, attempt_files)
+    mtimes = {rel: t for path, rel in files if (t := _mtime(path)) is not None}
+    reads, errors = latest_attempts(reads, errors, notes, attempt_files, mtimes)
     fallback = next((time.gmtime(e.time).tm_year for _, e in errors if e.time), time.gmtime().tm_year)
     year = year_of(reads, fallback)
     ranks = _Ranks(reads, gpus_per_node)

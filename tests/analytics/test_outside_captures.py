@@ -360,3 +360,19 @@ def test_one_stamped_round_and_steps_soon_after_it_are_no_hang():
     that the job was stuck, and rank 0's machine named."""
     v = diagnose(load_inputs(OUTSIDE / "one-stamped-round-validation", gpus_per_node=2))
     assert not v.suspect_nodes and v.verdict.value != "hang", v.explain()
+
+
+def test_an_earlier_launch_in_a_reused_log_dir_is_not_the_current_run(tmp_path):
+    """``--log-dir`` trees only, the root reused by two launches on each host: the first launch's run (rank 2 on
+    ``trn-a02`` died of a DataLoader bus error, error files at 06:20) beside the second, healthy one (steps to
+    06:27; on ``trn-a02`` its logs carry no time stamp). The first launch's error files led (crash, 0.95).
+    Which run is later: its logs' stamps, else its files' times when a minute or more apart (a git checkout
+    resets them, so they are set here as the capture left them)."""
+    root = tmp_path / "job"
+    shutil.copytree(OUTSIDE / "reused-logdir-logs-only", root)
+    first = {"none_10ozi8y_", "none_t1xray_c"}  # the first launch's run folders (trn-a01, trn-a02)
+    for p in root.rglob("*"):
+        t = 1796192424.0 if first & set(p.parts) else 1796192808.0
+        os.utime(p, (t, t))
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert not v.suspect_nodes and v.verdict.value != "crash", v.explain()
