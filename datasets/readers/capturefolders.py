@@ -201,29 +201,45 @@ def _outer_stamp(rel: str) -> tuple[str, tuple[int, ...]] | None:
 
 def older_incidents(found: list[Found], notes: list[str]) -> list[Found]:
     """Two processes that claim one rank in one snapshot, in folders stamped with different dates or times
-    (``incident-20261201/...`` beside ``<host>/pyspy-20261202-062650/...``): the older folder is an earlier
-    incident kept beside the current one, and every dump under it is left out, with a note. Only when every
-    such clash is settled the same way (one side older); otherwise nothing changes (the clash is refused)."""
-    seen: dict[tuple[int, int], Found] = {}
+    (``incident-20261201/...`` beside ``<host>/pyspy-20261202-062650/...``): every folder of the process whose
+    stamps all come before the other's is an earlier incident kept beside the current one, and every dump
+    under those folders is left out, with a note. Only when every such clash is settled the same way (one
+    side older); otherwise nothing changes (the clash is refused)."""
+    by_key: defaultdict[tuple[int, int], defaultdict[int, list[tuple[str, tuple[int, ...]]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for f in found:
+        if f.role is None and f.ident.rank is not None and f.ident.pid is not None:
+            by_key[(f.ident.snapshot, f.ident.rank)][f.ident.pid].append(_outer_stamp(f.rel) or ("", ()))
     drop: set[str] = set()
     keep: set[str] = set()
-    for f in found:
-        if f.role is not None or f.ident.rank is None:
+    for pids in by_key.values():
+        if len(pids) < 2:
             continue
-        cur = seen.setdefault((f.ident.snapshot, f.ident.rank), f)
-        if cur is f or cur.ident.pid is None or f.ident.pid is None or cur.ident.pid == f.ident.pid:
-            continue
-        a, b = _outer_stamp(cur.rel), _outer_stamp(f.rel)
-        if a is None or b is None or a[1][:3] == b[1][:3] and (len(a[1]) < 6 or len(b[1]) < 6) or a[1] == b[1]:
-            return found  # undated, or one day only on one side: which came first is unknown
-        old, new = sorted((a, b), key=lambda x: x[1] + (0,) * (6 - len(x[1])))
-        drop.add(old[0])
-        keep.add(new[0])
+        if any(not stamp for folders in pids.values() for _, stamp in folders):
+            return found  # an undated side: which came first is unknown
+        spans = sorted(_span(pid, [t for _, t in v]) for pid, v in pids.items())
+        for older, newer in zip(spans, spans[1:]):
+            if not older[1] < newer[0] or older[2] & newer[3] or newer[2] & older[3]:
+                return found  # overlapping stamps, or one day only on one side: not one incident after another
+        newest = spans[-1][4]
+        drop |= {d for pid, v in pids.items() if pid != newest for d, _ in v}
+        keep |= {d for d, _ in pids[newest]}
     if not drop or drop & keep:
         return found
     kept = [f for f in found if not any(f.rel.startswith(d + "/") for d in drop)]
+    shown = ", ".join(sorted(drop)[:3]) + (" ..." if len(drop) > 3 else "")
     notes.append(
-        f"{len(found) - len(kept)} dump(s) under {', '.join(sorted(drop)[:3])} left out: an older incident than "
-        "the dumps that claim the same ranks beside it (the latest incident is diagnosed)"
+        f"{len(found) - len(kept)} dump(s) under {shown} left out: an older incident than the dumps that claim the "
+        "same ranks beside it (the latest incident is diagnosed)"
     )
     return kept
+
+
+Stamp = tuple[int, ...]
+
+
+def _span(pid: int, stamps: list[Stamp]) -> tuple[Stamp, Stamp, set[Stamp], set[Stamp], int]:
+    """(earliest, latest, the days stamped with a date alone, every day stamped, pid) of one process's folders."""
+    full = [t + (0,) * (6 - len(t)) for t in stamps]  # a date alone as the first second of its day
+    return min(full), max(full), {t[:3] for t in stamps if len(t) < 6}, {t[:3] for t in stamps}, pid

@@ -226,6 +226,7 @@ def identify(
             f.siblings = trainers
             _base(f, size, trainers, hooks)
         i = j
+    found = older_incidents(found, notes)  # before capture rounds are numbered: an older incident's are no rounds
     # the path rules for capture folders concern only what no manifest numbered or named (one pass at 100k ranks)
     loose = [f for f in found if "snapshot" not in f.ident.sources or f.ident.sources.get("node") == "host-folder"]
     if loose:
@@ -249,7 +250,7 @@ def identify(
             f"ignored {len(lost)} process dump(s) with no rank (no manifest row, hook identity, rank<N> in the "
             f"path or host folder to number them on): {shown}"
         )
-    return _dedupe(older_incidents(kept, notes), notes)
+    return _dedupe(kept, notes)
 
 
 def _folders_that_are_not_machines(found: list[Found], gpus_per_node: int | None, notes: list[str]) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from rankscope.analytics import diagnose
 from rankscope.datasets.loading.inputs import load_inputs
+from rankscope.spine import InputError
 
 OUTSIDE = Path(__file__).parents[1] / "data" / "outside"
 
@@ -376,3 +377,19 @@ def test_an_earlier_launch_in_a_reused_log_dir_is_not_the_current_run(tmp_path):
         os.utime(p, (t, t))
     v = diagnose(load_inputs(root, gpus_per_node=2))
     assert not v.suspect_nodes and v.verdict.value != "crash", v.explain()
+
+
+def test_an_older_incident_in_stamped_folders_on_the_same_hosts_is_left_out(tmp_path):
+    """Stamped capture folders of two incidents on the same hosts: an earlier job's hang (2 rounds at 06:22,
+    other pids) beside today's healthy job (5 rounds at 06:26-06:27). Only the first folder of the older
+    incident was left out, and the input was refused as two processes per rank. The same with a date alone on
+    the older side, on the same day, is left as it was: which came first is unknown."""
+    v = diagnose(load_inputs(OUTSIDE / "two-stamped-incidents", gpus_per_node=2))
+    assert not v.suspect_nodes, v.explain()
+    root = tmp_path / "job"
+    shutil.copytree(OUTSIDE / "two-stamped-incidents", root)
+    for host in root.iterdir():
+        for k, old in enumerate(sorted(host.glob("pyspy-20261202-0622*"))):
+            old.rename(host / f"incident-20261202-r{k}")
+    with pytest.raises(InputError, match="claimed by two processes"):
+        load_inputs(root, gpus_per_node=2)
