@@ -156,7 +156,7 @@ _STAMP = re.compile(
 
 
 def folder_times(procs: Sequence[ProcStacks], other_files: Sequence[str] = ()) -> dict[int, float]:
-    """When each snapshot was captured, from its folders' names (``pyspy-20261202-055119/``,
+    """When each snapshot was captured, from its folders' or files' names (``pyspy-20261202-055119/``,
     ``2026-12-02T05-51-19/``: an operator's ``date +%Y%m%d-%H%M%S``, read as the naive time the node's logs
     also write): snapshot -> the latest stamp among its trainer dumps. Empty unless every trainer dump has one
     stamp in its folders and the snapshots' stamps rise with their order; a single snapshot counts only when
@@ -168,7 +168,7 @@ def folder_times(procs: Sequence[ProcStacks], other_files: Sequence[str] = ()) -
     for p in procs:
         if p.role != "trainer":
             continue
-        parts = p.source.split("/")[:-1]
+        parts = p.source.split("/")  # folders, and the file's own name (``<host>/pyspy-20261202-063504.txt``)
         found = {(m.groups(), "/".join(parts[: i + 1])) for i, part in enumerate(parts) for m in _STAMP.finditer(part)}
         if len({g for g, _ in found}) != 1 or len(found) != 1:
             return {}

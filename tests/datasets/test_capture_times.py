@@ -47,3 +47,9 @@ def test_one_round_counts_only_as_a_capture_folder():
     assert folder_times(single, ["host0/console.log"]) == {0: _t(2026, 12, 2, 5, 51, 10)}
     run = [_proc(r, 0, f"run-20261202-050000/dumps/rank{r}.txt") for r in range(2)]
     assert folder_times(run, ["run-20261202-050000/train.log"]) == {}
+
+
+def test_a_stamp_in_the_file_name_counts_too():
+    """Per-host capture files named by time (``<host>/pyspy-20261202-063504.txt``, the host's ranks in one)."""
+    procs = [_proc(r, k, f"host{r // 2}/pyspy-20261202-06350{4 + 2 * k}.txt") for k in range(2) for r in range(4)]
+    assert folder_times(procs) == {0: _t(2026, 12, 2, 6, 35, 4), 1: _t(2026, 12, 2, 6, 35, 6)}
