@@ -194,3 +194,12 @@ def _earlier_runs(reads: Sequence[FileRead], mtimes: Mapping[str, float]) -> set
             if times[-1] - times[-2] >= 60.0:
                 stale |= {r for r, x in by_mtime[parent].items() if x < times[-1]}
     return stale
+
+
+def year_of(files: list[FileRead], fallback: int) -> int:
+    """The year of the logs: the most common full date in them, else ``fallback``."""
+    years: dict[int, int] = defaultdict(int)
+    for f in files:
+        for y in f.years:
+            years[y] += 1
+    return max(years, key=lambda y: years[y]) if years else fallback

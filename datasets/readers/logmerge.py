@@ -31,9 +31,10 @@ from rankscope.datasets.readers.loghosts import (
     launcher_key,
     lived_on,
     machine_names,
+    year_of,
     zone_offset,
 )
-from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_files, to_epoch, year_of
+from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_files, to_epoch
 from rankscope.datasets.readers.torchelastic import ElasticError, read_error_file, split_exception
 from rankscope.spine import InputError
 

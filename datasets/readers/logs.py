@@ -24,7 +24,6 @@ import calendar
 import io
 import re
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +69,7 @@ _WHAT = re.compile(r"^\s+what\(\):\s+(.*)$")
 _LAUNCHER_EXC = frozenset({"ChildFailedError", "SignalException"})
 _GROUP_OK = "worker group successfully finished"  # torch.distributed.elastic's agent: every worker exited 0
 _GROUP_FAILED = ("Worker group FAILED", "will restart worker group", "ChildFailedError", "failed (exitcode")
-_STOPPED = re.compile(r"SignalException: Process \d+ got signal|Received Signals\.SIG\w+ death signal, shutting down")
+_STOPPED = re.compile(r"SignalException: Process \d+ got signal|Received (?:Signals\.SIG\w+|\d+) death signal")
 _FAILED_PID = re.compile(r"failed \(exitcode: -?\d+\) local_rank: (\d+) \(pid: (\d+)\)")
 
 Stamp = tuple[int, int, float] | tuple[int, int, int, float]  # (month, day, secs) or (year, month, day, secs)
@@ -130,6 +129,7 @@ class FileRead:
             st.exits = [e for e in st.exits if e["line"] > line]
             st.records = [r for r in st.records if line_of(r) > line]
             st.stacks = [] if st.stacks and st.at <= line else st.stacks
+        self.summary = [e for e in self.summary if line_of({"source": e.source}) > line]
 
     @property
     def nccl_host(self) -> str | None:
@@ -278,9 +278,9 @@ def _line(fr: FileRead, summary: SummaryParser, line: str, lineno: int, rel: str
         and st.exits
         and st.exits[-1]["line"] < fr.failed_before_ok
     ):
-        # a worker that failed speaks again: its launcher restarted the group (a rank's own stream only: the
-        # unprefixed one mixes the launcher's lines, and its traceback, with C++'s "terminate called ...")
-        fr.restarted_at = fr.failed_before_ok
+        # a failed worker speaks again (its own stream; the unprefixed one mixes the launcher's and C++'s lines):
+        # a restart; what came before, the launcher's summary of the failure included, is the replaced attempt's
+        fr.restarted_at = lineno - 1
     st.at = lineno
     _feed(st, text, stamp, f"{rel}:{lineno}")
 
@@ -439,12 +439,3 @@ def to_epoch(stamp: Stamp | None, year: int) -> float | None:
         return float(calendar.timegm((int(y), int(mo), int(d), 0, 0, 0, 0, 0, 0))) + float(secs)
     except (ValueError, OverflowError):
         return None
-
-
-def year_of(files: list[FileRead], fallback: int) -> int:
-    """The year of the logs: the most common full date in them, else ``fallback``."""
-    years: dict[int, int] = defaultdict(int)
-    for f in files:
-        for y in f.years:
-            years[y] += 1
-    return max(years, key=lambda y: years[y]) if years else fallback

@@ -113,6 +113,7 @@ class SummaryParser:
         self._root = False
         self._active = False
         self._last_field = ""
+        self._at = 0  # the line of the entry being read
 
     def feed(self, line: str, lineno: int) -> bool:
         """Consume ``line`` when it belongs to a summary; returns True when it did."""
@@ -139,7 +140,7 @@ class SummaryParser:
             return True
         if re.match(r"^\[\d+\]:$", st):
             self._close()
-            self._cur = {}
+            self._cur, self._at = {}, lineno
             return True
         m = _FIELD.match(s)
         if m and self._cur is not None:
@@ -174,7 +175,7 @@ class SummaryParser:
                 int(e.group(2)) if e and e.group(2) else None,
                 self._root,
                 error,
-                self.source,
+                f"{self.source}:{self._at}" if self._at else self.source,
             )
         )
 

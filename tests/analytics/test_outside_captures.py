@@ -393,3 +393,12 @@ def test_an_older_incident_in_stamped_folders_on_the_same_hosts_is_left_out(tmp_
             old.rename(host / f"incident-20261202-r{k}")
     with pytest.raises(InputError, match="claimed by two processes"):
         load_inputs(root, gpus_per_node=2)
+
+
+def test_a_console_appended_across_submissions_is_read_for_the_last_one():
+    """Each host's console appended across two submissions (``tee -a <host>/train.log``): the first one's rank 2
+    dies of a DataLoader bus error (the launcher's failure summary follows), then a new launcher and minutes of
+    healthy training until SIGTERM. The summary, printed after the failure line, survived the restart cut and
+    led (crash 0.95 on ``trn-a02``)."""
+    v = diagnose(load_inputs(OUTSIDE / "appended-console-two-submissions", gpus_per_node=2))
+    assert not v.suspect_nodes and v.verdict.value != "crash", v.explain()
