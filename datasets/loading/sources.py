@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from rankscope.datasets.domain.stacks import ProcStacks, from_dump
 from rankscope.datasets.loading.names import Names
 from rankscope.datasets.readers.dumpdir import DumpDir, from_dump_dir
 from rankscope.datasets.readers.exits import read_exit_records
-from rankscope.datasets.readers.identity import folders_not_machines, folders_note
+from rankscope.datasets.readers.identity import _dir_facts, folders_not_machines, folders_note
 from rankscope.spine import InputError, ParseError, paused_gc
 
 
@@ -115,7 +115,12 @@ def _read_fr(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> list[FRDum
             if ident is not None and ident.node is not None:
                 how = ident.sources.get("node", "host-folder")
                 if how == "host-folder" and (folder in folders or ident.node in not_hosts):
-                    continue  # the folder is a capture (the same ranks in each) or the dump folder, not a machine
+                    # the folder is a capture (the same ranks in each) or the dump folder, not a machine; a
+                    # capture folder each host holds a share of (``<host>/fr-dump-1/``): the folder above is
+                    up = _host_above(dd.root, folder) if folder in folders else None
+                    if up and up not in not_hosts:
+                        src.names.add(d.rank, up, "host-folder")
+                    continue
                 src.names.add(d.rank, ident.node, how)
         gc.freeze()  # the parsed dumps are acyclic and live for the whole analysis (see read_fr_files)
     if bad:
@@ -153,11 +158,15 @@ def _capture_folders(read: Sequence[tuple[FRDump, Any]], notes: list[str]) -> di
     Each gets a capture number in the order of its newest recorded time (the dump's own time, else its
     entries' newest; then the files' modification time), so the latest is diagnosed and the one before
     tells whether the job moved; {} when no rank was dumped in two folders."""
-    by_folder: dict[str, set[int]] = {}
+    by_path: dict[str, set[int]] = {}
     for d, ident in read:
         if ident is not None and ident.snapshot:  # snapshot-N folders or a manifest column number the captures
             return {}
-        by_folder.setdefault(os.path.dirname(d.source_file), set()).add(d.rank)
+        by_path.setdefault(os.path.dirname(d.source_file), set()).add(d.rank)
+    key_of = _capture_keys(by_path)
+    by_folder: dict[str, set[int]] = {}
+    for path, ranks in by_path.items():
+        by_folder.setdefault(key_of[path], set()).update(ranks)
     if len(by_folder) < 2:
         return {}
     seen: dict[int, int] = {}
@@ -176,7 +185,7 @@ def _capture_folders(read: Sequence[tuple[FRDump, Any]], notes: list[str]) -> di
             written = os.stat(d.source_file).st_mtime  # ties (no op created in between): when it was written
         except OSError:
             written = 0.0
-        f = os.path.dirname(d.source_file)
+        f = key_of[os.path.dirname(d.source_file)]
         old = newest.get(f, (0, 0.0))
         newest[f] = (max(old[0], t), max(old[1], written))
     order = sorted(by_folder, key=lambda f: (newest.get(f, (0, 0.0)), f))
@@ -186,7 +195,30 @@ def _capture_folders(read: Sequence[tuple[FRDump, Any]], notes: list[str]) -> di
         f"{len(order)} captures in the order of their newest recorded time, not as machines; {names[-1]} is "
         "diagnosed"
     )
-    return {f: i for i, f in enumerate(order)}
+    index = {f: i for i, f in enumerate(order)}
+    return {path: index[key] for path, key in key_of.items()}
+
+
+def _host_above(root: Path, folder: str) -> str | None:
+    """The machine the folder above a capture folder names (none at the input's top)."""
+    rel = os.path.relpath(folder, root).replace(os.sep, "/")
+    parent = rel.rpartition("/")[0]
+    return _dir_facts(parent)[3] if parent and not rel.startswith("..") else None
+
+
+def _capture_keys(by_path: Mapping[str, set[int]]) -> dict[str, str]:
+    """Each dump folder's capture: folders of one name under several parents holding disjoint ranks
+    (``<host>/fr-dump-1/``: each host's share of one capture) are one capture, named by that name."""
+    by_name: dict[str, list[str]] = {}
+    for path in by_path:
+        by_name.setdefault(os.path.basename(path), []).append(path)
+    key_of = {}
+    for name, paths in by_name.items():
+        sets = [by_path[p] for p in paths]
+        shared = len(paths) > 1 and sum(map(len, sets)) == len(set().union(*sets))
+        for p in paths:
+            key_of[p] = f"*/{name}" if shared else p
+    return key_of
 
 
 def _read_hook_fr(files: Sequence[tuple[Path, int]], notes: list[str]) -> list[FRDump]:

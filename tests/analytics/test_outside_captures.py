@@ -402,3 +402,14 @@ def test_a_console_appended_across_submissions_is_read_for_the_last_one():
     led (crash 0.95 on ``trn-a02``)."""
     v = diagnose(load_inputs(OUTSIDE / "appended-console-two-submissions", gpus_per_node=2))
     assert not v.suspect_nodes and v.verdict.value != "crash", v.explain()
+
+
+def test_flight_recorder_captures_kept_per_host_are_whole_captures():
+    """A fourth tester's gloo Flight Recorder JSON dumps of a healthy 4-rank job taken at 3 moments, kept per
+    host and moment (``<host>/fr-dump-K/rankN.json``): each host's ``fr-dump-K`` held half a capture, read as a
+    capture of its own ("2 of 4 ranks left a dump"), and the machines were invented (``node-0``)."""
+    inputs = load_inputs(OUTSIDE / "fr-per-host-captures", gpus_per_node=2)
+    last = max(d.capture for d in inputs.fr_dumps)
+    assert sorted(d.rank for d in inputs.fr_dumps if d.capture == last) == [0, 1, 2, 3]
+    assert inputs.topology is not None and set(inputs.topology.nodes) == {"trn-a01", "trn-a02"}
+    assert not diagnose(inputs).suspect_nodes
