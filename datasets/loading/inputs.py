@@ -54,7 +54,7 @@ def _from_dir(
     rounds = stack_rounds(src.procs, root, round_notes)  # the hook's run directory: every dump is a round
     procs = rounds.procs
     zone = src.logs.zone_offset_s if src.logs else 0.0
-    latest = rounds.latest or _folder_times(procs, round_notes, zone, [rel for _, rel in dd.log_files])
+    latest = rounds.latest or _folder_times(procs, round_notes, zone, _log_starts(dd, src.logs))
     names = src.names
     world_ranks = sorted(
         {p.rank for p in procs if p.rank is not None}
@@ -307,7 +307,20 @@ def _own_topology(topo: Any, ingest_id: str | None) -> Any:
     return topo.unique(subset=["rank"], keep="last").sort("rank")
 
 
-def _folder_times(procs: Sequence[ProcStacks], notes: list[str], zone_s: float, logs: list[str]) -> dict[int, float]:
+def _log_starts(dd: DumpDir, logs: Any) -> dict[str, float | None]:
+    """Each log file's first timed step (naive, as written), None when it logged none."""
+    out: dict[str, float | None] = {rel: None for _, rel in dd.log_files}
+    for s in logs.steps if logs is not None else ():
+        rel = s.source.rpartition(":")[0]
+        if s.time is not None and rel in out:
+            t = s.time - logs.zone_offset_s
+            out[rel] = t if out[rel] is None else min(t, out[rel] or t)
+    return out
+
+
+def _folder_times(
+    procs: Sequence[ProcStacks], notes: list[str], zone_s: float, logs: Mapping[str, float | None]
+) -> dict[int, float]:
     """Capture rounds whose folders carry their capture time (``pyspy-20261202-055119/``): latest bounds, in
     the zone the logs' naive times were found to be in (``zone_s``)."""
     from rankscope.datasets.readers.capturefolders import folder_times

@@ -16,7 +16,7 @@ from __future__ import annotations
 import calendar
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rankscope.datasets.readers.identity import _dir_facts, natural
@@ -155,12 +155,15 @@ _STAMP = re.compile(
 )
 
 
-def folder_times(procs: Sequence[ProcStacks], other_files: Sequence[str] = ()) -> dict[int, float]:
+def folder_times(
+    procs: Sequence[ProcStacks], other_files: Mapping[str, float | None] | None = None
+) -> dict[int, float]:
     """When each snapshot was captured, from its folders' or files' names (``pyspy-20261202-055119/``,
     ``2026-12-02T05-51-19/``: an operator's ``date +%Y%m%d-%H%M%S``, read as the naive time the node's logs
     also write): snapshot -> the latest stamp among its trainer dumps. Empty unless every trainer dump has one
     stamp in its folders and the snapshots' stamps rise with their order; a single snapshot counts only when
-    no other evidence (``other_files``: logs) lies in its stamped folders (a capture folder, not a run folder
+    no log (``other_files``: each with its first logged time, None when unknown) written after its stamp lies in
+    its stamped folders (a capture folder, where logs are copied in, not a run folder
     named by the job's start). The stamp is taken when the capture starts, on the capturing node's clock: only
     ever evidence that the job moved after it."""
     stamps: dict[int, list[float]] = defaultdict(list)
@@ -181,7 +184,10 @@ def folder_times(procs: Sequence[ProcStacks], other_files: Sequence[str] = ()) -
             return {}
     out = {s: max(ts) for s, ts in stamps.items()}
     order = [out[s] for s in sorted(out)]
-    if len(out) == 1 and not any(f.startswith(tuple(folders)) for f in other_files):
+    first = min(out.values(), default=0.0)
+    inside = [t for f, t in (other_files or {}).items() if f.startswith(tuple(folders))]
+    timed = [t for t in inside if t is not None]
+    if len(out) == 1 and not any(t >= first - 1.0 for t in timed) and (timed or not inside):  # logged before it
         return out
     return out if len(out) > 1 and all(a < b for a, b in zip(order, order[1:])) else {}
 

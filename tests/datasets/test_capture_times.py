@@ -44,9 +44,12 @@ def test_one_round_counts_only_as_a_capture_folder():
     """A single stamped snapshot is its capture time unless logs lie in the stamped folder too (a run folder
     named by the job's start, whose stamp says nothing of the capture)."""
     single = [_proc(r, 0, f"host{r}/pyspy-20261202-055110/rank{r}.txt") for r in range(2)]
-    assert folder_times(single, ["host0/console.log"]) == {0: _t(2026, 12, 2, 5, 51, 10)}
+    assert folder_times(single, {"host0/console.log": None}) == {0: _t(2026, 12, 2, 5, 51, 10)}
     run = [_proc(r, 0, f"run-20261202-050000/dumps/rank{r}.txt") for r in range(2)]
-    assert folder_times(run, ["run-20261202-050000/train.log"]) == {}
+    assert folder_times(run, {"run-20261202-050000/train.log": _t(2026, 12, 2, 5, 0, 30)}) == {}
+    assert folder_times(run, {"run-20261202-050000/train.log": None}) == {}
+    copied_in = {"host0/pyspy-20261202-055110/console.log": _t(2026, 12, 2, 4, 10, 0)}  # logged before the stamp
+    assert folder_times(single, copied_in) == {0: _t(2026, 12, 2, 5, 51, 10)}
 
 
 def test_a_stamp_in_the_file_name_counts_too():
