@@ -18,6 +18,7 @@ from rankscope.datasets.domain.bounds import reading_limits
 from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
+from rankscope.datasets.loading.capture_times import folder_capture_times, log_starts
 from rankscope.datasets.loading.names import check_ranks, infer_topology, inferred_nodes, inferred_note
 from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events
@@ -54,7 +55,7 @@ def _from_dir(
     rounds = stack_rounds(src.procs, root, round_notes)  # the hook's run directory: every dump is a round
     procs = rounds.procs
     zone = src.logs.zone_offset_s if src.logs else 0.0
-    latest = rounds.latest or _folder_times(procs, round_notes, zone, _log_starts(dd, src.logs))
+    latest = rounds.latest or folder_capture_times(procs, round_notes, zone, log_starts(dd, src.logs))
     names = src.names
     world_ranks = sorted(
         {p.rank for p in procs if p.rank is not None}
@@ -305,33 +306,6 @@ def _own_topology(topo: Any, ingest_id: str | None) -> Any:
         if mine.height:
             topo = mine
     return topo.unique(subset=["rank"], keep="last").sort("rank")
-
-
-def _log_starts(dd: DumpDir, logs: Any) -> dict[str, float | None]:
-    """Each log file's first timed step (naive, as written), None when it logged none."""
-    out: dict[str, float | None] = {rel: None for _, rel in dd.log_files}
-    for s in logs.steps if logs is not None else ():
-        rel = s.source.rpartition(":")[0]
-        if s.time is not None and rel in out:
-            t = s.time - logs.zone_offset_s
-            out[rel] = t if out[rel] is None else min(t, out[rel] or t)
-    return out
-
-
-def _folder_times(
-    procs: Sequence[ProcStacks], notes: list[str], zone_s: float, logs: Mapping[str, float | None]
-) -> dict[int, float]:
-    """Capture rounds whose folders carry their capture time (``pyspy-20261202-055119/``): latest bounds, in
-    the zone the logs' naive times were found to be in (``zone_s``)."""
-    from rankscope.datasets.readers.capturefolders import folder_times
-
-    out = {s: t + zone_s for s, t in folder_times(procs, logs).items()}
-    if out:
-        notes.append(
-            f"capture times of {len(out)} round(s) read from their folder names (as the node's clock writes them): "
-            "steps logged after a round's time show the job moving then"
-        )
-    return out
 
 
 def latest_series(snapshot_times: Mapping[int, float], gap_s: float = InputsConfig().series_gap_seconds) -> set[int]:

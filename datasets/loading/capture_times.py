@@ -1,0 +1,36 @@
+"""Capture times a dump directory's round folders carry in their names, checked against its logs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rankscope.datasets.domain.stacks import ProcStacks
+from rankscope.datasets.readers.dumpdir import DumpDir
+
+
+def log_starts(dd: DumpDir, logs: Any) -> dict[str, float | None]:
+    """Each log file's first timed step (naive, as written), None when it logged none."""
+    out: dict[str, float | None] = {rel: None for _, rel in dd.log_files}
+    for s in logs.steps if logs is not None else ():
+        rel = s.source.rpartition(":")[0]
+        if s.time is not None and rel in out:
+            t = s.time - logs.zone_offset_s
+            out[rel] = t if out[rel] is None else min(t, out[rel] or t)
+    return out
+
+
+def folder_capture_times(
+    procs: Sequence[ProcStacks], notes: list[str], zone_s: float, logs: Mapping[str, float | None]
+) -> dict[int, float]:
+    """Capture rounds whose folders carry their capture time (``pyspy-20261202-055119/``): latest bounds, in
+    the zone the logs' naive times were found to be in (``zone_s``)."""
+    from rankscope.datasets.readers.capturefolders import folder_times
+
+    out = {s: t + zone_s for s, t in folder_times(procs, logs).items()}
+    if out:
+        notes.append(
+            f"capture times of {len(out)} round(s) read from their folder names (as the node's clock writes them): "
+            "steps logged after a round's time show the job moving then"
+        )
+    return out
