@@ -211,6 +211,14 @@ def older_incidents(found: list[Found], notes: list[str]) -> list[Found]:
     stamps all come before the other's is an earlier incident kept beside the current one, and every dump
     under those folders is left out, with a note. Only when every such clash is settled the same way (one
     side older); otherwise nothing changes (the clash is refused)."""
+    first_pid: dict[tuple[int, int], int | None] = {}
+    clash = False
+    for f in found:  # the common case, no rank claimed twice, in one cheap pass
+        if f.role is None and f.ident.rank is not None:
+            pid = first_pid.setdefault((f.ident.snapshot, f.ident.rank), f.ident.pid)
+            clash = clash or (pid is not None and f.ident.pid is not None and pid != f.ident.pid)
+    if not clash:
+        return found
     by_key: defaultdict[tuple[int, int], defaultdict[int, list[tuple[str, tuple[int, ...]]]]] = defaultdict(
         lambda: defaultdict(list)
     )

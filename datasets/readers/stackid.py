@@ -106,7 +106,7 @@ def _strangers(group: Sequence[Found]) -> None:
 def _frames_role(frames: Sequence[Any], first: bool) -> str | None:
     if any(f.function in _DATALOADER_FRAMES for f in frames):
         return "dataloader"
-    if any(f.function == "launch_agent" or f.file.replace("\\", "/").endswith(_LAUNCHER_FILES) for f in frames):
+    if any(f.function == "launch_agent" or f.file.replace("\\", "/").endswith(_LAUNCHER_FILES) for f in frames[-8:]):
         return "other"  # torchrun's own agent process (py-spy of a node's whole process tree), never a rank"
     child = any(f.function in _CHILD_FUNCS and f.file.replace("\\", "/").endswith(_CHILD_FILES) for f in frames)
     if (child or not first) and any(h in (f.file + f.function) for f in frames for h in _CHECKPOINT_HINTS):
