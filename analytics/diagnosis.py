@@ -53,7 +53,7 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     log_facts = _log_facts(inputs) if "logs" in use else None
     logs_read = "logs" in use and inputs.logs is not None
     if inputs.exits and "exits" in use:
-        crash_v = _exits_verdict(inputs, cfg, context, procs, bool(procs or fr_dumps or logs_read))
+        crash_v = _exits_verdict(inputs, cfg, context, procs, bool(procs or fr_dumps or logs_read), log_facts)
         if crash_v is not None:
             verdicts.append(crash_v)
     stack_v = fr_v = steps = None
@@ -203,16 +203,25 @@ def _kept_stepping(fr_v: Verdict, steps: Any) -> Verdict:
 
 
 def _exits_verdict(
-    inputs: Inputs, cfg: Config, context: list[str], procs: Sequence[ProcStacks], other_evidence: bool
+    inputs: Inputs,
+    cfg: Config,
+    context: list[str],
+    procs: Sequence[ProcStacks],
+    other_evidence: bool,
+    log_facts: LogFacts | None = None,
 ) -> Verdict | None:
     """The crash verdict, or None when the exits are only context (their words go to ``context``); ``procs``:
     the stacks in use."""
     crash_v = _crash(inputs, cfg)
     if crash_v is None:
         return None
-    replaced = _replaced(inputs.exits, procs, crash_v) or _stepped_after(inputs, procs, crash_v)
+    replaced = (
+        _replaced(inputs.exits, procs, crash_v)
+        or _stepped_after(inputs, procs, crash_v)
+        or _hung(inputs, log_facts, crash_v)
+    )
     if replaced:  # the failed process is not the one the stacks show running: an earlier run's failure
-        context.append(f"[events] not this run's failure: {replaced} " + " ".join(crash_v.reasons[:1]))
+        context.append(f"[events] {replaced} " + " ".join(crash_v.reasons[:1]))
         return None
     if crash_v.details["crash"]["n_primary"] == 0 and other_evidence:
         # every exit reports a lost peer or a deliberate stop (a hung job torn down with SIGTERM, watchdog
@@ -235,12 +244,30 @@ def _replaced(exits: Sequence[ProcessExit], procs: Sequence[ProcStacks], v: Verd
         return ""
     e = gone[0]
     now = min(live[e.rank])
-    return f"rank {e.rank}'s failed process (pid {e.pid}) is not the one its stacks show running (pid {now});"
+    return (
+        f"not this run's failure: rank {e.rank}'s failed process (pid {e.pid}) is not the one its stacks show "
+        f"running (pid {now});"
+    )
 
 
 STEPPED_AFTER_S = 60.0
 """Steps logged this long after every culprit's failure mean the job went on without it (a restart, or a later
 run writing to the same files): a synchronous job cannot step once a rank is dead."""
+
+
+def _hung(inputs: Inputs, log_facts: LogFacts | None, v: Verdict) -> str:
+    """Words when every culprit died of an abort (SIGABRT, no error of its own) and the logs name it the hang's
+    laggard (it never entered the collective its peers timed out in; its heartbeat monitor aborted it): the
+    abort is how a hung process is torn down, and the hang is the fault. "" otherwise."""
+    if log_facts is None or not log_facts.hang_evidence or not v.culprit_ranks:
+        return ""
+    laggards = {lg.rank for lg in log_facts.laggards}
+    gone = [e for e in inputs.exits if e.rank in v.culprit_ranks]
+    if not gone or not set(v.culprit_ranks) <= laggards or not all("SIGABRT" in f"{e.kind} {e.message}" for e in gone):
+        return ""
+    return (
+        "an abort, not a crash: the logs show the process hung (the laggard of the collective its peers timed out in);"
+    )
 
 
 def _stepped_after(inputs: Inputs, procs: Sequence[ProcStacks], v: Verdict) -> str:
@@ -253,7 +280,8 @@ def _stepped_after(inputs: Inputs, procs: Sequence[ProcStacks], v: Verdict) -> s
     steps = [s.time for s in inputs.logs.steps if s.time is not None]
     if not failed or len(failed) < len(v.culprit_ranks) or not steps or max(steps) - max(failed) < STEPPED_AFTER_S:
         return ""
-    return f"the logs show training steps {max(steps) - max(failed):.0f} s after it, so the job went on without it;"
+    gap = max(steps) - max(failed)
+    return f"not this run's failure: the logs show training steps {gap:.0f} s after it, so the job went on without it;"
 
 
 _TIMED = ("hook", "detected", "error-file", "launcher", "log")

@@ -133,3 +133,11 @@ def test_the_launchers_failed_pid_tells_an_earlier_attempts_crash_without_tee():
     12044)" gives the failed process's pid; the stacks show rank 1 running as pid 12261."""
     v = diagnose(load_inputs(REVIEW / "s16"))
     assert v.verdict.value == "hang" and v.suspect_nodes == ("trn-b02",) and v.culprit_ranks == (6,), v.explain()
+
+
+def test_a_heartbeat_monitors_abort_of_the_silent_rank_is_its_hang_not_a_crash():
+    """NCCL-format consoles (an outside tester's): rank 3's GPU wedged, its watchdog thread stuck; after 480 s
+    its heartbeat monitor aborts it (SIGABRT, no error of its own), and 600 s in every other rank's watchdog
+    times out. The logs named rank 3 the hang's laggard, but the abort led as a crash."""
+    v = diagnose(load_inputs(REVIEW / "s17", layout="tp=4,dp=2", gpus_per_node=4))
+    assert v.verdict.value == "hang" and v.suspect_nodes == ("dgx-h100-0801",) and v.culprit_ranks == (3,), v.explain()
