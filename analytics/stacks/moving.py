@@ -109,6 +109,10 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
     )
 
 
+_MODEL_CODE = frozenset({"forward", "_call_impl", "_wrapped_call_impl", "backward", "_engine_run_backward"})
+"""Frames of model compute (every rank runs them; the others may just never be caught there)."""
+
+
 def _main_process_duty(facts: StackFacts, culprits: Sequence[int], flagged: Collection[int]) -> str:
     """A frame rank 0 ran when flagged that no other rank ran in any round, when rank 0 alone is the culprit
     ("" otherwise): the main process has duties of its own (``if rank == 0:`` logging, metrics, checkpoints,
@@ -121,8 +125,8 @@ def _main_process_duty(facts: StackFacts, culprits: Sequence[int], flagged: Coll
         for c in a.clusters:
             if c.role != "trainer":
                 continue
-            if 0 in c.ranks and a.snapshot in flagged:
-                own |= set(c.signature)
+            if 0 in c.ranks and a.snapshot in flagged and not any(k.split("@")[0] in _MODEL_CODE for k in c.signature):
+                own |= set(c.signature)  # model compute (forward, backward) every rank runs: never a duty
             if any(r != 0 for r in c.ranks):
                 others |= set(c.signature)
     return min(own - others, default="")

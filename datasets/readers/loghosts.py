@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -165,35 +166,42 @@ def _under(rel: str, folders: set[str]) -> bool:
 
 
 def _earlier_runs(reads: Sequence[FileRead], mtimes: Mapping[str, float]) -> set[str]:
-    """The run folders (``<parent>/<run_id>``) of a ``--log-dir`` root reused by several launches, except the one
-    that logged last: each launch writes a new ``<run_id>/attempt_<k>/`` beside the old ones. Compared by the
-    newest time stamped in each run's logs (one clock: the node's), else by the files' modification times when
-    one run's are a minute or more newer than every other's (a copy that reset them all ties: left alone)."""
-    by_mtime: dict[str, dict[str, float]] = defaultdict(dict)
-    for f in reads:
-        m = _ATTEMPT_DIR.match(f.rel)
-        if m is not None and f.rel in mtimes:
-            parent = m.group(1).rpartition("/")[0]
-            by_mtime[parent][m.group(1)] = max(by_mtime[parent].get(m.group(1), 0.0), mtimes[f.rel])
-    newest: dict[str, dict[str, float]] = defaultdict(dict)  # parent -> run folder -> its newest stamped line
+    """The run folders (``<parent>/<run_id>``) of a ``--log-dir`` root reused by several launches that ended
+    before the last one began: each launch writes a new ``<run_id>/attempt_<k>/`` beside the old ones. The
+    spans of time each run logged (its stamped lines: one clock, the node's; else its files' modification
+    times, a minute apart at least) must not overlap: the nodes of one launch sharing a --log-dir run at once,
+    and a copy that reset every file time ties; both are left alone."""
+    spans: dict[str, dict[str, list[float]]] = defaultdict(dict)  # parent -> run -> [first, last] stamped
+    by_mtime: dict[str, dict[str, list[float]]] = defaultdict(dict)
     for f in reads:
         m = _ATTEMPT_DIR.match(f.rel)
         if m is None:
             continue
-        parent, _, _run = m.group(1).rpartition("/")
-        stamps = [t for st in f.streams.values() if (t := to_epoch(st.last_stamp, 2000)) is not None]
-        cur = newest[parent].get(m.group(1), float("-inf"))
-        newest[parent][m.group(1)] = max([cur, *stamps])
+        parent, run = m.group(1).rpartition("/")[0], m.group(1)
+        times = [
+            t
+            for st in f.streams.values()
+            for s in (st.first_stamp, st.last_stamp)
+            if (t := to_epoch(s, 2000)) is not None
+        ]
+        _widen(spans[parent], run, times)
+        _widen(by_mtime[parent], run, [mtimes[f.rel]] if f.rel in mtimes else [])
     stale: set[str] = set()
-    for parent, runs in newest.items():
-        if len(runs) > 1 and all(t > float("-inf") for t in runs.values()):
-            last = max(runs, key=lambda r: runs[r])
-            stale |= {r for r in runs if r != last}
-        elif len(runs) > 1 and len(by_mtime[parent]) == len(runs):
-            times = sorted(by_mtime[parent].values())
-            if times[-1] - times[-2] >= 60.0:
-                stale |= {r for r, x in by_mtime[parent].items() if x < times[-1]}
+    for parent, runs in spans.items():
+        timed = runs if len(runs) > 1 and all(runs.values()) else by_mtime[parent]
+        gap = 0.0 if timed is runs else 60.0
+        if len(timed) < 2 or len(timed) != len(runs) or not all(timed.values()):
+            continue
+        last = max(timed, key=lambda r: timed[r][1])
+        if all(timed[r][1] + gap < timed[last][0] for r in timed if r != last):
+            stale |= {r for r in timed if r != last}
     return stale
+
+
+def _widen(spans: dict[str, list[float]], run: str, times: Sequence[float]) -> None:
+    span = spans.setdefault(run, [])
+    if times:
+        span[:] = [min([*span[:1], *times]), max([*span[1:], *times])]
 
 
 def year_of(files: list[FileRead], fallback: int) -> int:
@@ -203,3 +211,10 @@ def year_of(files: list[FileRead], fallback: int) -> int:
         for y in f.years:
             years[y] += 1
     return max(years, key=lambda y: years[y]) if years else fallback
+
+
+def file_mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None

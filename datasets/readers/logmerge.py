@@ -11,7 +11,6 @@ describe the same failure, their difference corrects the zone of every naive tim
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from rankscope.datasets.readers.faulthandler import parse_traceback_text
 from rankscope.datasets.readers.identity import natural, path_facts
 from rankscope.datasets.readers.loghosts import (
     failed_pid,
+    file_mtime,
     is_machine_name,
     latest_attempts,
     launcher_key,
@@ -178,13 +178,6 @@ def _stream_rank(f: FileRead, key: tuple[str, int] | None, st: Stream, ranks: _R
     return None  # the launcher's own lines
 
 
-def _mtime(path: str) -> float | None:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
-
-
 def _with_launcher(facts: Any, rel: str) -> Any:
     """An error file's path facts, its host the launcher's ``--log-dir`` tree when no host folder names one."""
     return facts if facts.host else replace(facts, host=launcher_key(rel))
@@ -212,7 +205,7 @@ def read_logs(
             notes.append(f"log {rel} unreadable ({type(exc).__name__}: {str(exc)[:80]})")
     machine_names(reads, notes)
     errors = [(rel, e) for path, rel in elastic if (e := read_error_file(path, rel)) is not None]
-    mtimes = {rel: t for path, rel in files if (t := _mtime(path)) is not None}
+    mtimes = {rel: t for path, rel in files if (t := file_mtime(path)) is not None}
     reads, errors = latest_attempts(reads, errors, notes, attempt_files, mtimes)
     fallback = next((time.gmtime(e.time).tm_year for _, e in errors if e.time), time.gmtime().tm_year)
     year = year_of(reads, fallback)
@@ -235,7 +228,7 @@ def read_logs(
     note = ranks.assume()
     if note:
         notes.append(note)
-    written = max((t for p, _ in (*files, *elastic) if (t := _mtime(p)) is not None), default=None)
+    written = max((t for p, _ in (*files, *elastic) if (t := file_mtime(p)) is not None), default=None)
     out = _build(reads, plan, err_local, ranks, year, notes, written)
     out.assumed_ranks = sorted(ranks.map[k] for k in ranks.assumed)
     return out
@@ -258,6 +251,7 @@ def _build(
     steps: list[StepRecord] = []
     found_exits: dict[int, dict[str, Any]] = {}
     lived: set[tuple[int, str, str]] = set()  # (rank, kind, message) of exceptions a process lived through
+    repeated: dict[int, tuple[dict[str, Any], str]] = {}  # an error a rank printed twice: handled, or logged and raised
     blocks: dict[int, list[ProcessDump]] = defaultdict(list)
     launcher: list[LauncherFailure] = [e for f in reads for e in f.summary]
     offset = zone_offset(launcher, err_local, ranks)
@@ -288,17 +282,25 @@ def _build(
             if ex["kind"] in _LAUNCHER_EXC:
                 continue
             why = lived_on(f, st, ex)
-            if why:
-                notes.append(f"rank {rank}{why}")
-                lived.add((rank, ex["kind"], ex["message"]))
-                continue
             t = to_epoch(ex["stamp"], year)
             when = t + offset if t is not None else None
-            found_exits.setdefault(rank, {**ex, "time": when, "node": host, "pid": failed_pid(f, st, rank, ex["line"])})
+            rec = {**ex, "time": when, "node": host, "pid": failed_pid(f, st, rank, ex["line"])}
+            if why and "the same error again" in why:  # handled, unless other ranks failed too (then: log, raise)
+                repeated.setdefault(rank, (rec, f"rank {rank}{why}"))
+            elif why:
+                notes.append(f"rank {rank}{why}")
+                lived.add((rank, ex["kind"], ex["message"]))
+            else:
+                found_exits.setdefault(rank, rec)
         for text in st.stacks:
             blocks[rank].extend(d for d in parse_traceback_text(text, f.rel) if d.status in ("ok", "partial"))
     for r in [r for r, ex in found_exits.items() if (r, ex["kind"], ex["message"]) in lived]:  # a copy lived on
         del found_exits[r]
+    for r, (rec, note) in repeated.items():
+        if found_exits.keys() - {r} or any(e.rank != r for e in launcher):
+            found_exits.setdefault(r, rec)  # the job died: an error logged and raised again is this rank's exit
+        else:
+            notes.append(note)
     _exits(out, found_exits, launcher, err_local, ranks, wd, offset, gloo, written)
     for e in launcher:
         if is_machine_name(e.host):

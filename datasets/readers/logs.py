@@ -93,6 +93,7 @@ class Stream:
     exits: list[dict[str, Any]] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)  # watchdog / gloo / step records
     last_stamp: Stamp | None = None
+    first_stamp: Stamp | None = None
     lines: int = 0
     cxx: str = ""  # the type of a C++ exception that ended the process, until its ``what():`` line
     ignored: str = ""  # "Exception ignored ..." / "Exception in thread NAME:": the traceback ends no process
@@ -145,10 +146,11 @@ class FileRead:
 
     def lived_on(self, line: int) -> bool:
         """Whether an exception logged at ``line`` ended no process: this file's launcher then reported its group
-        finished, or was itself stopped by a signal (``scancel``), with no failure or restart in between."""
+        finished, or was stopped by a signal (``scancel``) after training steps it logged later, no failure between."""
         if self.failed_before_ok < line < self.finished_ok:
             return True
-        return line < self.stopped_at and not any(line < f < self.stopped_at for f in self.failures)
+        stepped = max((st.last_step_at for st in self.streams.values()), default=0) > line
+        return stepped and line < self.stopped_at and not any(line < f < self.stopped_at for f in self.failures)
 
 
 def _parse_stamp(m: re.Match[str]) -> Stamp | None:
@@ -255,6 +257,7 @@ def _line(fr: FileRead, summary: SummaryParser, line: str, lineno: int, rel: str
     st.local = local if local is not None else st.local
     st.lines += 1
     if stamp is not None:
+        st.first_stamp = st.first_stamp or stamp
         st.last_stamp = stamp
         if len(stamp) == 4:
             fr.years.append(stamp[0])

@@ -141,3 +141,25 @@ def test_a_heartbeat_monitors_abort_of_the_silent_rank_is_its_hang_not_a_crash()
     times out. The logs named rank 3 the hang's laggard, but the abort led as a crash."""
     v = diagnose(load_inputs(REVIEW / "s17", layout="tp=4,dp=2", gpus_per_node=4))
     assert v.verdict.value == "hang" and v.suspect_nodes == ("dgx-h100-0801",) and v.culprit_ranks == (3,), v.explain()
+
+
+@pytest.mark.parametrize(
+    "case, why",
+    [
+        ("s18", "every node's torchrun writes its own run folder under one shared --log-dir, at the same time"),
+        ("s19", "rank 2's CUDA error, no step for 23 minutes, then scancel: the stop proves no survival"),
+        ("s20", "logger.exception(...); raise prints the fatal error twice while the other ranks lose their peer"),
+    ],
+)
+def test_a_real_crash_is_not_explained_away(case, why):
+    """A second reviewer's counter-examples to the rules that tell history and handled errors from crashes:
+    each hid a real crash of rank 2 (inconclusive)."""
+    v = diagnose(load_inputs(REVIEW / case, gpus_per_node=2))
+    assert v.verdict.value == "crash" and v.culprit_ranks == (2,), (why, v.explain())
+
+
+def test_rank_0_slow_in_model_compute_is_no_main_process_duty():
+    """``failslow-5rounds`` with the slow process laid out as rank 0, caught in ``Linear.forward``: the others
+    are never caught in forward because they always wait for it, so "code no other rank ran" excused it."""
+    v = diagnose(load_inputs(REVIEW / "s21", gpus_per_node=2))
+    assert v.verdict.value == "fail-slow" and v.culprit_ranks == (0,), v.explain()
