@@ -173,7 +173,7 @@ def _logged_steps(inputs: Inputs, log_facts: LogFacts | None, f: stacks.StackFac
     if bound is None or not after or min(after) - bound > STEP_AFTER_MAX_S:
         return None
     first = min(after)
-    ended = [e.time for e in inputs.exits if e.time_source not in ("unordered", "untimed")]
+    ended = [e.time for e in inputs.exits if e.timed]
     ended += [x.time for x in inputs.logs.launcher if x.time is not None]
     if any(bound - 1.0 <= t <= first for t in ended):  # the captured processes ended before that step
         return None
@@ -276,15 +276,12 @@ def _stepped_after(inputs: Inputs, procs: Sequence[ProcStacks], v: Verdict) -> s
     alive = {p.rank for p in procs if p.role == "trainer" and p.status in ("ok", "partial")}
     if inputs.logs is None or not set(v.culprit_ranks) <= alive:
         return ""
-    failed = [e.time for e in inputs.exits if e.rank in v.culprit_ranks and e.time_source in _TIMED]
+    failed = [e.time for e in inputs.exits if e.rank in v.culprit_ranks and e.timed]
     steps = [s.time for s in inputs.logs.steps if s.time is not None]
     if not failed or len(failed) < len(v.culprit_ranks) or not steps or max(steps) - max(failed) < STEPPED_AFTER_S:
         return ""
     gap = max(steps) - max(failed)
     return f"not this run's failure: the logs show training steps {gap:.0f} s after it, so the job went on without it;"
-
-
-_TIMED = ("hook", "detected", "error-file", "launcher", "log")
 
 
 def _crash(inputs: Inputs, cfg: Config) -> Verdict | None:

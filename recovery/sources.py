@@ -6,7 +6,7 @@
   capture, the process exits around it), plus the job's health events from the ``events`` table;
 - a dump directory (or the hook's run directory): diagnosed first, as ``rankscope diagnose DIR`` does.
 
-Diagnosis goes through the same two calls as the CLI's ``diagnose`` (``datasets.loading.load_inputs``,
+Diagnosis goes through the same two calls as the CLI's ``diagnose`` (``rankscope.datasets.loading.load_inputs``,
 then ``analytics.diagnose``); nothing is loaded another way. Evidence older than the job's last applied
 disruptive action (an eviction, a restart) belongs to an earlier incident the executor already handled
 and is left out.

@@ -38,7 +38,7 @@ def gloo_timeout_clock(
     waited = {g.rank: g.timeout_ms for g in gloo if g.kind == "timeout" and g.rank is not None and g.timeout_ms}
     failed: dict[int, float] = {}
     for e in exits:
-        if e.rank in waited and e.time_source not in ("unordered", "untimed"):
+        if e.rank in waited and e.timed:
             failed[e.rank] = min(failed.get(e.rank, e.time), e.time)
     tied: dict[int, float] = {}
     stuck_at: dict[str, set[int]] = {}  # group -> the collective seqs the tied ranks wait in

@@ -261,7 +261,7 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
         if first.time_source == "detected" and later:
             confidence = min(confidence, 0.8)  # its time is when the agent noticed, not when it died
         reasons = [f"Rank {first.rank} on {f.node_of(first)} failed first: {first.describe()}."]
-        if first.time_source in ("unordered", "untimed"):  # only which failures are a cascade is known
+        if not first.timed:  # only which failures are a cascade is known
             confidence = min(confidence, 0.7)
             why = (
                 "no failure carries a time: their order is unknown"
@@ -295,7 +295,7 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
     if cascade and f.primary:
         lo, hi = min(e.time for e in cascade) - first.time, max(e.time for e in cascade) - first.time
         when = f"{lo:.1f}-{hi:.1f} s later" if lo >= 0 else f"between {-lo:.1f} s before and {hi:.1f} s after it"
-        if first.time_source in ("unordered", "untimed"):
+        if not first.timed:
             when = "too"
         reasons.append(
             f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {when} "

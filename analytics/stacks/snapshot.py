@@ -164,7 +164,6 @@ class _Roles:
     cut: list[int]
     problems: list[CaptureProblem]
     gone: list[int]  # trainer ranks whose process was gone (or its listed dump absent) when captured
-    stopped: list[int]  # trainer ranks whose process py-spy found stopped (SIGSTOP, state T): it runs nothing
 
 
 def split_roles(procs: Sequence[ProcStacks]) -> _Roles:
@@ -176,7 +175,6 @@ def split_roles(procs: Sequence[ProcStacks]) -> _Roles:
     cut: list[int] = []
     problems: list[CaptureProblem] = []
     gone: list[int] = []
-    stopped: list[int] = []
     for p in procs:
         if p.role != "trainer":
             if p.status in ("failed", "cut"):
@@ -195,11 +193,9 @@ def split_roles(procs: Sequence[ProcStacks]) -> _Roles:
                 cut.append(p.rank)
             elif prob.gone:
                 gone.append(p.rank)
-            elif prob.kind == "stopped":
-                stopped.append(p.rank)
         else:
             trainers.append(p)
-    return _Roles(trainers, children, seen, cut, problems, gone, stopped)
+    return _Roles(trainers, children, seen, cut, problems, gone)
 
 
 class _Findings(dict[int, Finding]):
@@ -322,8 +318,9 @@ def analyze_snapshot(
     healthy = _trainer_findings(clusters, findings)
     states, healthy_rank = _states(clusters, world)
     known = topology.ranks if expected is None else np.asarray(expected, dtype=np.int64)
-    gone, stopped = set(roles.gone), set(roles.stopped)
+    stopped = {p.rank for p in roles.problems if p.kind == "stopped" and p.rank is not None}  # in state T
     absent = {p.rank for p in roles.problems if p.kind == "absent"}
+    gone = set(roles.gone)
     known = np.union1d(known, np.fromiter(stopped, dtype=np.int64, count=len(stopped)))  # its own capture says so
     known = known[(known >= 0) & (known < world)]
     gone |= stopped  # a stopped process runs no code: for its waiting peers it is as absent as a dead one

@@ -36,6 +36,11 @@ class ProcessExit:
     # the incident's first failure)
     source: str = ""  # the file or table it came from
 
+    @property
+    def timed(self) -> bool:
+        """Whether its time is its own (not placed at the incident's first failure, nor from a set none timed)."""
+        return self.time_source not in ("unordered", "untimed")
+
     def describe(self) -> str:
         what = (
             "vanished without a record (killed by a signal, os._exit or the OOM killer)"

@@ -16,7 +16,8 @@ def log_starts(dd: DumpDir, logs: Any) -> dict[str, float | None]:
         rel = s.source.rpartition(":")[0]
         if s.time is not None and rel in out:
             t = s.time - logs.zone_offset_s
-            out[rel] = t if out[rel] is None else min(t, out[rel] or t)
+            prev = out[rel]
+            out[rel] = t if prev is None else min(t, prev)
     return out
 
 

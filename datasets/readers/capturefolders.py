@@ -149,10 +149,9 @@ def _numbered(names: list[str]) -> bool:
     return len({re.sub(r"\d+", "#", n) for n in names}) == 1
 
 
-_STAMP = re.compile(
-    r"(?<!\d)(20\d\d)-?(0[1-9]|1[0-2])-?(0[1-9]|[12]\d|3[01])"  # date
-    r"[-_T. ]?([01]\d|2[0-3])[-_:.]?([0-5]\d)[-_:.]?([0-5]\d)(?!\d)"  # time of day, to the second
-)
+_DATE = r"(?<!\d)(20\d\d)-?(0[1-9]|1[0-2])-?(0[1-9]|[12]\d|3[01])"
+_STAMP = re.compile(_DATE + r"[-_T. ]?([01]\d|2[0-3])[-_:.]?([0-5]\d)[-_:.]?([0-5]\d)(?!\d)")  # to the second
+_DAY = re.compile(_DATE + r"(?!\d)")
 
 
 def folder_times(
@@ -190,9 +189,6 @@ def folder_times(
     if len(out) == 1 and not any(t >= first - 1.0 for t in timed) and (timed or not inside):  # logged before it
         return out
     return out if len(out) > 1 and all(a < b for a, b in zip(order, order[1:])) else {}
-
-
-_DAY = re.compile(r"(?<!\d)(20\d\d)-?(0[1-9]|1[0-2])-?(0[1-9]|[12]\d|3[01])(?!\d)")
 
 
 def _outer_stamp(rel: str) -> tuple[str, tuple[int, ...]] | None:

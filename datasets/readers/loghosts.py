@@ -143,8 +143,7 @@ def zone_offset(launcher: Sequence[Any], err_local: Sequence[tuple[str, Any, Any
 def lived_on(f: FileRead, st: Stream, ex: dict[str, Any]) -> str:
     """Why the exception ``ex`` (one of ``st.exits``) ended no process, as the end of a note ("" when it may
     have): a thread other than the main one died; the launcher later reported its group finished, or was itself
-    stopped from outside with no failure before; the rank logged training steps after it; or it printed the
-    same error more than once (a process ends once: one that repeats an error handles it and goes on)."""
+    stopped from outside with no failure before; or the rank logged training steps after it."""
     line, kind, message = ex["line"], ex["kind"], ex["message"]
     if ex.pop("thread", ""):
         msg = " ".join(message.split())[:160]
@@ -154,11 +153,15 @@ def lived_on(f: FileRead, st: Stream, ex: dict[str, Any]) -> str:
         why = f"its launcher then reported {then}"
     elif line < st.last_step_at:
         why = "it logged training steps after it"
-    elif sum(1 for e in st.exits if e["kind"] == kind and e["message"] == message) > 1:
-        why = "it printed the same error again later: a handled error"
     else:
         return ""
     return f" logged {kind} at {ex['source']} and lived on ({why}): not a failure"
+
+
+def repeated(st: Stream, ex: dict[str, Any]) -> bool:
+    """Whether the stream printed the error ``ex`` more than once: a process ends once, so one that repeats an
+    error handles it and goes on, unless it logged it before raising it (``logger.exception(...); raise``)."""
+    return sum(1 for e in st.exits if e["kind"] == ex["kind"] and e["message"] == ex["message"]) > 1
 
 
 def _under(rel: str, folders: set[str]) -> bool:

@@ -31,6 +31,7 @@ from rankscope.datasets.readers.loghosts import (
     launcher_key,
     lived_on,
     machine_names,
+    repeated,
     year_of,
     zone_offset,
 )
@@ -251,7 +252,7 @@ def _build(
     steps: list[StepRecord] = []
     found_exits: dict[int, dict[str, Any]] = {}
     lived: set[tuple[int, str, str]] = set()  # (rank, kind, message) of exceptions a process lived through
-    repeated: dict[int, tuple[dict[str, Any], str]] = {}  # an error a rank printed twice: handled, or logged and raised
+    twice: dict[int, tuple[dict[str, Any], str]] = {}  # an error a rank printed twice: handled, or logged and raised
     blocks: dict[int, list[ProcessDump]] = defaultdict(list)
     launcher: list[LauncherFailure] = [e for f in reads for e in f.summary]
     offset = zone_offset(launcher, err_local, ranks)
@@ -285,18 +286,21 @@ def _build(
             t = to_epoch(ex["stamp"], year)
             when = t + offset if t is not None else None
             rec = {**ex, "time": when, "node": host, "pid": failed_pid(f, st, rank, ex["line"])}
-            if why and "the same error again" in why:  # handled, unless other ranks failed too (then: log, raise)
-                repeated.setdefault(rank, (rec, f"rank {rank}{why}"))
-            elif why:
+            if why:
                 notes.append(f"rank {rank}{why}")
                 lived.add((rank, ex["kind"], ex["message"]))
+            elif repeated(st, ex):  # handled, unless other ranks failed too (then: logged, then raised)
+                handled = "it printed the same error again later: a handled error"
+                twice.setdefault(
+                    rank, (rec, f"rank {rank} logged {ex['kind']} at {ex['source']} and lived on ({handled})")
+                )
             else:
                 found_exits.setdefault(rank, rec)
         for text in st.stacks:
             blocks[rank].extend(d for d in parse_traceback_text(text, f.rel) if d.status in ("ok", "partial"))
     for r in [r for r, ex in found_exits.items() if (r, ex["kind"], ex["message"]) in lived]:  # a copy lived on
         del found_exits[r]
-    for r, (rec, note) in repeated.items():
+    for r, (rec, note) in twice.items():
         if found_exits.keys() - {r} or any(e.rank != r for e in launcher):
             found_exits.setdefault(r, rec)  # the job died: an error logged and raised again is this rank's exit
         else:

@@ -118,7 +118,6 @@ class FileRead:
     host_from: str = ""  # "folder" | "file" (its name) | "" (nothing in the path names the machine)
     name_host: str | None = None  # a machine name in the file's name (``dgx-h100-0743.log``)
     finished_ok: int = 0  # the line of the launcher's last "worker group successfully finished" (0: none)
-    failed_before_ok: int = 0  # the line of the launcher's last failure or restart before it (0: none)
     restarted_at: int = 0  # the line of the launcher's last "will restart worker group" (0: none)
     failed_pids: list[tuple[int, int, int]] = field(default_factory=list)  # (line, local rank, pid): "failed (exitcode"
     failures: list[int] = field(default_factory=list)  # the lines of the launcher's failures and restarts
@@ -143,6 +142,11 @@ class FileRead:
     def workers(self) -> int:
         """Worker processes whose lines carry a ``[<role><L>]:`` or ``[rank<N>]:`` tag (a per-host console: several)."""
         return sum(1 for k in self.streams if k is not None)
+
+    @property
+    def failed_before_ok(self) -> int:
+        """The line of the launcher's last failure or restart (0: none)."""
+        return self.failures[-1] if self.failures else 0
 
     def lived_on(self, line: int) -> bool:
         """Whether an exception logged at ``line`` ended no process: this file's launcher then reported its group
@@ -268,7 +272,6 @@ def _line(fr: FileRead, summary: SummaryParser, line: str, lineno: int, rel: str
             fr.stopped_at = fr.stopped_at or lineno
         elif any(f in text for f in _GROUP_FAILED):
             fr.failures.append(lineno)
-            fr.failed_before_ok = lineno
             if m := _FAILED_PID.search(text):
                 fr.failed_pids.append((lineno, int(m.group(1)), int(m.group(2))))
             if "will restart worker group" in text:

@@ -35,7 +35,7 @@ KINDS = (IDENTITY, STACK, EXIT, STEPS, FR, FR_PICKLE, CTL)
 
 FR_DUMP_TIME_KEY = "rankscope_dump_time_ns"
 """The top-level key the hook adds to each Flight Recorder dump it writes: when it was taken (epoch ns;
-FR itself records no dump time). Equal to ``datasets.domain.flight_recorder.DUMP_TIME_KEY``."""
+FR itself records no dump time). Equal to ``rankscope.datasets.domain.flight_recorder.DUMP_TIME_KEY``."""
 
 TRIGGER = "trigger"
 AGENT_PID = "agent.pid"

@@ -107,7 +107,7 @@ def _frames_role(frames: Sequence[Any], first: bool) -> str | None:
     if any(f.function in _DATALOADER_FRAMES for f in frames):
         return "dataloader"
     if any(f.function == "launch_agent" or f.file.replace("\\", "/").endswith(_LAUNCHER_FILES) for f in frames[-8:]):
-        return "other"  # torchrun's own agent process (py-spy of a node's whole process tree), never a rank"
+        return "other"  # torchrun's own agent process (py-spy of a node's whole process tree), never a rank
     child = any(f.function in _CHILD_FUNCS and f.file.replace("\\", "/").endswith(_CHILD_FILES) for f in frames)
     if (child or not first) and any(h in (f.file + f.function) for f in frames for h in _CHECKPOINT_HINTS):
         return "checkpoint"
@@ -216,12 +216,10 @@ def identify(
             i = j
             continue
         group = found[i:j]
-        trainers = 0
         for f in group:
             f.role = _stack_role(f.dump, name, False, f.index == 0)
         _strangers(group)
-        for f in group:
-            trainers += f.role is None
+        trainers = sum(f.role is None for f in group)
         for f in group:
             f.siblings = trainers
             _base(f, size, trainers, hooks)

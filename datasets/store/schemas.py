@@ -128,7 +128,7 @@ VERDICTS = TableSpec(
             pa.field("suspect_ranks", pa.list_(pa.int32())),
             pa.field("summary", pa.string()),
             pa.field("verdict_json", pa.string()),
-            pa.field("incident_time", TIME),  # when the incident happened (see datasets.store.catalog)
+            pa.field("incident_time", TIME),  # when the incident happened (see rankscope.datasets.store.catalog)
             pa.field("incident_source", pa.string()),  # capture | first-failure | flight-recorder | ...
             # optional (rankscope batch fills them): which incident of the job (an ingest id, capture-<snapshot>
             # or live) and a digest of its evidence; batch writes a (job, incident_id, input_fingerprint) once

@@ -1,4 +1,4 @@
-"""Logs laid out and worded as the field writes them, from an outside tester's cases (``/work/fieldcases8``,
+"""Logs laid out and worded as the field writes them, from an outside tester's cases (``fieldcases8``,
 formats taken from real output quoted in public issues): each test is a case that once named the wrong
 machine, or named one in a healthy job.
 """
