@@ -23,10 +23,10 @@ processes claiming one rank are resolved (host + local rank) or refused with one
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from rankscope.datasets.domain.bounds import (
     FOREIGN,
@@ -38,10 +38,11 @@ from rankscope.datasets.domain.bounds import (
     read_to_end,
 )
 from rankscope.datasets.domain.identity import Identity
-from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, from_dump
+from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, ThreadDump, from_dump
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import failed_dump
 from rankscope.datasets.readers.faulthandler import looks_like_traceback, parse_traceback_text
+from rankscope.datasets.readers.forked import chunks, map_chunks, worker_count
 from rankscope.datasets.readers.identity import MANIFEST, Manifests, path_facts, read_manifest
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
@@ -181,19 +182,90 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_sym
             f"{root}: {len(w.files):,} files is over the {cap:,}-file limit (limits.max_files; raise it with "
             "RANKSCOPE_LIMITS_MAX_FILES, or point rankscope at one incident's folder)"
         )
-    for abs_path, rel in progress(w.files, f"reading {root.name or root}"):
-        try:
-            _classify(sc, abs_path, rel, manifests, hooked)
-        except RankscopeError as exc:  # one bad file never loses the others: it is a note
-            sc.skipped.append(f"{rel} ({_why(exc, abs_path)})")
-        except FOREIGN as exc:  # a reader's bug on hostile bytes: the file is skipped, named, with the cause
-            sc.skipped.append(f"{rel} (unreadable: {type(exc).__name__}: {str(exc)[:80]})")
+    label = f"reading {root.name or root}"
+    parts = chunks(w.files, worker_count(len(w.files), min_per_worker=_FILES_PER_WORKER), lead=_LEAD)
+    for part, part_hooked in map_chunks(
+        parts,
+        lambda files: _classify_all(files, root, manifests, label),
+        encode=lambda res: _encode_part(res, manifests),
+        decode=lambda data: _decode_part(data, manifests),
+    ):
+        _merge(sc, part, hooked, part_hooked)
     for row in manifests.absent(present):  # listed but not there: that process's capture is missing
         why = f"listed in {row.manifest} but the file is absent"
         sc.found.append(Found(row.file, failed_dump(row.file, "unknown", why, row.pid, kind="absent"), [row], 0))
     from rankscope.datasets.readers.dumpscan import finish
 
     return finish(sc, manifests, hooked, gpus_per_node=gpus_per_node)
+
+
+_FILES_PER_WORKER = 2000  # below this a fork and the results' trip through a pipe cost more than they save
+_LEAD = 1.1  # this process also decodes the workers' processes: it reads a larger share
+_BUCKETS = ("found", "fr", "metrics", "timings", "exits", "logs", "elastic", "skipped", "unlisted")
+
+
+def _classify_all(
+    files: Sequence[tuple[str, str]], root: Path, manifests: Manifests, label: str
+) -> tuple[_Scan, dict[tuple[str, int], object]]:
+    """:func:`_classify` over one chunk of the walk's files, into a scan and hook table of its own."""
+    sc = _Scan(root)
+    hooked: dict[tuple[str, int], object] = {}
+    for abs_path, rel in progress(files, label):
+        try:
+            _classify(sc, abs_path, rel, manifests, hooked)
+        except RankscopeError as exc:  # one bad file never loses the others: it is a note
+            sc.skipped.append(f"{rel} ({_why(exc, abs_path)})")
+        except FOREIGN as exc:  # a reader's bug on hostile bytes: the file is skipped, named, with the cause
+            sc.skipped.append(f"{rel} (unreadable: {type(exc).__name__}: {str(exc)[:80]})")
+    return sc, hooked
+
+
+def _merge(
+    sc: _Scan, part: _Scan, hooked: dict[tuple[str, int], object], part_hooked: dict[tuple[str, int], object]
+) -> None:
+    """A chunk's buckets after the previous chunks' (file order is kept)."""
+    for name in _BUCKETS:
+        getattr(sc, name).extend(getattr(part, name))
+    for key, hp in part_hooked.items():
+        have = hooked.get(key)
+        if have is None:
+            hooked[key] = hp
+        else:  # one process's hook files split between two chunks
+            have.files.update(hp.files)  # type: ignore[attr-defined]
+            have.rel.update(hp.rel)  # type: ignore[attr-defined]
+
+
+def _encode_part(res: tuple[_Scan, dict[tuple[str, int], object]], manifests: Manifests) -> tuple[Any, ...]:
+    """A chunk's scan as plain tuples (NamedTuples and slotted dataclasses pickle through Python code, one
+    call per object; a manifest's rows travel as a reference: the parent holds the same manifests)."""
+    sc, hooked = res
+    found = [
+        (
+            f.rel,
+            tuple(map(tuple, d.threads)),
+            (d.pid, d.cmdline, d.status, d.error, d.source_format, d.source_file, d.failure_kind),
+            None if f.rows is None else _ROWS if f.rows and f.rows is manifests.by_file.get(f.rel) else f.rows,
+            f.index,
+        )
+        for f in sc.found
+        for d in (f.dump,)
+    ]
+    return found, tuple(getattr(sc, n) for n in _BUCKETS[1:]), hooked
+
+
+_ROWS = "<manifest rows>"
+
+
+def _decode_part(data: tuple[Any, ...], manifests: Manifests) -> tuple[_Scan, dict[tuple[str, int], object]]:
+    found, buckets, hooked = data
+    sc = _Scan(Path("."))
+    new_thread = tuple.__new__
+    for rel, threads, fields, rows, index in found:
+        dump = ProcessDump(tuple([new_thread(ThreadDump, t) for t in threads]), *fields)
+        sc.found.append(Found(rel, dump, manifests.by_file.get(rel) if rows == _ROWS else rows, index))
+    for name, items in zip(_BUCKETS[1:], buckets):
+        setattr(sc, name, items)
+    return sc, hooked
 
 
 def _why(exc: Exception, abs_path: str) -> str:

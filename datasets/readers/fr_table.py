@@ -9,7 +9,7 @@ from typing import Any
 
 from rankscope.datasets.domain.flight_recorder import FRDump, FREntry, PGInfo, PGStatus
 from rankscope.datasets.domain.stacks import Frame
-from rankscope.datasets.readers.flight_recorder import shapes, split_profiling_name
+from rankscope.datasets.readers.fr_entries import shapes, split_profiling_name
 from rankscope.spine import InputError
 
 

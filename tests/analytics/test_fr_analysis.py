@@ -13,7 +13,8 @@ import pytest
 from rankscope.analytics import collectives
 from rankscope.datasets.domain.flight_recorder import FRDump, FREntry, PGInfo
 from rankscope.datasets.domain.topology import Layout, Topology
-from rankscope.datasets.readers.flight_recorder import parse_dump, read_fr_dir, split_profiling_name
+from rankscope.datasets.readers.flight_recorder import parse_dump, read_fr_dir
+from rankscope.datasets.readers.fr_entries import split_profiling_name
 from rankscope.harness.synthetic_fr import generate_fr
 from rankscope.spine import InputError
 

@@ -15,8 +15,8 @@ from rankscope.datasets.readers.flight_recorder import (
     read_fr_dir,
     read_fr_file,
     read_fr_files,
-    split_profiling_name,
 )
+from rankscope.datasets.readers.fr_entries import split_profiling_name
 from rankscope.datasets.readers.fr_files import is_fr_file, rank_from_name
 from rankscope.datasets.readers.fr_table import fr_from_table, fr_to_rows
 from rankscope.datasets.store.store import Store

@@ -1,0 +1,294 @@
+"""One Flight Recorder record -> :class:`FREntry`: the hot path of the FR reader (once per record of every
+rank) and its tolerant twin for old or odd records. Values as PyTorch writes them take the fast path;
+anything else is checked field by field, and a value out of 64 bits is a ValueError naming it.
+Shapes, dtype lists and stacks repeat millions of times in a large job: each distinct one is validated once
+and interned."""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from rankscope.datasets.domain.bounds import INT64_MAX, INT64_MIN, MAX_LINE_NO, to_float, to_int
+from rankscope.datasets.domain.flight_recorder import FREntry
+from rankscope.datasets.domain.stacks import Frame
+
+_P2P = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
+
+
+@lru_cache(maxsize=65536)
+def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
+    """``"nccl:send 0->1"`` -> ``("nccl", "send", 0, 1)``;
+    ``"gloo:all_reduce"`` -> ``("gloo", "all_reduce", None, None)``."""
+    backend, _, rest = name.partition(":") if ":" in name else ("", "", name)
+    rest = rest.strip()
+    m = _P2P.match(rest)
+    if m:
+        a, b = int(m.group(2)), int(m.group(4))
+        src, dst = (a, b) if m.group(3) == "->" else (b, a)
+        return backend, m.group(1), src, dst
+    return backend, rest.split(" ", 1)[0] if rest else "", None, None
+
+
+def shapes(v: Any) -> tuple[tuple[int, ...], ...]:
+    """Tensor shapes as tuples of ints; anything else (deeper nesting, strings, huge numbers) a ValueError.
+    Validated shapes are interned (a job repeats a few shapes millions of times: one lookup, one tuple)."""
+    if not v:
+        return ()
+    try:
+        out = tuple(map(tuple, v))
+        hit = _SHAPES.get(out)
+        if hit is not None:
+            return hit  # equal to a validated all-int shape (1.0 == 1: the int one is returned)
+        if all(x.__class__ is _INT for s in out for x in s):  # what PyTorch writes: plain ints
+            if len(_SHAPES) < _INTERN_MAX:
+                _SHAPES[out] = out
+            return out
+    except TypeError:  # not a list of lists, or an unhashable dimension
+        pass
+    return tuple(tuple(_i64(x) for x in s) if isinstance(s, (list, tuple)) else (_i64(s),) for s in v)
+
+
+_SHAPES: dict[tuple[tuple[Any, ...], ...], tuple[tuple[int, ...], ...]] = {}
+_DTYPES: dict[tuple[Any, ...], tuple[str, ...]] = {}
+_STACKS: dict[tuple[tuple[Any, Any, Any], ...], tuple[Frame, ...]] = {}
+_INTERN_MAX = 1 << 16
+_new_frame = tuple.__new__
+_FRAME_FIELDS = operator.itemgetter("name", "filename", "line")
+
+
+def _i64(v: Any, default: int | None = None) -> int:
+    """A 64-bit integer field (``default`` when absent); anything else is a ValueError naming the value."""
+    if v is None and default is not None:
+        return default
+    out = to_int(v)
+    if out is None:
+        raise ValueError(f"{str(v)[:40]!r} is not a 64-bit integer")
+    return out
+
+
+def opt_i64(v: Any) -> int | None:
+    return None if v is None or v == "" else _i64(v)
+
+
+def _duration(v: Any) -> float | None:
+    return None if v is None else to_float(v)
+
+
+def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
+    if not v:
+        return ()
+    hit = cache.get(id(v))  # pickles share one list for identical stacks; v stays alive while parsing
+    if hit is not None:
+        return hit
+    try:
+        # torch writes each entry's frames anew: interned by value, one tuple per distinct stack, checked once
+        key = tuple(map(_FRAME_FIELDS, v))
+        out = _STACKS.get(key)  # TypeError: an unhashable field (a list for a name): the careful way below
+        if out is None:
+            out = tuple([_new_frame(Frame, k) for k in key])
+            if not all(_plain_frame(f) for f in out):  # a line out of range, a number for a name
+                raise TypeError("odd frame fields")
+            if len(_STACKS) < _INTERN_MAX:
+                _STACKS[key] = out
+    except (KeyError, TypeError):
+        out = tuple(
+            Frame(
+                str(f.get("name", f.get("function", "?"))),
+                str(f.get("filename", f.get("file", ""))),
+                to_int(f.get("line"), lo=0, hi=MAX_LINE_NO),
+            )
+            for f in v
+            if isinstance(f, Mapping)
+        )
+    cache[id(v)] = out
+    return out
+
+
+def _plain_frame(f: Frame) -> bool:
+    line = f.line
+    return (
+        f.function.__class__ is str
+        and f.file.__class__ is str
+        and (line is None or (line.__class__ is _INT and 0 <= line <= MAX_LINE_NO))
+    )
+
+
+def _dtypes(v: Any) -> tuple[str, ...]:
+    out = tuple(v)
+    try:
+        if (hit := _DTYPES.get(out)) is not None:
+            return hit
+    except TypeError:  # a list inside: the careful way
+        return tuple(map(str, out))
+    if all(x.__class__ is str for x in out):
+        if len(_DTYPES) < _INTERN_MAX:
+            _DTYPES[out] = out
+        return out
+    return tuple(map(str, out))
+
+
+new_entry = tuple.__new__
+_MODERN = operator.itemgetter(
+    "record_id",
+    "pg_id",
+    "process_group",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "op_id",
+    "profiling_name",
+    "time_created_ns",
+    "input_sizes",
+    "input_dtypes",
+    "output_sizes",
+    "output_dtypes",
+    "state",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+    "retired",
+    "timeout_ms",
+    "is_p2p",
+)
+"""The keys every entry has since FR format 2.x, fetched in one C call (the loader's hot path)."""
+
+
+_SPLIT: dict[str, tuple[str, str, int | None, int | None]] = {}
+_PG_ID: dict[object, str] = {}
+_INT = int
+_NONE = type(None)
+_LO, _HI = INT64_MIN, INT64_MAX
+
+
+def entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
+    """One raw FR record -> :class:`FREntry` (hot: called once per record of every rank). The fast path takes
+    the values as PyTorch writes them (ints, strings, lists); anything else goes the tolerant way."""
+    try:
+        (
+            record_id,
+            pg_id,
+            pg,
+            seq,
+            p2p_seq,
+            op_id,
+            pname,
+            t0,
+            ins,
+            in_dt,
+            outs,
+            out_dt,
+            state,
+            t1,
+            t2,
+            retired,
+            tmo,
+            is_p2p,
+        ) = _MODERN(e)
+    except (KeyError, TypeError):
+        return _entry_tolerant(e, frame_cache)
+    if (
+        record_id.__class__ is not _INT
+        or seq.__class__ is not _INT
+        or p2p_seq.__class__ is not _INT
+        or op_id.__class__ is not _INT
+        or pname.__class__ is not str
+        or state.__class__ is not str
+        or pg.__class__ not in (tuple, list)
+        or len(pg) != 2
+        or t0.__class__ not in (_INT, _NONE)
+        or t1.__class__ not in (_INT, _NONE)
+        or t2.__class__ not in (_INT, _NONE)
+        or tmo.__class__ not in (_INT, _NONE)
+        or not 0 <= (seq | record_id | op_id | p2p_seq | (t0 or 0) | (t1 or 0) | (t2 or 0) | (tmo or 0)) <= _HI
+    ):  # (all ints: their OR is in [0, 2**63) when each one is; a negative one is checked the careful way)
+        return _entry_tolerant(e, frame_cache)  # checks each field: a value out of 64 bits is a ValueError
+    split = _SPLIT.get(pname)
+    if split is None:
+        split = _SPLIT[pname] = split_profiling_name(pname)
+    backend, op, src, dst = split
+    pid = _PG_ID.get(pg_id)
+    if pid is None:
+        pid = _PG_ID[pg_id] = str(pg_id) if pg_id is not None else ""
+    pg_name, pg_desc = pg
+    get = e.get
+    duration, frames = get("duration_ms"), get("frames")
+    in_sizes = shapes(ins) if ins else ()
+    in_types = _dtypes(in_dt) if in_dt else ()
+    return new_entry(
+        FREntry,
+        (
+            record_id,
+            pid or str(pg_name),
+            pg_name if pg_name.__class__ is str else str(pg_name),
+            pg_desc if pg_desc.__class__ is str else str(pg_desc),
+            seq,
+            p2p_seq,
+            op_id,
+            pname,
+            backend,
+            op,
+            bool(is_p2p),
+            src,
+            dst,
+            state,
+            bool(retired),
+            t0,
+            t1,
+            t2,
+            duration if duration.__class__ is float or duration is None else _duration(duration),
+            tmo,
+            in_sizes,
+            in_types,
+            in_sizes if outs == ins else shapes(outs) if outs else (),  # equal lists: one conversion
+            in_types if out_dt == in_dt else _dtypes(out_dt) if out_dt else (),
+            _frames(frames, frame_cache) if frames else (),
+        ),
+    )
+
+
+def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
+    """Any FR record, old or odd: every field optional, with defaults."""
+    get = e.get
+    pg = get("process_group")
+    pg_id = get("pg_id")
+    if isinstance(pg, (list, tuple)) and pg:
+        pg_name, pg_desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+    else:
+        pg_name, pg_desc = (str(pg_id) if pg_id is not None else ""), ""
+    pname = str(get("profiling_name") or "")
+    backend, op, src, dst = split_profiling_name(pname)
+    is_p2p = get("is_p2p")
+    seq = get("collective_seq_id")
+    if seq is None:
+        seq = get("seq_id")
+    p2p_seq, op_id, duration = get("p2p_seq_id"), get("op_id"), get("duration_ms")
+    in_dt, out_dt = get("input_dtypes"), get("output_dtypes")
+    return FREntry(
+        _i64(get("record_id"), -1),
+        str(pg_id) if pg_id is not None else pg_name,
+        pg_name,
+        pg_desc,
+        _i64(seq, -1),
+        _i64(p2p_seq, -1),
+        _i64(op_id, -1),
+        pname,
+        backend,
+        op,
+        bool(is_p2p) if is_p2p is not None else op in ("send", "recv"),
+        src,
+        dst,
+        str(get("state") or ""),
+        bool(get("retired", False)),
+        opt_i64(get("time_created_ns")),
+        opt_i64(get("time_discovered_started_ns")),
+        opt_i64(get("time_discovered_completed_ns")),
+        _duration(duration),
+        opt_i64(get("timeout_ms")),
+        shapes(get("input_sizes")),
+        tuple(map(str, in_dt)) if in_dt else (),
+        shapes(get("output_sizes")),
+        tuple(map(str, out_dt)) if out_dt else (),
+        _frames(get("frames"), frame_cache),
+    )
