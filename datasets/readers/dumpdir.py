@@ -183,7 +183,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_sym
             "RANKSCOPE_LIMITS_MAX_FILES, or point rankscope at one incident's folder)"
         )
     label = f"reading {root.name or root}"
-    parts = chunks(w.files, worker_count(len(w.files), min_per_worker=_FILES_PER_WORKER), lead=_LEAD)
+    parts = chunks(w.files, worker_count(len(w.files), min_per_worker=FILES_PER_WORKER), lead=_LEAD)
     for part, part_hooked in map_chunks(
         parts,
         lambda files: _classify_all(files, root, manifests, label),
@@ -199,7 +199,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_sym
     return finish(sc, manifests, hooked, gpus_per_node=gpus_per_node)
 
 
-_FILES_PER_WORKER = 2000  # below this a fork and the results' trip through a pipe cost more than they save
+FILES_PER_WORKER = 1000  # below this a fork and the results' trip through a pipe cost more than they save
 _LEAD = 1.1  # this process also decodes the workers' processes: it reads a larger share
 _BUCKETS = ("found", "fr", "metrics", "timings", "exits", "logs", "elastic", "skipped", "unlisted")
 

@@ -150,7 +150,7 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
     skipped: list[str] = []
     bad: list[str] = []
     with paused_gc():
-        parts = chunks(paths, worker_count(len(paths), min_per_worker=_FILES_PER_WORKER), lead=_LEAD)
+        parts = chunks(paths, worker_count(len(paths), min_per_worker=FILES_PER_WORKER), lead=_LEAD)
         label = "reading Flight Recorder dumps"
         for part_dumps, part_skipped, part_bad in map_chunks(
             parts, lambda part: _read_part(part, skip_non_fr, label), encode=_encode_part, decode=_decode_part
@@ -170,8 +170,8 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
     return sorted(dumps, key=lambda d: d.rank), skipped, bad
 
 
-_FILES_PER_WORKER = 256  # below this a fork and the result's trip through a pipe cost more than they save
-_LEAD = 1.25  # this process decodes the workers' entries (~a fifth of parsing them): it reads a larger share
+FILES_PER_WORKER = 256  # below this a fork and the result's trip through a pipe cost more than they save
+_LEAD = 1.2  # workers also encode what they send (~a fifth of their parse), this process decodes it: a larger share here
 _Part = tuple[list[tuple[str, FRDump]], list[str], list[str]]
 
 
