@@ -119,10 +119,13 @@ def map_chunks(
         results = [work(parts[0])]
         for i, part in enumerate(parts[1:]):
             pid, fd = kids[i]
+            res: Any = _FAILED
+            if not pid:  # the fork itself failed (no memory, a process limit): read it here
+                results.append(work(part))
+                continue
             data = _drain(fd)
             _, status = os.waitpid(pid, 0)
             kids[i] = (0, -1)
-            res: Any = _FAILED
             if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and data:
                 try:
                     res = pickle.loads(data)
@@ -141,8 +144,17 @@ _FAILED = object()
 
 
 def _spawn(part: Sequence[T], work: Callable[[Sequence[T]], R], encode: Callable[[R], Any] | None) -> tuple[int, int]:
-    r, w = os.pipe()
-    pid = os.fork()
+    """(pid, read end) of a child computing ``work(part)``; (0, -1) when no child could be started."""
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return 0, -1
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return 0, -1
     if pid == 0:  # the child: compute, send, and leave without running the parent's exit handlers
         code = 1
         try:

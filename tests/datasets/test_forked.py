@@ -132,3 +132,13 @@ def test_synthetic_jobs_read_alike(tmp_path: Path, monkeypatch) -> None:
     one = _outcome(lambda: read_fr_dir_noted(tmp_path / "fr"), monkeypatch, "1")
     three = _outcome(lambda: read_fr_dir_noted(tmp_path / "fr"), monkeypatch, "3")
     assert three == one and len(one[0]) == len(good) and "rank_99" in one[1][0]
+
+
+def test_a_fork_that_fails_is_read_here(monkeypatch) -> None:
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(forked.os, "fork", no_fork)
+    parts = forked.chunks(list(range(30)), 3)
+    out = forked.map_chunks(parts, lambda p: (list(p), os.getpid()))
+    assert [x for p, _ in out for x in p] == list(range(30)) and {pid for _, pid in out} == {os.getpid()}
