@@ -21,9 +21,11 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import select
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -35,6 +37,9 @@ R = TypeVar("R")
 
 MAX_WORKERS = 8
 ENV = "RANKSCOPE_READ_WORKERS"
+STUCK_AFTER_S = 10.0
+"""A worker not done this long (or four times the parent's own part, if longer) after the parent is killed and
+its part read here."""
 
 
 def usable_cpus() -> int:
@@ -116,23 +121,20 @@ def map_chunks(
     try:
         for part in parts[1:]:
             kids.append(_spawn(part, work, encode))
+        t0 = time.monotonic()
         results = [work(parts[0])]
-        for i, part in enumerate(parts[1:]):
-            pid, fd = kids[i]
+        # a worker's part is no larger than this one: past several times this part's time, it is stuck
+        deadline = time.monotonic() + max(STUCK_AFTER_S, 4 * (time.monotonic() - t0))
+        sent = [_collect(kids, i, deadline) for i in range(len(kids))]  # every child's bytes first, then decode
+        for part, data in zip(parts[1:], sent):
             res: Any = _FAILED
-            if not pid:  # the fork itself failed (no memory, a process limit): read it here
-                results.append(work(part))
-                continue
-            data = _drain(fd)
-            _, status = os.waitpid(pid, 0)
-            kids[i] = (0, -1)
-            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and data:
+            if data:
                 try:
                     res = pickle.loads(data)
                     res = decode(res) if decode is not None else res
                 except Exception:
                     res = _FAILED
-            results.append(work(part) if res is _FAILED else res)
+            results.append(work(part) if res is _FAILED else res)  # a failed or unstarted child: read here
         return results
     finally:
         for pid, fd in kids:  # an exception here (a refused input, Ctrl-C): no child outlives the read
@@ -141,6 +143,19 @@ def map_chunks(
 
 
 _FAILED = object()
+
+
+def _collect(kids: list[tuple[int, int]], i: int, deadline: float) -> bytes:
+    """Child ``i``'s result bytes once it exited cleanly, else ``b""``; it is reaped either way."""
+    pid, fd = kids[i]
+    if not pid:  # the fork itself failed (no memory, a process limit)
+        return b""
+    data = _drain(fd, deadline)
+    if not data:
+        _kill(pid)
+    _, status = os.waitpid(pid, 0)
+    kids[i] = (0, -1)
+    return data if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else b""
 
 
 def _spawn(part: Sequence[T], work: Callable[[Sequence[T]], R], encode: Callable[[R], Any] | None) -> tuple[int, int]:
@@ -176,10 +191,16 @@ def _spawn(part: Sequence[T], work: Callable[[Sequence[T]], R], encode: Callable
     return pid, r
 
 
-def _drain(fd: int) -> bytes:
+def _drain(fd: int, deadline: float) -> bytes:
+    """Everything the child writes until it closes the pipe; ``b""`` (a failed child) when it has not done
+    so by ``deadline`` (``time.monotonic()``): a child that hangs (a lock some library's thread held when
+    the process forked) costs a bounded wait, never a hung diagnosis."""
     parts = []
     try:
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return b""
             block = os.read(fd, 1 << 20)
             if not block:
                 break
@@ -191,11 +212,15 @@ def _drain(fd: int) -> bytes:
     return b"".join(parts)
 
 
-def _reap(pid: int, fd: int) -> None:
+def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
+
+
+def _reap(pid: int, fd: int) -> None:
+    _kill(pid)
     try:
         os.close(fd)
     except OSError:

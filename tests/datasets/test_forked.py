@@ -142,3 +142,18 @@ def test_a_fork_that_fails_is_read_here(monkeypatch) -> None:
     parts = forked.chunks(list(range(30)), 3)
     out = forked.map_chunks(parts, lambda p: (list(p), os.getpid()))
     assert [x for p, _ in out for x in p] == list(range(30)) and {pid for _, pid in out} == {os.getpid()}
+
+
+def test_a_stuck_child_is_killed_and_its_part_read_here(monkeypatch) -> None:
+    import time
+
+    monkeypatch.setattr(forked, "STUCK_AFTER_S", 0.5)
+
+    def work(part):
+        if os.getpid() != PARENT:
+            time.sleep(60)  # a lock held by a thread of the parent at fork time
+        return list(part)
+
+    t = time.monotonic()
+    out = forked.map_chunks(forked.chunks(list(range(10)), 2), work)
+    assert [x for p in out for x in p] == list(range(10)) and time.monotonic() - t < 10
