@@ -8,7 +8,8 @@ code, so unpickling them is safe). Results come back in chunk order, so a chunke
 what the sequential one does.
 
 Nothing is lost or changed when a worker cannot help: a child that fails in any way (an exception, a
-signal, the out-of-memory killer, a result that does not decode) has its chunk read again here, so an
+signal, the out-of-memory killer, a result that does not decode, a fork refused, a child still running
+:data:`STUCK_AFTER_S` after this process finished its own chunk) has its chunk read again here, so an
 error is raised by the same file, with the same words, as without workers. Workers are used only where
 forking is safe and worth it: on Linux, from a process with no other thread (the sidecar agent, a Ray
 worker or a notebook with threads read sequentially), for at least ``min_per_worker`` files per worker,
