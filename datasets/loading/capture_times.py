@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,3 +36,28 @@ def folder_capture_times(
             "steps logged after a round's time show the job moving then"
         )
     return out
+
+
+def file_capture_times(procs: Sequence[ProcStacks], root: str, notes: list[str]) -> dict[int, float]:
+    """The last snapshot's latest possible capture time from its stack files' modification times (epoch
+    seconds): a capture tool writes its output as it takes it, and a copy without ``-p`` only makes the time
+    later, so the newest modification time of the snapshot's trainer dumps is a bound the capture cannot be
+    after; like a folder's stamp, only ever evidence that the job moved after it."""
+    last = max((p.snapshot for p in procs if p.role == "trainer"), default=None)
+    if last is None:
+        return {}
+    times = []
+    for p in procs:
+        if p.role != "trainer" or p.snapshot != last:
+            continue
+        try:
+            times.append(os.stat(os.path.join(root, p.source)).st_mtime)
+        except (OSError, ValueError):  # listed in a manifest but absent, or not a file's path
+            continue
+    if not times:
+        return {}
+    notes.append(
+        "the last snapshot's latest possible capture time read from its files' modification times: steps logged "
+        "after it show the job moving then"
+    )
+    return {last: max(times)}

@@ -18,7 +18,7 @@ from rankscope.datasets.domain.bounds import reading_limits
 from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
-from rankscope.datasets.loading.capture_times import folder_capture_times, log_starts
+from rankscope.datasets.loading.capture_times import file_capture_times, folder_capture_times, log_starts
 from rankscope.datasets.loading.names import check_ranks, infer_topology, inferred_nodes, inferred_note
 from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events
@@ -56,6 +56,8 @@ def _from_dir(
     procs = rounds.procs
     zone = src.logs.zone_offset_s if src.logs else 0.0
     latest = rounds.latest or folder_capture_times(procs, round_notes, zone, log_starts(dd, src.logs))
+    if not latest and src.logs is not None and src.logs.steps:
+        latest = file_capture_times(procs, str(root), round_notes)
     names = src.names
     world_ranks = sorted(
         {p.rank for p in procs if p.rank is not None}

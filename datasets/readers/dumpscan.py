@@ -3,13 +3,15 @@ written, and the refusal when nothing usable is left (see :mod:`.dumpdir`)."""
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rankscope.datasets.domain.bounds import load_json_file, to_float
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.readers import runfiles as rf
-from rankscope.datasets.readers.identity import Manifests, path_facts
+from rankscope.datasets.readers.identity import Manifests, host_from_log_name, natural, path_facts
 from rankscope.datasets.readers.stackid import Found, identify
 from rankscope.spine import InputError
 
@@ -25,6 +27,7 @@ def finish(
 
     notes = list(sc.notes)
     kept = identify(sc.found, gpus_per_node=gpus_per_node, notes=notes, hook_ids=_hook_identities(hooked))
+    _file_name_hosts(kept, [rel for _, rel in sc.logs], gpus_per_node, notes)
     files: list[DumpFile] = [
         DumpFile(
             f.rel, f.ident.snapshot, f.ident.rank, f.ident.node, f.role or "trainer", f.ident.pid, (f.dump,), f.ident
@@ -220,3 +223,35 @@ def _record_time(path: str) -> float:
 
 
 __all__ = ["Found", "finish"]
+
+
+def _file_name_hosts(kept: list[Found], log_rels: list[str], gpus_per_node: int | None, notes: list[str]) -> None:
+    """Machines named in front of the rank in stack file names (``llm-train-worker-0-rank3.txt``, as
+    ``kubectl exec <pod> -- py-spy dump`` per pod leaves them), taken only when the logs' own file names name
+    the same machines (``llm-train-worker-0.log``), every unnamed trainer has one, and none holds more ranks in
+    a snapshot than a machine has GPUs: a prefix alone (``run42-rank3``) names no machine."""
+    known = {h for h in map(host_from_log_name, log_rels) if h}
+    trainers = [f for f in kept if f.role is None and f.ident.node is None]
+    if not known or not trainers:
+        return
+    hosts = [_name_prefix(f.rel) for f in trainers]
+    if any(h not in known for h in hosts):
+        return
+    per: Counter[tuple[str | None, int | None]] = Counter((h, f.ident.snapshot) for h, f in zip(hosts, trainers))
+    if len(set(hosts)) < 2 or max(per.values()) > (gpus_per_node or 8):
+        return
+    for h, f in zip(hosts, trainers):
+        f.ident = f.ident.with_field("node", h, "host-folder")
+    notes.append(
+        f"machine names of {len(trainers)} stack file(s) read in front of the rank in their names "
+        f"({', '.join(sorted(set(hosts), key=natural)[:3])}...), as the logs' file names name them"
+    )
+
+
+def _name_prefix(rel: str) -> str | None:
+    stem = rel.rsplit("/", 1)[-1].split(".", 1)[0]
+    m = _RANK_TOKEN.search(stem)
+    return (stem[: m.start()].rstrip("-_ ") or None) if m else None
+
+
+_RANK_TOKEN = re.compile(r"[-_ ](?:local[-_]?)?rank[-_]?\d+$", re.I)

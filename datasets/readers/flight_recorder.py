@@ -171,7 +171,7 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
 
 
 FILES_PER_WORKER = 256  # below this a fork and the result's trip through a pipe cost more than they save
-_LEAD = 1.2  # workers also encode what they send (~a fifth of their parse), this process decodes it: a larger share here
+_LEAD = 1.2  # workers encode what they send, this process decodes it: it takes a larger share
 _Part = tuple[list[tuple[str, FRDump]], list[str], list[str]]
 
 

@@ -17,7 +17,8 @@ def machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
     ``slurm-<jobid>/<host>.out``) is a collection, not a machine: each console's own name is (else NCCL's).
     NCCL's debug lines name the machine they ran on (``gethostname()``): that names a file whose path names
     none, and beats a SLURM task file's name (``%x-%j-%t.out``); never a folder or file the user named after
-    a machine, and never a container's id."""
+    a machine, and never a container's id. Without NCCL's lines, the launcher's own failure summary in a
+    file (``host : cn0102``) names it the same way."""
     by_folder: defaultdict[str, list[FileRead]] = defaultdict(list)
     for f in reads:
         if f.host_from == "folder" and f.path_local is None:
@@ -35,9 +36,19 @@ def machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
             "(NCCL's host name, else the file name), not by the folder"
         )
     for f in reads:
+        unnamed = f.host_from in ("", "task") or (f.host_from == "file" and bool(_TASK_FILE.search(f.rel)))
         nccl = _nccl(f)
-        if nccl and (f.host_from == "" or (f.host_from == "file" and _TASK_FILE.search(f.rel))):
+        if nccl and unnamed:
             f.host, f.host_from, f.host_source = nccl, "nccl", "log"
+        elif unnamed and (own := _summary_host(f)) is not None:
+            f.host, f.host_from, f.host_source = own, "summary", "log"
+
+
+def _summary_host(f: FileRead) -> str | None:
+    """The one machine the launcher's own failure summary in this file names (``host : cn0102``): one torchrun
+    agent's console lists its own workers, on its own machine."""
+    hosts = {e.host for e in f.summary if is_machine_name(e.host)}
+    return hosts.pop() if len(hosts) == 1 else None
 
 
 _TASK_FILE = re.compile(r"[-_.]\d{3,}[-_.]\d{1,6}\.[A-Za-z]+$")

@@ -29,7 +29,7 @@ from typing import Any
 
 from rankscope.datasets.domain.bounds import open_regular
 from rankscope.datasets.readers.identity import host_from_log_name, path_facts
-from rankscope.datasets.readers.logprefix import is_pdsh, line_of, pdsh_host
+from rankscope.datasets.readers.logprefix import line_of, line_source, prefix_kind
 from rankscope.datasets.readers.sniff import C10_LOG, GLOG, RAY, STAMP, WORKER_PREFIX
 from rankscope.datasets.readers.torchelastic import SummaryParser, split_exception
 
@@ -211,12 +211,13 @@ def read_log_file(path: str, rel: str) -> FileRead:
 
 
 def read_log_files(path: str, rel: str) -> list[FileRead]:
-    """One log file's streams; a pdsh console (``worker-3: [rank29]: ...``, every remote host's lines in one
-    file) is one read per host, named by its prefix."""
+    """One log file's streams; a console of several machines' or tasks' lines (pdsh's ``worker-3: [rank29]: ...``,
+    ``kubectl logs --prefix``'s ``[pod/<pod>/<container>] ...``, ``srun --label``'s ``3: ...``) is one read per
+    prefix, named by it (a pod or host; a Slurm task is no machine)."""
     with open_regular(path) as raw_fh:
-        pdsh = is_pdsh(raw_fh.read(1 << 16))  # the head (a regular file: read again from its start below)
+        kind = prefix_kind(raw_fh.read(1 << 16))  # the head (a regular file: read again from its start below)
         raw_fh.seek(0)
-        reads = _read_streams(io.TextIOWrapper(raw_fh, encoding="utf-8", errors="replace"), rel, pdsh)
+        reads = _read_streams(io.TextIOWrapper(raw_fh, encoding="utf-8", errors="replace"), rel, kind)
     out = []
     for f, summary in reads.values():
         for st in f.streams.values():
@@ -227,10 +228,10 @@ def read_log_files(path: str, rel: str) -> list[FileRead]:
     return out if len(out) == 1 or out[0].streams else out[1:]
 
 
-def _read_streams(fh: io.TextIOWrapper, rel: str, pdsh: bool) -> dict[str | None, tuple[FileRead, SummaryParser]]:
+def _read_streams(fh: io.TextIOWrapper, rel: str, kind: str | None) -> dict[str | None, tuple[FileRead, SummaryParser]]:
     facts = path_facts(rel)
-    # a pdsh console holds several machines' lines: its own path names none of them
-    path_host, name_host = (None, None) if pdsh else (facts.host, host_from_log_name(rel))
+    # a console of several machines' lines: its own path names none of them
+    path_host, name_host = (None, None) if kind else (facts.host, host_from_log_name(rel))
     fr = FileRead(
         rel, path_host or name_host, "host-folder", facts.local_rank if facts.log_dir_layout else None, facts.rank
     )
@@ -238,14 +239,16 @@ def _read_streams(fh: io.TextIOWrapper, rel: str, pdsh: bool) -> dict[str | None
     reads: dict[str | None, tuple[FileRead, SummaryParser]] = {None: (fr, SummaryParser(rel))}
     for lineno, raw in enumerate(fh, 1):
         line = raw.rstrip("\n")[:MAX_LOG_LINE]  # the patterns see a bounded line (a megabyte tensor print)
-        host = pdsh_host(line) if pdsh else None
-        if host is not None:
-            line = line[len(host) + 2 :]
-            if host not in reads:
+        src = line_source(line, kind) if kind else None
+        key = None
+        if src is not None:
+            key, host, cut = src
+            line = line[cut:]
+            if key not in reads:
                 one = FileRead(rel, host, "log", None, None)
-                one.host_from = "pdsh"
-                reads[host] = (one, SummaryParser(rel))
-        _line(*reads[host], line, lineno, rel)
+                one.host_from = "task" if host is None else kind
+                reads[key] = (one, SummaryParser(rel))
+        _line(*reads[key], line, lineno, rel)
     return reads
 
 

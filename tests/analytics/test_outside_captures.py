@@ -3,8 +3,10 @@ once gave a wrong answer."""
 
 from __future__ import annotations
 
+import calendar
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -217,8 +219,11 @@ def test_a_stamp_shared_by_every_round_is_no_capture_time(tmp_path):
         for k, rnd in enumerate(sorted(q for q in host.iterdir() if q.is_dir())):
             shutil.copytree(rnd, run / host.name / f"round-{k}")
         shutil.copy(host / "torchrun-console.log", run / host.name / "torchrun-console.log")
+    now = time.time()
+    for p in root.rglob("*"):  # copied without their times (the capture's times would say when it was taken)
+        os.utime(p, (now, now))
     inputs = load_inputs(root, gpus_per_node=2)
-    assert not inputs.snapshot_latest and len({p.snapshot for p in inputs.procs}) == 5
+    assert now - 1 <= inputs.snapshot_latest.get(4, now) <= now + 1 and len({p.snapshot for p in inputs.procs}) == 5
     v = diagnose(inputs)
     assert "after the last snapshot" not in v.explain(), v.explain()
 
@@ -413,3 +418,65 @@ def test_flight_recorder_captures_kept_per_host_are_whole_captures():
     assert sorted(d.rank for d in inputs.fr_dumps if d.capture == last) == [0, 1, 2, 3]
     assert inputs.topology is not None and set(inputs.topology.nodes) == {"trn-a01", "trn-a02"}
     assert not diagnose(inputs).suspect_nodes
+
+
+def _k8s_checkpoint(tmp_path, mtime: float) -> Path:
+    root = tmp_path / "k8s"
+    shutil.copytree(OUTSIDE / "k8s-checkpoint-one-round", root)
+    for p in root.rglob("py-spy-*.txt"):  # a checkout resets modification times: set them
+        os.utime(p, (mtime, mtime))
+    return root
+
+
+def test_one_round_whose_files_predate_logged_steps_is_a_moving_job(tmp_path):
+    """One py-spy round during rank 0's checkpoint (the others in a barrier), no capture time in any name, but
+    the files' modification times (08:46:09 UTC, when py-spy wrote them) are followed by logged iterations:
+    the job moved after the capture. It was `hang` isolating the pod holding rank 0."""
+    capture = calendar.timegm((2026, 12, 2, 8, 46, 9, 0, 0, 0))
+    v = diagnose(load_inputs(_k8s_checkpoint(tmp_path, capture), gpus_per_node=2))
+    assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
+    assert "after the last snapshot" in v.explain()
+
+
+def test_modification_times_after_the_last_step_prove_nothing(tmp_path):
+    """Copied without keeping times (a checkout, `cp` without -p), the files are newer than every logged step:
+    no progress is read from them and the single round is judged on its stacks as before."""
+    v = diagnose(load_inputs(_k8s_checkpoint(tmp_path, time.time()), gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("llm-train-master-0",), v.explain()
+
+
+def test_pod_names_in_front_of_the_rank_name_the_machines():
+    """``<pod>-rank<k>.txt`` beside ``<pod>.log``: the pod is the machine (it was named ``node-1``)."""
+    v = diagnose(load_inputs(OUTSIDE / "k8s-pod-named-files", gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("llm-train-worker-0",) and v.culprit_ranks == (3,), (
+        v.explain()
+    )
+
+
+def test_a_name_prefix_no_log_corroborates_names_no_machine(tmp_path):
+    """Without the pods' logs the prefix is only a file name: the machine stays an inferred one."""
+    root = tmp_path / "stacks"
+    root.mkdir()
+    for p in (OUTSIDE / "k8s-pod-named-files").glob("*.txt"):
+        shutil.copy(p, root / p.name)
+    inputs = load_inputs(root, gpus_per_node=2)
+    assert not any(n.startswith("llm-train") for n in inputs.topology.node_names), inputs.notes
+
+
+@pytest.mark.parametrize(
+    ("case", "node", "rank"),
+    [("k8s-kubectl-prefix-crash", "llm-train-worker-1", 4), ("slurm-label-crash", "cn0102", 2)],
+)
+def test_consoles_of_several_pods_or_tasks_are_read_per_prefix(case, node, rank):
+    """``kubectl logs --prefix`` (``[pod/<pod>/pytorch] ``) and ``srun --label`` (``<task>: ``) interleave every
+    launcher's lines in one file: each prefix is one launcher's console (a pod names its machine; a task's
+    own failure summary names its host). Both were "no evidence"."""
+    v = diagnose(load_inputs(OUTSIDE / case, gpus_per_node=2))
+    assert v.verdict.value == "crash" and v.culprit_nodes == (node,) and v.culprit_ranks == (rank,), v.explain()
+
+
+def test_a_slurm_task_file_is_named_by_its_launcher_summary():
+    """``%x-%j-%t.out`` names a task: the torchrun failure summary inside (``host : cn0102``) names the machine
+    (it was ``llm-81235-1``)."""
+    v = diagnose(load_inputs(OUTSIDE / "slurm-task-files-crash", gpus_per_node=2))
+    assert v.verdict.value == "crash" and v.culprit_nodes == ("cn0102",), v.explain()

@@ -252,3 +252,16 @@ def test_a_job_stopped_by_its_scheduler_evicts_no_one(tmp_path):
     v = diagnose(load_inputs(_write(tmp_path / "logs", {"gpu-node-x": text}), gpus_per_node=2))
     assert not v.suspect_nodes and v.verdict.value == "inconclusive", v.explain()
     assert "deliberate stop" in v.reasons[0]
+
+
+def test_line_prefixes_of_consoles_of_several_launchers():
+    from rankscope.datasets.readers.logprefix import line_source, prefix_kind
+
+    kube = b"".join(b"[pod/llm-train-worker-%d/pytorch] [default0]:step %d\n" % (i % 2, i) for i in range(6))
+    srun = b"".join(b" %d: [default1]:step %d\n" % (i % 3, i) for i in range(6))
+    pdsh = b"".join(b"worker-%d: [rank%d]: step\n" % (i, i) for i in range(6))
+    assert (prefix_kind(kube), prefix_kind(srun), prefix_kind(pdsh)) == ("kubectl", "srun", "pdsh")
+    assert prefix_kind(b"plain line\n" * 6) is None and prefix_kind(b"0: one\n") is None  # too few lines
+    assert line_source("[pod/p-0/c] x", "kubectl") == ("p-0", "p-0", 12)
+    assert line_source("  12: x", "srun") == ("task 12", None, 6)
+    assert line_source("[pod/p-0/c] x", "srun") is None
