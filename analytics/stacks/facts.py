@@ -25,6 +25,10 @@ NOISE_GUARD = 2
 single rank can leave a wait without any collective completing (a timeout, a mis-read stack)."""
 
 
+LONG_TAIL = 5
+"""Pairs of snapshots without a release after which a frozen tail may be judged against the job's rhythm."""
+
+
 @dataclass(frozen=True)
 class Progress:
     """Per pair of consecutive snapshots: how many ranks waited at the first, and how many of those were
@@ -90,7 +94,22 @@ class Progress:
         last = self.still[-1] if len(self.still) == self.pairs else frozenset()
         # two such pairs at least: one release can be a hang spreading (a replica reaching the stuck collective)
         moved = sum(1 for i in range(self.pairs - 1) if last <= self.still[i] and self.released[i] > 0)
-        return not (last and moved >= 2)
+        return not (last and moved >= 2) or self.stalled_past_rhythm
+
+    @property
+    def stalled_past_rhythm(self) -> bool:
+        """A frozen tail of at least :data:`LONG_TAIL` pairs, over three times the longest run of pairs without a
+        release while the job was moving (at least one): a slow rank holds its peers for a while every step, so
+        releases come at the job's own rhythm; a tail far past it is no step, however slow (a long capture of a
+        healthy job that then stopped)."""
+        tail = self.pairs - self.frozen_since
+        if tail < LONG_TAIL or self.frozen_since == 0:
+            return False
+        longest = run = 0
+        for r, w in zip(self.released[: self.frozen_since], self.waiters[: self.frozen_since]):
+            run = run + 1 if r == 0 and w > 0 else 0
+            longest = max(longest, run)
+        return tail > 3 * max(1, longest)
 
     @property
     def frozen_late(self) -> bool:

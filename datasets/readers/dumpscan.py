@@ -234,10 +234,11 @@ def _file_name_hosts(kept: list[Found], log_rels: list[str], gpus_per_node: int 
     trainers = [f for f in kept if f.role is None and f.ident.node is None]
     if not known or not trainers:
         return
-    hosts = [_name_prefix(f.rel) for f in trainers]
-    if any(h not in known for h in hosts):
+    prefixes = [_name_prefix(f.rel) for f in trainers]
+    hosts = [h for h in prefixes if h is not None and h in known]
+    if len(hosts) < len(trainers):
         return
-    per: Counter[tuple[str | None, int | None]] = Counter((h, f.ident.snapshot) for h, f in zip(hosts, trainers))
+    per: Counter[tuple[str, int | None]] = Counter((h, f.ident.snapshot) for h, f in zip(hosts, trainers))
     if len(set(hosts)) < 2 or max(per.values()) > (gpus_per_node or 8):
         return
     for h, f in zip(hosts, trainers):

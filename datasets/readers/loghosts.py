@@ -40,8 +40,8 @@ def machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
         nccl = _nccl(f)
         if nccl and unnamed:
             f.host, f.host_from, f.host_source = nccl, "nccl", "log"
-        elif unnamed and (own := _summary_host(f)) is not None:
-            f.host, f.host_from, f.host_source = own, "summary", "log"
+        elif unnamed and (summary_host := _summary_host(f)) is not None:
+            f.host, f.host_from, f.host_source = summary_host, "summary", "log"
 
 
 def _summary_host(f: FileRead) -> str | None:

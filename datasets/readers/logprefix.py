@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 _PDSH = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,62}): ")
@@ -57,3 +58,44 @@ def prefix_kind(head: bytes) -> str | None:
 def is_pdsh(head: bytes) -> bool:
     """Whether most of a file's first lines (``head``, its first bytes) carry pdsh's ``<host>: `` prefix."""
     return prefix_kind(head) == "pdsh"
+
+
+_SRUN_HOST = re.compile(r"^srun: error: (?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,62}): tasks? (?P<tasks>[\d,\-]{1,64}): ")
+"""srun's own report of a task's end (``srun: error: gpu-b-014: task 1: Exited with exit code 1``)."""
+
+
+def srun_task_hosts(line: str) -> dict[str, str]:
+    """The machine of each task srun names in one of its error lines (``tasks 0-3``, ``task 1``), else {}."""
+    m = _SRUN_HOST.match(line)
+    if m is None:
+        return {}
+    out = {}
+    for part in m.group("tasks").split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()) and int(hi or lo) - int(lo) < 4096:
+            out.update({f"task {t}": m.group("host") for t in range(int(lo), int(hi or lo) + 1)})
+    return out
+
+
+def demux(
+    lines: Iterable[str], kind: str | None, task_hosts: dict[str, str], max_line: int
+) -> Iterator[tuple[int, str | None, str | None, str]]:
+    """(line number, stream key, its machine, the line without its prefix) of each line of a ``kind`` console
+    (None: one stream, key None); lines are cut at ``max_line``. srun's own error lines fill ``task_hosts``."""
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.rstrip("\n")[:max_line]
+        src = line_source(line, kind) if kind else None
+        if src is not None:
+            yield lineno, src[0], src[1], line[src[2] :]
+            continue
+        if kind == "srun" and line.startswith("srun: "):
+            task_hosts.update(srun_task_hosts(line))
+        yield lineno, None, None, line
+
+
+def name_tasks(reads: Mapping[str | None, Any], task_hosts: Mapping[str, str]) -> None:
+    """Each task read whose machine srun named (``srun: error: gpu-b-014: task 1: ...``)."""
+    for key, host in task_hosts.items():
+        f = reads.get(key)
+        if f is not None and f.host is None:
+            f.host, f.host_from = host, "srun"

@@ -480,3 +480,26 @@ def test_a_slurm_task_file_is_named_by_its_launcher_summary():
     (it was ``llm-81235-1``)."""
     v = diagnose(load_inputs(OUTSIDE / "slurm-task-files-crash", gpus_per_node=2))
     assert v.verdict.value == "crash" and v.culprit_nodes == ("cn0102",), v.explain()
+
+
+def test_a_frozen_tail_far_past_the_jobs_rhythm_is_a_hang():
+    """45 rounds: 15 of a training job (a release at least every other pair), then 30 in which nobody is
+    released while rank 5 computes at the line it always computed at. A slow rank caught in its slow part is
+    no hang, so that exception had held; a tail fifteen times the longest pause of the running job is one."""
+    v = diagnose(load_inputs(OUTSIDE / "slurm-long-capture-then-stuck", gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("cn0203",) and v.culprit_ranks == (5,), v.explain()
+
+
+def test_a_slow_ranks_rhythm_keeps_its_pauses():
+    """Releases every fourth pair (a rank four capture intervals slow every step, quiet runs of 3): a quiet tail
+    of 8 pairs is within its rhythm; of 16, past it."""
+    from rankscope.analytics.stacks.facts import Progress
+
+    def prog(released):
+        n = len(released)
+        still = tuple(frozenset({5}) for _ in range(n))
+        return Progress(n + 1, (7,) * n, tuple(released), still=still)
+
+    rhythm = [3, 0, 0, 0] * 4
+    assert not prog(rhythm + [0] * 5).stalled_past_rhythm and not prog(rhythm + [0] * 5).frozen
+    assert prog(rhythm + [0] * 13).stalled_past_rhythm and prog(rhythm + [0] * 13).frozen

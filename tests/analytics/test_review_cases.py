@@ -36,11 +36,19 @@ def test_two_hosts_local_rank_files_are_no_rounds():
         load_inputs(REVIEW / "s2b", gpus_per_node=4)
 
 
-@pytest.mark.parametrize("case", ["s7", "s8"])
-def test_nobody_is_named(case):
-    """srun --label's task numbers are no machines; an abort inside a wait is the cascade, not a culprit."""
-    v = diagnose(load_inputs(REVIEW / case, gpus_per_node=4))
+def test_nobody_is_named():
+    """An abort inside a wait is the cascade, not a culprit."""
+    v = diagnose(load_inputs(REVIEW / "s8", gpus_per_node=4))
     assert not v.suspect_nodes and not v.culprit_ranks, v.explain()
+
+
+def test_srun_label_tasks_are_read_and_srun_names_their_machine():
+    """``srun --label`` (``1: [rank1]: ...``): each task's lines are read as its own; the task number is no
+    machine, srun's own ``srun: error: gpu-b-014: task 1: Exited`` names it. Rank 1's CUDA error, the one
+    failure that reports no lost peer, is the crash (the lines were not read before: nobody was named)."""
+    v = diagnose(load_inputs(REVIEW / "s7", gpus_per_node=4))
+    assert v.verdict.value == "crash" and v.culprit_nodes == ("gpu-b-014",) and v.culprit_ranks == (1,), v.explain()
+    assert "1" not in v.suspect_nodes
 
 
 def test_py_spy_on_a_stopped_process_says_it_is_stopped():
