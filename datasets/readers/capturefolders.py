@@ -74,14 +74,15 @@ def machines_above_recurring(found: list[Found], notes: list[str]) -> None:
 def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
     """Sibling folders holding dumps of the same ranks become snapshots, in the natural order of their names
     (only where no ``snapshot-N`` folder or manifest column numbers them)."""
-    trainers = [f for f in found if f.role is None and f.ident.rank is not None and "snapshot" not in f.ident.sources]
-    by_parent: defaultdict[str, defaultdict[str, set[tuple[int, int | None]]]] = defaultdict(lambda: defaultdict(set))
+    trainers = [f for f in found if f.role is None and _who(f) is not None and "snapshot" not in f.ident.sources]
+    by_parent: defaultdict[str, defaultdict[str, set[tuple[object, int | None]]]] = defaultdict(
+        lambda: defaultdict(set)
+    )
     for f in trainers:
         folder = f.rel.rpartition("/")[0]
         parent, _, name = folder.rpartition("/")
-        rank = f.ident.rank
-        if name and rank is not None:  # rounds of one capture are the same processes: same ranks, same pids
-            by_parent[parent][name].add((rank, f.ident.pid))
+        if name:  # rounds of one capture are the same processes: same ranks (or local ranks), same pids
+            by_parent[parent][name].add((_who(f), f.ident.pid))
     names: set[str] = set()
     for kids in by_parent.values():
         if len(kids) < 2:
@@ -105,6 +106,13 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         f"sibling folders holding the same ranks read as capture rounds, in the order of their names: "
         f"{', '.join(sorted(names, key=natural)[:5])}"
     )
+
+
+def _who(f: Found) -> object:
+    """A process's rank, else its local rank (``<host>/py-spy-1/local0.txt``), else None."""
+    if f.ident.rank is not None:
+        return f.ident.rank
+    return ("local", f.ident.local_rank) if f.ident.local_rank is not None else None
 
 
 def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_node: int | None) -> None:

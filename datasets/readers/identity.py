@@ -40,7 +40,7 @@ MANIFEST = "manifest.csv"
 # a space separates too ("round 0/", "rank 3.json": names typed by hand)
 SNAPSHOT_DIR = re.compile(r"^(?:snap(?:shot)?|round)[-_ ]?(\d+)$", re.I)
 _RANK = re.compile(r"(?<![A-Za-z])(?<!local_)(?<!local-)(?<!local )(?<!local)rank[-_ ]?(\d+)", re.I)
-_LOCAL = re.compile(r"(?<![A-Za-z])local[-_ ]?rank[-_ ]?(\d+)", re.I)
+_LOCAL = re.compile(r"(?<![A-Za-z])local[-_ ]?(?:rank[-_ ]?)?(\d{1,5})(?!\d)", re.I)  # local_rank3, local3
 _ATTEMPT = re.compile(r"^attempt[-_]?\d+$", re.I)
 _CONTAINER = re.compile(
     r"^(?:snap(?:shot)?[-_ ]?\d+|round[-_ ]?\d+|attempt[-_]?\d+|(?:local[-_ ]?)?rank[-_ ]?\d+|\d+|stacks?|dumps?"

@@ -503,3 +503,14 @@ def test_a_slow_ranks_rhythm_keeps_its_pauses():
     rhythm = [3, 0, 0, 0] * 4
     assert not prog(rhythm + [0] * 5).stalled_past_rhythm and not prog(rhythm + [0] * 5).frozen
     assert prog(rhythm + [0] * 13).stalled_past_rhythm and prog(rhythm + [0] * 13).frozen
+
+
+def test_local_rank_files_in_numbered_round_folders():
+    """``<pod>/py-spy-<k>/local<L>.txt``: ``local0`` is local rank 0, and sibling folders holding the same local
+    ranks and pids are rounds (the input was refused: 6 trainers without a rank on a 2-GPU machine)."""
+    inputs = load_inputs(OUTSIDE / "k8s-local-rounds", gpus_per_node=2)
+    v = diagnose(inputs)
+    assert len({p.snapshot for p in inputs.procs}) == 3, inputs.notes
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("llm-train-worker-0",) and v.culprit_ranks == (3,), (
+        v.explain()
+    )
