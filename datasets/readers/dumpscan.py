@@ -8,12 +8,12 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rankscope.datasets.domain.bounds import load_json_file, to_float
+from rankscope.datasets.domain.bounds import load_json_file, open_regular, to_float
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.identity import Manifests, host_from_log_name, natural, path_facts
 from rankscope.datasets.readers.stackid import Found, identify
-from rankscope.spine import InputError
+from rankscope.spine import InputError, RankscopeError
 
 if TYPE_CHECKING:
     from rankscope.datasets.readers.dumpdir import DumpDir, DumpFile, _Scan
@@ -27,7 +27,7 @@ def finish(
 
     notes = list(sc.notes)
     kept = identify(sc.found, gpus_per_node=gpus_per_node, notes=notes, hook_ids=_hook_identities(hooked))
-    _file_name_hosts(kept, [rel for _, rel in sc.logs], gpus_per_node, notes)
+    _file_name_hosts(kept, sc.logs, gpus_per_node, notes)
     files: list[DumpFile] = [
         DumpFile(
             f.rel, f.ident.snapshot, f.ident.rank, f.ident.node, f.role or "trainer", f.ident.pid, (f.dump,), f.ident
@@ -225,15 +225,18 @@ def _record_time(path: str) -> float:
 __all__ = ["Found", "finish"]
 
 
-def _file_name_hosts(kept: list[Found], log_rels: list[str], gpus_per_node: int | None, notes: list[str]) -> None:
+def _file_name_hosts(
+    kept: list[Found], logs: list[tuple[str, str]], gpus_per_node: int | None, notes: list[str]
+) -> None:
     """Machines named in front of the rank in stack file names (``llm-train-worker-0-rank3.txt``, as
     ``kubectl exec <pod> -- py-spy dump`` per pod leaves them), taken only when the logs' own file names name
-    the same machines (``llm-train-worker-0.log``), every unnamed trainer has one, and none holds more ranks in
-    a snapshot than a machine has GPUs: a prefix alone (``run42-rank3``) names no machine."""
-    known = {h for h in map(host_from_log_name, log_rels) if h}
+    the same machines (``llm-train-worker-0.log``, or the pods ``kubectl logs --prefix`` names in its lines),
+    every unnamed trainer has one, and none holds more ranks in a snapshot than a machine has GPUs: a prefix
+    alone (``run42-rank3``) names no machine."""
     trainers = [f for f in kept if f.role is None and f.ident.node is None]
-    if not known or not trainers:
+    if not trainers or not logs:
         return
+    known = {h for h in (host_from_log_name(rel) for _, rel in logs) if h} | _pods_in(logs)
     prefixes = [_name_prefix(f.rel) for f in trainers]
     hosts = [h for h in prefixes if h is not None and h in known]
     if len(hosts) < len(trainers):
@@ -256,3 +259,20 @@ def _name_prefix(rel: str) -> str | None:
 
 
 _RANK_TOKEN = re.compile(r"[-_ ](?:local[-_]?)?rank[-_]?\d+$", re.I)
+
+
+def _pods_in(logs: list[tuple[str, str]]) -> set[str]:
+    """The pods ``kubectl logs --prefix`` consoles name in their first 64 KiB (``[pod/<pod>/<container>] ``)."""
+    from rankscope.datasets.readers.logprefix import line_source, prefix_kind
+
+    out: set[str] = set()
+    for abs_path, _ in logs[:64]:
+        try:
+            with open_regular(abs_path) as fh:  # a regular file only (never a FIFO swapped in since the walk)
+                head = fh.read(1 << 16)
+        except (OSError, RankscopeError):
+            continue
+        if prefix_kind(head) == "kubectl":
+            lines = head.decode("utf-8", errors="replace").splitlines()
+            out |= {src[0] for ln in lines if (src := line_source(ln, "kubectl")) is not None}
+    return out

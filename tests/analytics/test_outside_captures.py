@@ -514,3 +514,12 @@ def test_local_rank_files_in_numbered_round_folders():
     assert v.verdict.value == "hang" and v.culprit_nodes == ("llm-train-worker-0",) and v.culprit_ranks == (3,), (
         v.explain()
     )
+
+
+def test_pods_a_prefixed_kubectl_log_names_confirm_the_file_names():
+    """``<pod>-rank<k>.txt`` beside one ``kubectl logs --prefix`` file: the pods its lines name confirm the
+    file names' machines (they were ``node-1``)."""
+    v = diagnose(load_inputs(OUTSIDE / "k8s-prefix-log-rounds", gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("llm-train-worker-0",) and v.culprit_ranks == (3,), (
+        v.explain()
+    )
