@@ -49,6 +49,8 @@ class Progress:
     """Per pair: the ranks at the same place (state and call site) in both snapshots, waiting or not."""
     peer_waiters: tuple[int, ...] = ()
     """Per pair: the ranks waiting on peers (a collective, a transfer) at its first snapshot."""
+    still_where: tuple[frozenset[tuple[int, object]], ...] = ()
+    """Per pair: (rank, place) of each rank in ``still``: where it ran its own code in both snapshots."""
 
     @property
     def peers_frozen(self) -> bool:
@@ -101,9 +103,15 @@ class Progress:
         """A frozen tail of at least :data:`LONG_TAIL` pairs, over three times the longest run of pairs without a
         release while the job was moving (at least one): a slow rank holds its peers for a while every step, so
         releases come at the job's own rhythm; a tail far past it is no step, however slow (a long capture of a
-        healthy job that then stopped)."""
+        healthy job that then stopped), when the ranks still running their own code through it sit where they
+        ran while the job moved."""
         tail = self.pairs - self.frozen_since
-        if tail < LONG_TAIL or self.frozen_since == 0:
+        if tail < LONG_TAIL or self.frozen_since == 0 or len(self.still_where) != self.pairs:
+            return False
+        # the ranks running their own code through the tail sit where they worked while the job moved (stuck in
+        # the job's own work); a place they never held then is a phase of its own (a long checkpoint): no proof
+        worked = set().union(*(self.still_where[i] for i in range(self.frozen_since) if self.released[i] > 0))
+        if not self.still_where[-1] <= worked:
             return False
         longest = run = 0
         for r, w in zip(self.released[: self.frozen_since], self.waiters[: self.frozen_since]):
@@ -170,6 +178,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
     peer: list[int] = []
     same: list[frozenset[int]] = []
     peer_w: list[int] = []
+    still_where: list[frozenset[tuple[int, object]]] = []
     world = 0
     for s in snaps:
         cur = {
@@ -193,6 +202,9 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                     moved += state in PEER_WAIT_STATES or (state == "backward" and shared[(state, key)] >= 2)
                     back += _returned(state, shared[(state, key)], cur[r], before[r])
             still.append(frozenset(r for r, k in prev.items() if k[0] not in WAIT_STATES and cur.get(r) == k))
+            still_where.append(
+                frozenset((r, k) for r, k in prev.items() if k[0] not in WAIT_STATES and cur.get(r) == k)
+            )
             same.append(frozenset(r for r, k in prev.items() if cur.get(r) == k))
             waiters.append(w)
             released.append(n)
@@ -203,7 +215,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                 before[r].add(k)
         prev = cur
     g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
-    pairs = (tuple(returned), tuple(still), tuple(peer), tuple(same), tuple(peer_w))
+    pairs = (tuple(returned), tuple(still), tuple(peer), tuple(same), tuple(peer_w), tuple(still_where))
     return Progress(len(snaps), tuple(waiters), tuple(released), g, *pairs)
 
 

@@ -482,27 +482,32 @@ def test_a_slurm_task_file_is_named_by_its_launcher_summary():
     assert v.verdict.value == "crash" and v.culprit_nodes == ("cn0102",), v.explain()
 
 
-def test_a_frozen_tail_far_past_the_jobs_rhythm_is_a_hang():
-    """45 rounds: 15 of a training job (a release at least every other pair), then 30 in which nobody is
-    released while rank 5 computes at the line it always computed at. A slow rank caught in its slow part is
-    no hang, so that exception had held; a tail fifteen times the longest pause of the running job is one."""
+def test_a_frozen_tail_at_a_place_never_worked_at_before_proves_no_hang():
+    """45 rounds: 15 of a training job, then 30 in which nobody is released while rank 5 computes in code it
+    never ran while the job moved. A long phase of one rank (rank 0's evaluation, a checkpoint) looks alike
+    without time evidence, so no hang is called from the stacks; only rank 5's machine may be named."""
     v = diagnose(load_inputs(OUTSIDE / "slurm-long-capture-then-stuck", gpus_per_node=2))
-    assert v.verdict.value == "hang" and v.culprit_nodes == ("cn0203",) and v.culprit_ranks == (5,), v.explain()
+    assert v.verdict.value != "healthy" and set(v.suspect_nodes) <= {"cn0203"}, v.explain()
+    assert v.verdict.value != "hang", v.explain()
 
 
 def test_a_slow_ranks_rhythm_keeps_its_pauses():
-    """Releases every fourth pair (a rank four capture intervals slow every step, quiet runs of 3): a quiet tail
-    of 8 pairs is within its rhythm; of 16, past it."""
+    """Releases every fourth pair (a rank four capture intervals slow every step, quiet runs of 3), the slow
+    rank at its usual place: a quiet tail of 8 pairs is within the rhythm; of 16, past it (stuck in the job's
+    own work). The same tail with the rank somewhere it never worked while the job moved is no proof."""
     from rankscope.analytics.stacks.facts import Progress
 
-    def prog(released):
+    def prog(released, tail_place="forward"):
         n = len(released)
         still = tuple(frozenset({5}) for _ in range(n))
-        return Progress(n + 1, (7,) * n, tuple(released), still=still)
+        quiet = max(i + 1 for i, r in enumerate(released) if r)  # the quiet tail starts here
+        where = tuple(frozenset({(5, "forward" if i < quiet else tail_place)}) for i in range(n))
+        return Progress(n + 1, (7,) * n, tuple(released), still=still, still_where=where)
 
     rhythm = [3, 0, 0, 0] * 4
     assert not prog(rhythm + [0] * 5).stalled_past_rhythm and not prog(rhythm + [0] * 5).frozen
     assert prog(rhythm + [0] * 13).stalled_past_rhythm and prog(rhythm + [0] * 13).frozen
+    assert not prog(rhythm + [0] * 13, "save_checkpoint").stalled_past_rhythm
 
 
 def test_local_rank_files_in_numbered_round_folders():
