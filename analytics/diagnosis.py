@@ -174,7 +174,7 @@ def _logged_steps(inputs: Inputs, log_facts: LogFacts | None, f: stacks.StackFac
         return None
     first = min(after)
     ended = [e.time for e in inputs.exits if e.timed]
-    ended += [x.time for x in inputs.logs.launcher if x.time is not None]
+    ended += [x.time for x in inputs.logs.launcher if x.time is not None] + list(inputs.logs.stopped)
     if any(bound - 1.0 <= t <= first for t in ended):  # the captured processes ended before that step
         return None
     from rankscope.analytics.performance.failslow import StepEvidence

@@ -9,7 +9,7 @@ stack analysis (both handled by the loader and ``analytics.diagnose``).
 
 from __future__ import annotations
 
-from rankscope.analytics.logs.facts import GroupStall, Laggard, LogFacts, sinks, stalls
+from rankscope.analytics.logs.facts import GroupStall, Laggard, LogFacts, quiet_before_stop, sinks, stalls
 from rankscope.analytics.logs.verdict import verdict
 from rankscope.datasets.domain.logs import LogEvidence
 from rankscope.datasets.domain.topology import Topology
@@ -46,4 +46,5 @@ def facts(logs: LogEvidence | None, topology: Topology | None) -> LogFacts | Non
         after,
         sum(1 for w in logs.watchdog if w.kind == "periodic"),
         world,
+        quiet_before_stop=quiet_before_stop(logs.steps, logs.stopped),
     )

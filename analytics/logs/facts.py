@@ -17,10 +17,10 @@ alive after its peers timed out, and every wait in the job leads to it). Cascade
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rankscope.datasets.domain.logs import LogEvidence, WatchdogRecord
+from rankscope.datasets.domain.logs import LogEvidence, StepRecord, WatchdogRecord
 from rankscope.datasets.domain.topology import Topology
 
 
@@ -67,6 +67,9 @@ class LogFacts:
     periodic: int  # healthy "NCCL Work update periodically" lines seen
     world: int
     notes: tuple[str, ...] = field(default=())
+    quiet_before_stop: tuple[float, float] | None = None
+    """(seconds, the job's usual seconds between steps) when the launchers were stopped or failed far longer after
+    the last logged step than the job's steps came: it was not stepping when it was stopped."""
 
     @property
     def hang_evidence(self) -> bool:
@@ -233,3 +236,21 @@ def _seq_of(found: list[GroupStall], group: str) -> int:
 def _name(found: list[GroupStall], group: str) -> str:
     s = next(s for s in found if s.group == group)
     return f"pg {s.group}" + (f" ({s.desc})" if s.desc and s.desc != s.group else "")
+
+
+def quiet_before_stop(steps: Sequence[StepRecord], stopped: tuple[float, ...]) -> tuple[float, float] | None:
+    """See :attr:`LogFacts.quiet_before_stop`: the gap from the last step to the first stop after it, when over
+    both 10 s and 20 of the job's usual step times (its lines' own ``elapsed time per iteration``, else the
+    median gap between stamps): "not stepping" (a checkpoint or evaluation that long is possible: the answer is
+    then inconclusive, never a culprit)."""
+    times = sorted({s.time for s in steps if s.time is not None})
+    after = [t for t in stopped if times and t > times[-1]]
+    if not after:
+        return None
+    own = sorted(s.elapsed_ms / 1000.0 for s in steps if s.elapsed_ms)
+    gaps = own or sorted(b - a for a, b in zip(times, times[1:]) if b > a)
+    if not gaps:
+        return None
+    usual = gaps[len(gaps) // 2]
+    quiet = min(after) - times[-1]
+    return (quiet, usual) if quiet > max(10.0, 20.0 * usual) else None

@@ -150,9 +150,15 @@ def _quiet(f: LogFacts, job: str) -> Verdict:
         why = "no watchdog or transport timeout in the logs."
     sev = (
         Severity.HEALTHY
-        if (f.last_step_time is not None or f.periodic) and not f.nccl_timeouts
+        if (f.last_step_time is not None or f.periodic) and not f.nccl_timeouts and f.quiet_before_stop is None
         else Severity.INCONCLUSIVE
     )
+    if f.quiet_before_stop is not None:
+        quiet, usual = f.quiet_before_stop
+        why += (
+            f" But no step for {quiet:.0f} s before the launchers were stopped (steps came every ~{usual:.1f} s "
+            "before): the job was not stepping when it was stopped (stuck, or idle); the logs do not say who."
+        )
     return Verdict(
         sev, job=job, confidence=0.6, reasons=(why,), sources=("logs",), world_size=f.world, details=_details(f)
     )

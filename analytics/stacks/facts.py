@@ -110,8 +110,11 @@ class Progress:
             return False
         # the ranks running their own code through the tail sit where they worked while the job moved (stuck in
         # the job's own work); a place they never held then is a phase of its own (a long checkpoint): no proof
-        worked = set().union(*(self.still_where[i] for i in range(self.frozen_since) if self.released[i] > 0))
-        if not self.still_where[-1] <= worked:
+        held: Counter[tuple[int, object]] = Counter()
+        for i in range(self.frozen_since - 1):  # the pair into the tail excepted: a straggler released there
+            if self.released[i] > 0:
+                held.update(self.still_where[i])
+        if any(held[x] < 2 for x in self.still_where[-1]):  # each held in two moving pairs at least
             return False
         longest = run = 0
         for r, w in zip(self.released[: self.frozen_since], self.waiters[: self.frozen_since]):

@@ -109,6 +109,7 @@ class LogEvidence:
     stack_ranks: tuple[int, ...] = ()  # ranks whose faulthandler blocks became stacks
     notes: tuple[str, ...] = ()
     zone_offset_s: float = 0.0  # added to the logs' naive times to make them epoch times (0: assumed UTC)
+    stopped: tuple[float, ...] = ()  # when launchers were stopped (a signal: scancel) or saw their workers fail
 
     @property
     def empty(self) -> bool:

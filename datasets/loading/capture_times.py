@@ -38,13 +38,16 @@ def folder_capture_times(
     return out
 
 
-def file_capture_times(procs: Sequence[ProcStacks], root: str, notes: list[str]) -> dict[int, float]:
+def file_capture_times(procs: Sequence[ProcStacks], root: str, notes: list[str], logs: Any) -> dict[int, float]:
     """The last snapshot's latest possible capture time from its stack files' modification times (epoch
     seconds): a capture tool writes its output as it takes it, and a copy without ``-p`` only makes the time
     later, so the newest modification time of the snapshot's trainer dumps is a bound the capture cannot be
-    after; like a folder's stamp, only ever evidence that the job moved after it."""
+    after; like a folder's stamp, only ever evidence that the job moved after it. Only when some log file's own
+    modification time follows its last logged step within :data:`LOG_END_S` (written on the clock, and in the
+    zone, its lines are read in: a copy resets it, and naive local times read as UTC are hours off): else file
+    times and logged times are not comparable."""
     last = max((p.snapshot for p in procs if p.role == "trainer"), default=None)
-    if last is None:
+    if last is None or not _clocks_agree(root, logs):
         return {}
     times = []
     for p in procs:
@@ -61,3 +64,34 @@ def file_capture_times(procs: Sequence[ProcStacks], root: str, notes: list[str])
         "after it show the job moving then"
     )
     return {last: max(times)}
+
+
+LOG_END_S = 900.0
+"""A log written to after its last step at most this long (a watchdog's timeout, the teardown): less than the
+offset of any time zone from UTC (the smallest, a quarter-hour zone's from its whole hour, is 30 minutes off
+UTC)."""
+
+
+def _clocks_agree(root: str, logs: Any) -> bool:
+    """Whether the logs' clock is the files' clock: some log file's modification time lies within [its last
+    logged step - 60 s, + LOG_END_S], and no time the logs hold (steps, launcher stops and failures, each
+    rank's last stamped line) is later than the newest log file's modification time + 60 s (a file holds no
+    line written after it was last written: naive local times east of UTC, read as UTC, do)."""
+    if logs is None:
+        return False
+    last_step: dict[str, float] = {}
+    for s in logs.steps:
+        rel = s.source.rpartition(":")[0]
+        if s.time is not None and s.time > last_step.get(rel, float("-inf")):
+            last_step[rel] = s.time
+    mtimes: dict[str, float] = {}
+    for rel in {*logs.files, *last_step}:
+        try:
+            mtimes[rel] = os.stat(os.path.join(root, rel)).st_mtime
+        except (OSError, ValueError):
+            continue
+    if not any(-60.0 <= mtimes[rel] - t <= LOG_END_S for rel, t in last_step.items() if rel in mtimes):
+        return False
+    held = [*last_step.values(), *logs.stopped, *logs.last_time.values()]
+    held += [e.time for e in logs.launcher if e.time is not None]
+    return max(held) <= max(mtimes.values()) + 60.0

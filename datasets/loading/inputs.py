@@ -57,7 +57,7 @@ def _from_dir(
     zone = src.logs.zone_offset_s if src.logs else 0.0
     latest = rounds.latest or folder_capture_times(procs, round_notes, zone, log_starts(dd, src.logs))
     if not latest and src.logs is not None and src.logs.steps:
-        latest = file_capture_times(procs, str(root), round_notes)
+        latest = file_capture_times(procs, str(root), round_notes, src.logs)
     names = src.names
     world_ranks = sorted(
         {p.rank for p in procs if p.rank is not None}

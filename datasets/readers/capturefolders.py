@@ -84,10 +84,12 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         if name:  # rounds of one capture are the same processes: same ranks (or local ranks), same pids
             by_parent[parent][name].add((_who(f), f.ident.pid))
     names: set[str] = set()
-    for kids in by_parent.values():
+    for parent, kids in by_parent.items():
         if len(kids) < 2:
             continue
         sets = list(kids.values())
+        if any(isinstance(w, tuple) for s in sets for w, _ in s) and not (parent and _dir_facts(parent)[3]):
+            continue  # local ranks (and containers' pids) repeat on every machine: rounds only inside one's folder
         if all(s == sets[0] for s in sets[1:]) and _numbered(list(kids)):  # the same ranks: rounds of a capture
             names |= set(kids)
     if not names:

@@ -51,6 +51,8 @@ _CONTAINER = re.compile(
 )
 _CMD_LOCAL = re.compile(r"(?:--local[-_]rank[= ]|\bLOCAL_RANK=)(\d+)")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_SLURM_TASK = re.compile(r"[-_.]\d{3,}[-_.]\d{1,6}$")
+"""A Slurm job id and task number at the end of a name (``llm-81235-3``: ``%x-%j-%t``)."""
 _GENERIC_STEMS = re.compile(
     r"^(?:torchrun|train(?:ing)?|stdout|stderr|output|out|log|logs|console|combined|job|run|slurm[-_].*|"
     r"torchrun[-_]?(?:stdout|stderr|combined|log)?.*|error|errors|debug|launcher|master|worker)$",
@@ -132,6 +134,8 @@ def host_from_log_name(rel: str) -> str | None:
     if not stem or _GENERIC_STEMS.match(stem) or _RANK.search(stem) or _LOCAL.search(stem):
         return None
     if _GENERIC_TOKENS & set(re.split(r"[-_.]+", stem.lower())):  # trainer-console.log, job_stdout.txt
+        return None
+    if _SLURM_TASK.search(stem):  # srun --output=%x-%j-%t.out: a job id and a task number, no machine
         return None
     return stem if _HOSTNAME.match(stem) and not _CONTAINER.match(stem) else None
 

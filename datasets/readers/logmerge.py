@@ -322,6 +322,7 @@ def _build(
         tuple(sorted({r for r, _, _ in out.stacks})),
         tuple(notes),
         offset,
+        tuple(sorted(t + offset for f in reads for st in f.stop_stamps if (t := to_epoch(st, year)) is not None)),
     )
     return out
 

@@ -30,6 +30,10 @@ _SRUN = re.compile(r"^ {0,6}(?P<task>\d{1,6}): ")
 """``srun --label``: the task number (one launcher per task; no machine: the task's own lines may name it)."""
 
 
+_BARE_HOST = re.compile(r"^(?=[^ ]*[A-Za-z])(?=[^ ]*\d)[A-Za-z0-9][A-Za-z0-9.-]{0,62}\s*$")
+"""A line that is one host name and nothing else (``cn0101``: what ``srun --label hostname`` prints)."""
+
+
 def line_source(line: str, kind: str) -> tuple[str, str | None, int] | None:
     """(the stream's key, its machine or None, the prefix's length) of a line of a ``kind`` console."""
     if kind == "pdsh":
@@ -86,10 +90,14 @@ def demux(
         line = raw.rstrip("\n")[:max_line]
         src = line_source(line, kind) if kind else None
         if src is not None:
-            yield lineno, src[0], src[1], line[src[2] :]
+            rest = line[src[2] :]
+            if kind == "srun" and _BARE_HOST.match(rest):  # `srun --label hostname`: the task's machine, no process
+                task_hosts.setdefault(src[0], rest.strip())
+                continue
+            yield lineno, src[0], src[1], rest
             continue
         if kind == "srun" and line.startswith("srun: "):
-            task_hosts.update(srun_task_hosts(line))
+            task_hosts.update(srun_task_hosts(line))  # srun's own word wins over a printed name
         yield lineno, None, None, line
 
 

@@ -122,6 +122,7 @@ class FileRead:
     failed_pids: list[tuple[int, int, int]] = field(default_factory=list)  # (line, local rank, pid): "failed (exitcode"
     failures: list[int] = field(default_factory=list)  # the lines of the launcher's failures and restarts
     stopped_at: int = 0  # the line where the launcher itself got a signal (the job stopped from outside; 0: none)
+    stop_stamps: list[Stamp] = field(default_factory=list)  # the stamps of the launcher's stop and failure lines
 
     def drop_before(self, line: int) -> None:
         """Forget what the workers said before ``line`` (an attempt a restart replaced)."""
@@ -269,8 +270,10 @@ def _line(fr: FileRead, summary: SummaryParser, line: str, lineno: int, rel: str
             fr.finished_ok = lineno
         elif _STOPPED.search(text):
             fr.stopped_at = fr.stopped_at or lineno
+            fr.stop_stamps += [stamp] if stamp is not None else []
         elif any(f in text for f in _GROUP_FAILED):
             fr.failures.append(lineno)
+            fr.stop_stamps += [stamp] if stamp is not None else []
             if m := _FAILED_PID.search(text):
                 fr.failed_pids.append((lineno, int(m.group(1)), int(m.group(2))))
             if "will restart worker group" in text:

@@ -420,11 +420,12 @@ def test_flight_recorder_captures_kept_per_host_are_whole_captures():
     assert not diagnose(inputs).suspect_nodes
 
 
-def _k8s_checkpoint(tmp_path, mtime: float) -> Path:
+def _k8s_checkpoint(tmp_path, mtime: float, log_mtime: float) -> Path:
     root = tmp_path / "k8s"
     shutil.copytree(OUTSIDE / "k8s-checkpoint-one-round", root)
-    for p in root.rglob("py-spy-*.txt"):  # a checkout resets modification times: set them
-        os.utime(p, (mtime, mtime))
+    for p in root.rglob("*"):  # a checkout resets modification times: set them
+        t = log_mtime if p.suffix == ".log" else mtime
+        os.utime(p, (t, t))
     return root
 
 
@@ -433,15 +434,17 @@ def test_one_round_whose_files_predate_logged_steps_is_a_moving_job(tmp_path):
     the files' modification times (08:46:09 UTC, when py-spy wrote them) are followed by logged iterations:
     the job moved after the capture. It was `hang` isolating the pod holding rank 0."""
     capture = calendar.timegm((2026, 12, 2, 8, 46, 9, 0, 0, 0))
-    v = diagnose(load_inputs(_k8s_checkpoint(tmp_path, capture), gpus_per_node=2))
+    logs_end = calendar.timegm((2026, 12, 2, 8, 46, 42, 0, 0, 0))  # the pods deleted: the consoles' last lines
+    v = diagnose(load_inputs(_k8s_checkpoint(tmp_path, capture, logs_end), gpus_per_node=2))
     assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
     assert "after the last snapshot" in v.explain()
 
 
 def test_modification_times_after_the_last_step_prove_nothing(tmp_path):
-    """Copied without keeping times (a checkout, `cp` without -p), the files are newer than every logged step:
-    no progress is read from them and the single round is judged on its stacks as before."""
-    v = diagnose(load_inputs(_k8s_checkpoint(tmp_path, time.time()), gpus_per_node=2))
+    """Copied without keeping times (a checkout, `cp` without -p), the files are newer than every logged step
+    (and the logs' own times no longer follow their last lines): no progress is read from them and the single
+    round is judged on its stacks as before."""
+    v = diagnose(load_inputs(_k8s_checkpoint(tmp_path, time.time(), time.time()), gpus_per_node=2))
     assert v.verdict.value == "hang" and v.culprit_nodes == ("llm-train-master-0",), v.explain()
 
 
@@ -528,3 +531,13 @@ def test_pods_a_prefixed_kubectl_log_names_confirm_the_file_names():
     assert v.verdict.value == "hang" and v.culprit_nodes == ("llm-train-worker-0",) and v.culprit_ranks == (3,), (
         v.explain()
     )
+
+
+def test_file_times_on_another_clock_than_the_logs_prove_nothing(tmp_path):
+    """The consoles' own modification times an hour off the last lines they hold (naive local times read as
+    UTC, or another machine's clock): file times and logged times are not comparable, so no step counts as
+    "after" the capture, though the logged steps fall within minutes after the dumps' times."""
+    capture = calendar.timegm((2026, 12, 2, 8, 46, 9, 0, 0, 0))
+    logs_end = calendar.timegm((2026, 12, 2, 7, 46, 42, 0, 0, 0))  # an hour before the last line it holds
+    v = diagnose(load_inputs(_k8s_checkpoint(tmp_path, capture, logs_end), gpus_per_node=2))
+    assert "after the last snapshot" not in v.explain(), v.explain()

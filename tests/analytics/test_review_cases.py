@@ -171,3 +171,69 @@ def test_rank_0_slow_in_model_compute_is_no_main_process_duty():
     are never caught in forward because they always wait for it, so "code no other rank ran" excused it."""
     v = diagnose(load_inputs(REVIEW / "s21", gpus_per_node=2))
     assert v.verdict.value == "fail-slow" and v.culprit_ranks == (0,), v.explain()
+
+
+def _timed_copy(tmp_path, case: str, stacks_at: str, logs_at: str):
+    """``case`` copied with its files' modification times as the reviewer left them (a checkout resets them):
+    stack dumps (``*.txt``) at ``stacks_at``, logs at ``logs_at`` (UTC)."""
+    import calendar
+    import os
+    import shutil
+    import time
+
+    root = tmp_path / case
+    shutil.copytree(REVIEW / case, root)
+    for p in root.rglob("*"):
+        if p.is_file():
+            t = calendar.timegm(time.strptime(stacks_at if p.suffix == ".txt" else logs_at, "%Y-%m-%d %H:%M:%S"))
+            os.utime(p, (t, t))
+    return root
+
+
+def test_a_long_checkpoint_caught_in_many_rounds_is_no_hang():
+    v = diagnose(load_inputs(REVIEW / "s22", gpus_per_node=2))
+    assert not v.suspect_nodes and v.verdict.value != "hang", v.explain()
+
+
+def test_a_straggler_in_the_checkpoints_first_round_changes_nothing(tmp_path):
+    import shutil
+
+    root = tmp_path / "s29"
+    shutil.copytree(REVIEW / "s22", root)
+    shutil.copy(REVIEW / "s29" / "round-135-cn0203-rank5.txt", root / "round-135" / "cn0203" / "rank5.txt")
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert not v.suspect_nodes and v.verdict.value != "hang", v.explain()
+
+
+@pytest.mark.parametrize(
+    ("case", "stacks_at", "logs_at"),
+    [
+        ("s23", "2026-12-02 09:44:00", "2026-12-02 09:44:20"),  # naive CET stamps: the log times precede their lines
+        ("s24", "2026-12-02 08:47:03", "2026-12-02 08:49:44"),  # a resubmission after the launcher's stop
+        ("s25", "2026-12-02 08:53:00", "2026-12-02 08:57:30"),  # a restarted attempt after the agent's failure
+        ("s30", "2026-12-02 09:44:00", "2026-12-02 09:50:00"),  # killed an hour on: its lines postdate the file
+        ("s31", "2026-12-02 09:44:00", "2026-12-02 09:47:05"),  # an hour's timeout: its lines postdate the file
+    ],
+)
+def test_steps_after_a_round_s_file_times_that_are_no_progress(tmp_path, case, stacks_at, logs_at):
+    v = diagnose(load_inputs(_timed_copy(tmp_path, case, stacks_at, logs_at), gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("cn0104",) and v.culprit_ranks == (6,), v.explain()
+
+
+def test_pods_with_identical_container_pids_are_no_rounds():
+    v = diagnose(load_inputs(REVIEW / "s26", gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("llm-train-worker-1",) and v.culprit_ranks == (3,), (
+        v.explain()
+    )
+
+
+def test_a_slurm_task_name_is_no_machine():
+    v = diagnose(load_inputs(REVIEW / "s27", gpus_per_node=2))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (6,), v.explain()
+    assert not any("81234" in n for n in v.suspect_nodes), v.explain()
+
+
+def test_a_batch_log_whose_steps_stopped_before_the_scancel_is_not_healthy():
+    v = diagnose(load_inputs(REVIEW / "s28", gpus_per_node=2))
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
+    assert "no step for" in v.explain()
