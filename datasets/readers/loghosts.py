@@ -35,8 +35,18 @@ def machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
             f"logs: {folder}/ holds {len(fs)} consoles of different machines: each is named by its own "
             "(NCCL's host name, else the file name), not by the folder"
         )
+    batch = {  # (job id, task) -> machine, from `srun --label hostname` in a batch log (slurm-<jobid>.out)
+        (m.group(1), int(k.split()[1])): h
+        for f in reads
+        if f.task_hosts and (m := _BATCH_LOG.search(f.rel))
+        for k, h in f.task_hosts.items()
+    }
     for f in reads:
         unnamed = f.host_from in ("", "task") or (f.host_from == "file" and bool(_TASK_FILE.search(f.rel)))
+        task = _TASK_FILE.search(f.rel) if unnamed and batch else None
+        if task and (host := batch.get((task.group(1), int(task.group(2))))):
+            f.host, f.host_from, f.host_source = host, "srun", "log"
+            continue
         nccl = _nccl(f)
         if nccl and unnamed:
             f.host, f.host_from, f.host_source = nccl, "nccl", "log"
@@ -51,8 +61,10 @@ def _summary_host(f: FileRead) -> str | None:
     return hosts.pop() if len(hosts) == 1 else None
 
 
-_TASK_FILE = re.compile(r"[-_.]\d{3,}[-_.]\d{1,6}\.[A-Za-z]+$")
-"""SLURM's ``--output=%x-%j-%t.out``: a job id and a task number, no machine."""
+_TASK_FILE = re.compile(r"[-_.](\d{3,})[-_.](\d{1,6})\.[A-Za-z]+$")
+"""SLURM's ``--output=%x-%j-%t.out``: a job id and a task number, no machine (the batch log may map it)."""
+_BATCH_LOG = re.compile(r"(?:^|/)slurm-(\d+)(?:_\d+)?\.out$")
+"""The batch log ``sbatch`` writes by default (``slurm-%j.out``, an array's ``slurm-%A_%a.out``)."""
 _CONTAINER_ID = re.compile(r"^(?:[0-9a-f]{12}|[0-9a-f]{64})$")
 """docker's default host name inside a container (its id): no machine."""
 

@@ -102,7 +102,10 @@ def demux(
 
 
 def name_tasks(reads: Mapping[str | None, Any], task_hosts: Mapping[str, str]) -> None:
-    """Each task read whose machine srun named (``srun: error: gpu-b-014: task 1: ...``)."""
+    """Each task read whose machine srun named (``srun: error: gpu-b-014: task 1: ...``, ``srun --label
+    hostname``); the file's own read (key None) keeps the whole map (per-task files name their task)."""
+    if reads.get(None) is not None and task_hosts:
+        reads[None].task_hosts = dict(task_hosts)
     for key, host in task_hosts.items():
         f = reads.get(key)
         if f is not None and f.host is None:

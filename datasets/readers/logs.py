@@ -123,6 +123,7 @@ class FileRead:
     failures: list[int] = field(default_factory=list)  # the lines of the launcher's failures and restarts
     stopped_at: int = 0  # the line where the launcher itself got a signal (the job stopped from outside; 0: none)
     stop_stamps: list[Stamp] = field(default_factory=list)  # the stamps of the launcher's stop and failure lines
+    task_hosts: dict[str, str] = field(default_factory=dict)  # srun --label: "task N" -> the machine it named
 
     def drop_before(self, line: int) -> None:
         """Forget what the workers said before ``line`` (an attempt a restart replaced)."""
