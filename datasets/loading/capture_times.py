@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import calendar
 import os
+import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.readers.dumpdir import DumpDir
+from rankscope.spine import RankscopeError
 
 
 def log_starts(dd: DumpDir, logs: Any) -> dict[str, float | None]:
@@ -79,6 +83,9 @@ def _clocks_agree(root: str, logs: Any) -> bool:
     line written after it was last written: naive local times east of UTC, read as UTC, do)."""
     if logs is None:
         return False
+    stepped = {s.source.rpartition(":")[0] for s in logs.steps if s.time is not None}
+    if stepped and all(_utc_by_content(os.path.join(root, rel)) for rel in stepped):
+        return True
     last_step: dict[str, float] = {}
     for s in logs.steps:
         rel = s.source.rpartition(":")[0]
@@ -95,3 +102,35 @@ def _clocks_agree(root: str, logs: Any) -> bool:
     held = [*last_step.values(), *logs.stopped, *logs.last_time.values()]
     held += [e.time for e in logs.launcher if e.time is not None]
     return max(held) <= max(mtimes.values()) + 60.0
+
+
+_UTC_LEAD = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(?:\.\d+)?(?:Z|[+-]00:?00) ")
+"""A line's leading UTC stamp (``kubectl logs --timestamps``, journald's ``--output=short-iso-precise``)."""
+_INNER = re.compile(r"\[(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)")
+
+
+def _utc_by_content(path: str) -> bool:
+    """Whether a log's own naive stamps are UTC: in its first 64 KiB, lines carrying both a leading UTC stamp and
+    an inner naive one (``2026-12-02T08:46:06.04Z [default0]: [2026-12-02 08:46:06] iteration ...``) agree
+    within two minutes, every one of them (naive local times elsewhere are whole zones off)."""
+    from rankscope.datasets.domain.bounds import open_regular
+
+    try:
+        with open_regular(path) as fh:
+            head = fh.read(1 << 16).decode("utf-8", errors="replace")
+    except (OSError, RankscopeError):
+        return False
+    diffs = []
+    for line in head.splitlines():
+        lead = _UTC_LEAD.match(line)
+        inner = _INNER.search(line, lead.end()) if lead else None
+        if lead and inner:
+            try:  # (a hostile date, 2026-13-45, is no stamp)
+                a, b = (
+                    calendar.timegm(time.strptime(f"{d} {t}", "%Y-%m-%d %H:%M:%S"))
+                    for d, t in (lead.groups(), inner.groups())
+                )
+            except ValueError:
+                return False
+            diffs.append(abs(a - b))
+    return bool(diffs) and max(diffs) <= 120

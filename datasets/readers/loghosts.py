@@ -42,7 +42,8 @@ def machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
         for k, h in f.task_hosts.items()
     }
     for f in reads:
-        unnamed = f.host_from in ("", "task") or (f.host_from == "file" and bool(_TASK_FILE.search(f.rel)))
+        # a name a task printed, a Slurm task file's name: the launcher's own summary (or NCCL) names better
+        unnamed = f.host_from in ("", "task", "hostname") or (f.host_from == "file" and bool(_TASK_FILE.search(f.rel)))
         task = _TASK_FILE.search(f.rel) if unnamed and batch else None
         if task and (host := batch.get((task.group(1), int(task.group(2))))):
             f.host, f.host_from, f.host_source = host, "srun", "log"

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 _PDSH = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,62}): ")
@@ -81,32 +83,59 @@ def srun_task_hosts(line: str) -> dict[str, str]:
     return out
 
 
+@dataclass
+class TaskHosts:
+    """The machines of an ``srun --label`` console's tasks: what srun itself said (``srun: error: <host>: task
+    N: ...``) and what each task printed as a bare host name (``srun --label hostname`` before the job step)."""
+
+    said: dict[str, str] = field(default_factory=dict)
+    printed: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+    def resolved(self, talking: Collection[str]) -> dict[str, tuple[str, str]]:
+        """task -> (machine, "srun" | "hostname"). Printed names count only as one consistent map: one name per
+        task, no machine named by two tasks (a two-tasks-per-node ``hostname`` step before a one-per-node job
+        step), and the tasks that printed one are the tasks that talk (``talking``; none: a batch log of host
+        names only). Another word printed alone (``uname -r``, a requeued run's host) spoils it: srun's own word
+        and the launchers' failure summaries remain."""
+        names = {t: next(iter(v)) for t, v in self.printed.items() if len(v) == 1}
+        ok = (
+            names
+            and len(names) == len(self.printed)
+            and len(set(names.values())) == len(names)
+            and (not talking or set(names) == set(talking))
+        )
+        out = {t: (h, "hostname") for t, h in names.items()} if ok else {}
+        out.update({t: (h, "srun") for t, h in self.said.items()})
+        return out
+
+
 def demux(
-    lines: Iterable[str], kind: str | None, task_hosts: dict[str, str], max_line: int
+    lines: Iterable[str], kind: str | None, tasks: TaskHosts, max_line: int
 ) -> Iterator[tuple[int, str | None, str | None, str]]:
     """(line number, stream key, its machine, the line without its prefix) of each line of a ``kind`` console
-    (None: one stream, key None); lines are cut at ``max_line``. srun's own error lines fill ``task_hosts``."""
+    (None: one stream, key None); lines are cut at ``max_line``. srun's lines fill ``tasks``."""
     for lineno, raw in enumerate(lines, 1):
         line = raw.rstrip("\n")[:max_line]
         src = line_source(line, kind) if kind else None
         if src is not None:
             rest = line[src[2] :]
-            if kind == "srun" and _BARE_HOST.match(rest):  # `srun --label hostname`: the task's machine, no process
-                task_hosts.setdefault(src[0], rest.strip())
+            if kind == "srun" and _BARE_HOST.match(rest):  # `srun --label hostname`: no process's line
+                tasks.printed[src[0]].add(rest.strip())
                 continue
             yield lineno, src[0], src[1], rest
             continue
         if kind == "srun" and line.startswith("srun: "):
-            task_hosts.update(srun_task_hosts(line))  # srun's own word wins over a printed name
+            tasks.said.update(srun_task_hosts(line))
         yield lineno, None, None, line
 
 
-def name_tasks(reads: Mapping[str | None, Any], task_hosts: Mapping[str, str]) -> None:
-    """Each task read whose machine srun named (``srun: error: gpu-b-014: task 1: ...``, ``srun --label
-    hostname``); the file's own read (key None) keeps the whole map (per-task files name their task)."""
-    if reads.get(None) is not None and task_hosts:
-        reads[None].task_hosts = dict(task_hosts)
-    for key, host in task_hosts.items():
+def name_tasks(reads: Mapping[str | None, Any], tasks: TaskHosts) -> None:
+    """Each task read whose machine srun named or the task printed (see :meth:`TaskHosts.resolved`); the file's
+    own read (key None) keeps the whole map (per-task files name their task through it)."""
+    resolved = tasks.resolved([k for k in reads if k is not None])
+    if reads.get(None) is not None and resolved:
+        reads[None].task_hosts = {t: h for t, (h, _) in resolved.items()}
+    for key, (host, how) in resolved.items():
         f = reads.get(key)
         if f is not None and f.host is None:
-            f.host, f.host_from = host, "srun"
+            f.host, f.host_from = host, how

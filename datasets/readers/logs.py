@@ -29,7 +29,7 @@ from typing import Any
 
 from rankscope.datasets.domain.bounds import open_regular
 from rankscope.datasets.readers.identity import host_from_log_name, path_facts
-from rankscope.datasets.readers.logprefix import demux, line_of, name_tasks, prefix_kind
+from rankscope.datasets.readers.logprefix import TaskHosts, demux, line_of, name_tasks, prefix_kind
 from rankscope.datasets.readers.sniff import C10_LOG, GLOG, RAY, STAMP, WORKER_PREFIX
 from rankscope.datasets.readers.torchelastic import SummaryParser, split_exception
 
@@ -239,14 +239,14 @@ def _read_streams(fh: io.TextIOWrapper, rel: str, kind: str | None) -> dict[str 
     )
     fr.host_from, fr.name_host = ("folder" if path_host else "file" if name_host else ""), name_host
     reads: dict[str | None, tuple[FileRead, SummaryParser]] = {None: (fr, SummaryParser(rel))}
-    task_hosts: dict[str, str] = {}
-    for lineno, key, host, line in demux(fh, kind, task_hosts, MAX_LOG_LINE):
+    tasks = TaskHosts()
+    for lineno, key, host, line in demux(fh, kind, tasks, MAX_LOG_LINE):
         if key not in reads:
             one = FileRead(rel, host, "log", None, None)
             one.host_from = "task" if host is None else str(kind)
             reads[key] = (one, SummaryParser(rel))
         _line(*reads[key], line, lineno, rel)
-    name_tasks({k: f for k, (f, _) in reads.items()}, task_hosts)
+    name_tasks({k: f for k, (f, _) in reads.items()}, tasks)
     return reads
 
 

@@ -237,3 +237,19 @@ def test_a_batch_log_whose_steps_stopped_before_the_scancel_is_not_healthy():
     v = diagnose(load_inputs(REVIEW / "s28", gpus_per_node=2))
     assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
     assert "no step for" in v.explain()
+
+
+def test_kubectl_logs_fetched_later_keep_their_utc_stamps(tmp_path):
+    """The logs' files written 20 minutes after their last lines (fetched after the incident): their lines'
+    own ``...Z`` stamps agree with the Megatron stamps inside, so the steps are UTC and the dumps' times count."""
+    root = _timed_copy(tmp_path, "s32", "2026-12-02 08:46:09", "2026-12-02 09:06:42")
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
+
+
+@pytest.mark.parametrize("case", ["s33", "s34", "s35"])
+def test_host_names_tasks_printed_count_only_as_one_consistent_map(case):
+    """Two tasks printing one host (a two-per-node hostname step), a task printing two names (a requeued run
+    appended, ``uname -r`` first): no map; the launcher's summary names the crash's machine."""
+    v = diagnose(load_inputs(REVIEW / case, gpus_per_node=2))
+    assert v.verdict.value == "crash" and v.culprit_nodes == ("cn0102",) and v.culprit_ranks == (2,), v.explain()
