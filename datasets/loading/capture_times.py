@@ -77,15 +77,15 @@ UTC)."""
 
 
 def _clocks_agree(root: str, logs: Any) -> bool:
-    """Whether the logs' clock is the files' clock: some log file's modification time lies within [its last
-    logged step - 60 s, + LOG_END_S], and no time the logs hold (steps, launcher stops and failures, each
-    rank's last stamped line) is later than the newest log file's modification time + 60 s (a file holds no
-    line written after it was last written: naive local times east of UTC, read as UTC, do)."""
+    """Whether the logs' clock is the files' clock: the logs' steps are UTC (their lines' leading UTC stamps say
+    so, :func:`_utc_by_content`) or some log file's modification time lies within [its last logged step - 60 s,
+    + LOG_END_S]; and no time the logs hold (steps, launcher stops and failures, each rank's last stamped line)
+    is later than the newest log file's modification time + 60 s (a file holds no line written after it was
+    last written: naive local times east of UTC read as UTC do, and so does a file clock behind UTC)."""
     if logs is None:
         return False
     stepped = {s.source.rpartition(":")[0] for s in logs.steps if s.time is not None}
-    if stepped and all(_utc_by_content(os.path.join(root, rel)) for rel in stepped):
-        return True
+    utc = bool(stepped) and all(_utc_by_content(os.path.join(root, rel)) for rel in stepped)
     last_step: dict[str, float] = {}
     for s in logs.steps:
         rel = s.source.rpartition(":")[0]
@@ -97,7 +97,7 @@ def _clocks_agree(root: str, logs: Any) -> bool:
             mtimes[rel] = os.stat(os.path.join(root, rel)).st_mtime
         except (OSError, ValueError):
             continue
-    if not any(-60.0 <= mtimes[rel] - t <= LOG_END_S for rel, t in last_step.items() if rel in mtimes):
+    if not mtimes or not (utc or any(-60.0 <= mtimes[r] - t <= LOG_END_S for r, t in last_step.items() if r in mtimes)):
         return False
     held = [*last_step.values(), *logs.stopped, *logs.last_time.values()]
     held += [e.time for e in logs.launcher if e.time is not None]
