@@ -41,16 +41,20 @@ class Progress:
     returned: tuple[int, ...] = ()
     """Per pair: released waiters back at their own work, at a stack they ran before, from a wait on peers that
     other ranks sat in too (:func:`_returned`): the collective completed, so one such return is progress."""
-    still: tuple[frozenset[int], ...] = ()
-    """Per pair: the ranks running their own code (not waiting) at the same stack in both snapshots."""
+    still_where: tuple[frozenset[tuple[int, object]], ...] = ()
+    """Per pair: (rank, place) of each rank running its own code (not waiting) at the same stack in both
+    snapshots."""
     peer_released: tuple[int, ...] = ()
     """Per pair: waiters released from a wait on peers (a collective, a transfer), not from their own waits."""
     same: tuple[frozenset[int], ...] = ()
     """Per pair: the ranks at the same place (state and call site) in both snapshots, waiting or not."""
     peer_waiters: tuple[int, ...] = ()
     """Per pair: the ranks waiting on peers (a collective, a transfer) at its first snapshot."""
-    still_where: tuple[frozenset[tuple[int, object]], ...] = ()
-    """Per pair: (rank, place) of each rank in ``still``: where it ran its own code in both snapshots."""
+
+    @property
+    def still(self) -> tuple[frozenset[int], ...]:
+        """Per pair: the ranks of :attr:`still_where`."""
+        return tuple(frozenset(r for r, _ in pair) for pair in self.still_where)
 
     @property
     def peers_frozen(self) -> bool:
@@ -93,9 +97,10 @@ class Progress:
         ranks at one stack in two snapshots do not stop it (a slow rank caught in its slow part every round)."""
         if not (self.pairs > 0 and self.waiters[-1] > 0 and self.released[-1] == 0):
             return False
-        last = self.still[-1] if len(self.still) == self.pairs else frozenset()
+        still = self.still
+        last = still[-1] if len(still) == self.pairs else frozenset()
         # two such pairs at least: one release can be a hang spreading (a replica reaching the stuck collective)
-        moved = sum(1 for i in range(self.pairs - 1) if last <= self.still[i] and self.released[i] > 0)
+        moved = sum(1 for i in range(self.pairs - 1) if last <= still[i] and self.released[i] > 0)
         return not (last and moved >= 2) or self.stalled_past_rhythm
 
     @property
@@ -177,7 +182,6 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
     waiters: list[int] = []
     released: list[int] = []
     returned: list[int] = []
-    still: list[frozenset[int]] = []
     peer: list[int] = []
     same: list[frozenset[int]] = []
     peer_w: list[int] = []
@@ -204,7 +208,6 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                     # that others sat in at the same site were released by peers too (a lone one: its own work)
                     moved += state in PEER_WAIT_STATES or (state == "backward" and shared[(state, key)] >= 2)
                     back += _returned(state, shared[(state, key)], cur[r], before[r])
-            still.append(frozenset(r for r, k in prev.items() if k[0] not in WAIT_STATES and cur.get(r) == k))
             still_where.append(
                 frozenset((r, k) for r, k in prev.items() if k[0] not in WAIT_STATES and cur.get(r) == k)
             )
@@ -218,7 +221,7 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                 before[r].add(k)
         prev = cur
     g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
-    pairs = (tuple(returned), tuple(still), tuple(peer), tuple(same), tuple(peer_w), tuple(still_where))
+    pairs = (tuple(returned), tuple(still_where), tuple(peer), tuple(same), tuple(peer_w))
     return Progress(len(snaps), tuple(waiters), tuple(released), g, *pairs)
 
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rankscope.datasets.domain.bounds import open_regular
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.readers.dumpdir import DumpDir
 from rankscope.spine import RankscopeError
@@ -84,13 +85,12 @@ def _clocks_agree(root: str, logs: Any) -> bool:
     last written: naive local times east of UTC read as UTC do, and so does a file clock behind UTC)."""
     if logs is None:
         return False
-    stepped = {s.source.rpartition(":")[0] for s in logs.steps if s.time is not None}
-    utc = bool(stepped) and all(_utc_by_content(os.path.join(root, rel)) for rel in stepped)
     last_step: dict[str, float] = {}
     for s in logs.steps:
         rel = s.source.rpartition(":")[0]
         if s.time is not None and s.time > last_step.get(rel, float("-inf")):
             last_step[rel] = s.time
+    utc = bool(last_step) and all(_utc_by_content(os.path.join(root, rel)) for rel in last_step)
     mtimes: dict[str, float] = {}
     for rel in {*logs.files, *last_step}:
         try:
@@ -113,8 +113,6 @@ def _utc_by_content(path: str) -> bool:
     """Whether a log's own naive stamps are UTC: in its first 64 KiB, lines carrying both a leading UTC stamp and
     an inner naive one (``2026-12-02T08:46:06.04Z [default0]: [2026-12-02 08:46:06] iteration ...``) agree
     within two minutes, every one of them (naive local times elsewhere are whole zones off)."""
-    from rankscope.datasets.domain.bounds import open_regular
-
     try:
         with open_regular(path) as fh:
             head = fh.read(1 << 16).decode("utf-8", errors="replace")

@@ -199,6 +199,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_sym
     return finish(sc, manifests, hooked, gpus_per_node=gpus_per_node)
 
 
+_Hooked = dict[tuple[str, int], object]  # (folder, pid) -> the hook files one process left (HookProcess)
 FILES_PER_WORKER = 1000  # below this a fork and the results' trip through a pipe cost more than they save
 _LEAD = 1.1  # this process also decodes the workers' processes: it reads a larger share
 _BUCKETS = ("found", "fr", "metrics", "timings", "exits", "logs", "elastic", "skipped", "unlisted")
@@ -206,10 +207,10 @@ _BUCKETS = ("found", "fr", "metrics", "timings", "exits", "logs", "elastic", "sk
 
 def _classify_all(
     files: Sequence[tuple[str, str]], root: Path, manifests: Manifests, label: str
-) -> tuple[_Scan, dict[tuple[str, int], object]]:
+) -> tuple[_Scan, _Hooked]:
     """:func:`_classify` over one chunk of the walk's files, into a scan and hook table of its own."""
     sc = _Scan(root)
-    hooked: dict[tuple[str, int], object] = {}
+    hooked: _Hooked = {}
     for abs_path, rel in progress(files, label):
         try:
             _classify(sc, abs_path, rel, manifests, hooked)
@@ -220,9 +221,7 @@ def _classify_all(
     return sc, hooked
 
 
-def _merge(
-    sc: _Scan, part: _Scan, hooked: dict[tuple[str, int], object], part_hooked: dict[tuple[str, int], object]
-) -> None:
+def _merge(sc: _Scan, part: _Scan, hooked: _Hooked, part_hooked: _Hooked) -> None:
     """A chunk's buckets after the previous chunks' (file order is kept)."""
     for name in _BUCKETS:
         getattr(sc, name).extend(getattr(part, name))
@@ -235,7 +234,7 @@ def _merge(
             have.rel.update(hp.rel)  # type: ignore[attr-defined]
 
 
-def _encode_part(res: tuple[_Scan, dict[tuple[str, int], object]], manifests: Manifests) -> tuple[Any, ...]:
+def _encode_part(res: tuple[_Scan, _Hooked], manifests: Manifests) -> tuple[Any, ...]:
     """A chunk's scan as plain tuples (NamedTuples and slotted dataclasses pickle through Python code, one
     call per object; a manifest's rows travel as a reference: the parent holds the same manifests)."""
     sc, hooked = res
@@ -256,7 +255,7 @@ def _encode_part(res: tuple[_Scan, dict[tuple[str, int], object]], manifests: Ma
 _ROWS = "<manifest rows>"
 
 
-def _decode_part(data: tuple[Any, ...], manifests: Manifests) -> tuple[_Scan, dict[tuple[str, int], object]]:
+def _decode_part(data: tuple[Any, ...], manifests: Manifests) -> tuple[_Scan, _Hooked]:
     found, buckets, hooked = data
     sc = _Scan(Path("."))
     new_thread = tuple.__new__

@@ -222,9 +222,6 @@ def _record_time(path: str) -> float:
     return float("inf") if t is None else t
 
 
-__all__ = ["Found", "finish"]
-
-
 def _file_name_hosts(
     kept: list[Found], logs: list[tuple[str, str]], gpus_per_node: int | None, notes: list[str]
 ) -> None:
@@ -248,7 +245,8 @@ def _file_name_hosts(
         f.ident = f.ident.with_field("node", h, "host-folder")
     notes.append(
         f"machine names of {len(trainers)} stack file(s) read in front of the rank in their names "
-        f"({', '.join(sorted(set(hosts), key=natural)[:3])}...), as the logs' file names name them"
+        f"({', '.join(sorted(set(hosts), key=natural)[:3])}{', ...' if len(set(hosts)) > 3 else ''}), as the logs "
+        "name them"
     )
 
 
@@ -276,3 +274,6 @@ def _pods_in(logs: list[tuple[str, str]]) -> set[str]:
             lines = head.decode("utf-8", errors="replace").splitlines()
             out |= {src[0] for ln in lines if (src := line_source(ln, "kubectl")) is not None}
     return out
+
+
+__all__ = ["Found", "finish"]

@@ -51,8 +51,8 @@ _CONTAINER = re.compile(
 )
 _CMD_LOCAL = re.compile(r"(?:--local[-_]rank[= ]|\bLOCAL_RANK=)(\d+)")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-_SLURM_TASK = re.compile(r"[-_.]\d{3,}[-_.]\d{1,6}$")
-"""A Slurm job id and task number at the end of a name (``llm-81235-3``: ``%x-%j-%t``)."""
+_SLURM_TASK = re.compile(r"[-_.](\d{3,})[-_.](\d{1,6})(?:\.[A-Za-z]+)?$")
+"""A Slurm job id and task number at the end of a name (``llm-81235-3.out``: ``srun --output=%x-%j-%t.out``)."""
 _GENERIC_STEMS = re.compile(
     r"^(?:torchrun|train(?:ing)?|stdout|stderr|output|out|log|logs|console|combined|job|run|slurm[-_].*|"
     r"torchrun[-_]?(?:stdout|stderr|combined|log)?.*|error|errors|debug|launcher|master|worker)$",
@@ -127,6 +127,12 @@ def path_facts(rel: str) -> PathFacts:
     return PathFacts(snap, rank, local, host, log_dir)
 
 
+def slurm_task(rel: str) -> tuple[str, int] | None:
+    """(job id, task) of a file named by ``srun --output=%x-%j-%t.out``, else None: a task, no machine."""
+    m = _SLURM_TASK.search(rel.rsplit("/", 1)[-1])
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def host_from_log_name(rel: str) -> str | None:
     """A per-host log's machine name from its file name (``dgx-h100-0743.log``), when it looks like one."""
     name = rel.rsplit("/", 1)[-1]
@@ -135,7 +141,7 @@ def host_from_log_name(rel: str) -> str | None:
         return None
     if _GENERIC_TOKENS & set(re.split(r"[-_.]+", stem.lower())):  # trainer-console.log, job_stdout.txt
         return None
-    if _SLURM_TASK.search(stem):  # srun --output=%x-%j-%t.out: a job id and a task number, no machine
+    if slurm_task(stem):  # srun --output=%x-%j-%t.out: a job id and a task number, no machine
         return None
     return stem if _HOSTNAME.match(stem) and not _CONTAINER.match(stem) else None
 

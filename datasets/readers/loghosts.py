@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rankscope.datasets.readers.identity import slurm_task
 from rankscope.datasets.readers.logs import FileRead, Stream, to_epoch
 
 
@@ -43,9 +44,9 @@ def machine_names(reads: Sequence[FileRead], notes: list[str]) -> None:
     }
     for f in reads:
         # a name a task printed, a Slurm task file's name: the launcher's own summary (or NCCL) names better
-        unnamed = f.host_from in ("", "task", "hostname") or (f.host_from == "file" and bool(_TASK_FILE.search(f.rel)))
-        task = _TASK_FILE.search(f.rel) if unnamed and batch else None
-        if task and (host := batch.get((task.group(1), int(task.group(2))))):
+        task = slurm_task(f.rel)
+        unnamed = f.host_from in ("", "task", "hostname") or (f.host_from == "file" and task is not None)
+        if unnamed and task and (host := batch.get(task)):
             f.host, f.host_from, f.host_source = host, "srun", "log"
             continue
         nccl = _nccl(f)
@@ -62,8 +63,6 @@ def _summary_host(f: FileRead) -> str | None:
     return hosts.pop() if len(hosts) == 1 else None
 
 
-_TASK_FILE = re.compile(r"[-_.](\d{3,})[-_.](\d{1,6})\.[A-Za-z]+$")
-"""SLURM's ``--output=%x-%j-%t.out``: a job id and a task number, no machine (the batch log may map it)."""
 _BATCH_LOG = re.compile(r"(?:^|/)slurm-(\d+)(?:_\d+)?\.out$")
 """The batch log ``sbatch`` writes by default (``slurm-%j.out``, an array's ``slurm-%A_%a.out``)."""
 _CONTAINER_ID = re.compile(r"^(?:[0-9a-f]{12}|[0-9a-f]{64})$")

@@ -61,11 +61,6 @@ def prefix_kind(head: bytes) -> str | None:
     return None
 
 
-def is_pdsh(head: bytes) -> bool:
-    """Whether most of a file's first lines (``head``, its first bytes) carry pdsh's ``<host>: `` prefix."""
-    return prefix_kind(head) == "pdsh"
-
-
 _SRUN_HOST = re.compile(r"^srun: error: (?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,62}): tasks? (?P<tasks>[\d,\-]{1,64}): ")
 """srun's own report of a task's end (``srun: error: gpu-b-014: task 1: Exited with exit code 1``)."""
 

@@ -502,10 +502,9 @@ def test_a_slow_ranks_rhythm_keeps_its_pauses():
 
     def prog(released, tail_place="forward"):
         n = len(released)
-        still = tuple(frozenset({5}) for _ in range(n))
         quiet = max(i + 1 for i, r in enumerate(released) if r)  # the quiet tail starts here
         where = tuple(frozenset({(5, "forward" if i < quiet else tail_place)}) for i in range(n))
-        return Progress(n + 1, (7,) * n, tuple(released), still=still, still_where=where)
+        return Progress(n + 1, (7,) * n, tuple(released), still_where=where)
 
     rhythm = [3, 0, 0, 0] * 4
     assert not prog(rhythm + [0] * 5).stalled_past_rhythm and not prog(rhythm + [0] * 5).frozen
