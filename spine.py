@@ -287,6 +287,11 @@ def _tracked(items: Iterable[T], task: ProgressTask) -> Iterator[T]:
         task.close()
 
 
+def current_reporter() -> ProgressReporter | None:
+    """The reporter :func:`progress` loops report to here (None: nobody draws)."""
+    return _REPORTER.get()
+
+
 @contextmanager
 def reporting_progress(reporter: ProgressReporter | None) -> Iterator[None]:
     """Report :func:`progress` loops to ``reporter`` inside this block (None: report nothing)."""

@@ -62,8 +62,9 @@ def group_keys(dumps: Sequence[FRDump]) -> tuple[dict[int, dict[str, GroupKey]],
 
     Keys are short strings (hashing a member tuple of a world-sized group on every lookup is slow).
     """
-    variants: dict[str, list[tuple[int, ...]]] = {}
-    members: dict[GroupKey, tuple[int, ...]] = {}
+    variants: dict[str, dict[tuple[int, ...], int]] = {}  # pg name -> its distinct member lists, numbered
+    known: dict[tuple[str, int], GroupKey] = {}  # (pg name, id of a member tuple) -> key: readers share one
+    members: dict[GroupKey, tuple[int, ...]] = {}  # tuple per group, so most lookups never hash one
     out: dict[int, dict[str, GroupKey]] = {}
     for d in dumps:
         keys: dict[str, GroupKey] = {}
@@ -75,15 +76,13 @@ def group_keys(dumps: Sequence[FRDump]) -> tuple[dict[int, dict[str, GroupKey]],
             if ranks is None:
                 keys[n] = n
                 continue
-            seen = variants.setdefault(n, [])
-            for i, other in enumerate(seen):  # noqa: B007 - i is used after the loop (the variant found)
-                if other is ranks or other == ranks:
-                    break
-            else:
-                seen.append(ranks)
-                i = len(seen) - 1
-            key = n if i == 0 else f"{n}#{i}"
-            members.setdefault(key, ranks)
+            key = known.get((n, id(ranks)))
+            if key is None:
+                seen = variants.setdefault(n, {})
+                i = seen.setdefault(ranks, len(seen))
+                key = n if i == 0 else f"{n}#{i}"
+                known[(n, id(ranks))] = key
+                members.setdefault(key, ranks)
             keys[n] = key
         out[d.rank] = keys
     return out, members
@@ -153,14 +152,10 @@ def group_kind(ranks: Sequence[int], desc: str, world_size: int, topology: Topol
     """The group's kind and topology index: by comparing members with the topology, else by description."""
     if len(ranks) == world_size and world_size > 0:
         return "world", 0
-    if topology is not None and ranks and max(ranks) < topology.world_size:
-        arr = np.asarray(ranks, dtype=np.int64)
-        for kind in topology.kinds():
-            if topology.group_size(kind) != arr.size:
-                continue
-            gid = topology.group_ids(kind)[arr]
-            if (gid == gid[0]).all():
-                return kind, int(gid[0])
+    if topology is not None and ranks:
+        found = topology.kind_of_members(ranks)
+        if found is not None:
+            return found
     low = desc.lower()
     for word, kind in _DESC_KINDS:
         if word in low:

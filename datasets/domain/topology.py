@@ -297,6 +297,21 @@ class Topology:
         """Every group of ``kind``."""
         return [self.group(kind, i) for i in range(self.n_groups(kind))]
 
+    def kind_of_members(self, ranks: Sequence[int]) -> tuple[str, int] | None:
+        """``(kind, index)`` of the topology group whose members are exactly ``ranks`` (in any order; the first
+        kind of :meth:`kinds` where two kinds share members), else None. One dict lookup: the table of every
+        group is built on first use."""
+        table = self._cache.get("members")
+        if table is None:
+            table = {}
+            for kind in self.kinds():
+                gid = self.group_ids(kind)
+                rows = self.ranks[np.argsort(gid, kind="stable")].reshape(self.n_groups(kind), self.group_size(kind))
+                for index, members in enumerate(map(tuple, rows.tolist())):
+                    table.setdefault(members, (kind, index))
+            self._cache["members"] = table
+        return table.get(tuple(sorted(ranks)))
+
     def nodes_of(self, ranks: Sequence[int] | np.ndarray) -> tuple[str, ...]:
         idx = np.unique(self.node_index[np.asarray(ranks, dtype=np.int64)])
         return tuple(self.node_names[i] for i in idx)

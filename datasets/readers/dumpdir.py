@@ -42,7 +42,7 @@ from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, ThreadDump
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import failed_dump
 from rankscope.datasets.readers.faulthandler import looks_like_traceback, parse_traceback_text
-from rankscope.datasets.readers.forked import chunks, map_chunks, worker_count
+from rankscope.datasets.readers.forked import map_batches, worker_count
 from rankscope.datasets.readers.identity import MANIFEST, Manifests, path_facts, read_manifest
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
@@ -183,12 +183,14 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_sym
             "RANKSCOPE_LIMITS_MAX_FILES, or point rankscope at one incident's folder)"
         )
     label = f"reading {root.name or root}"
-    parts = chunks(w.files, worker_count(len(w.files), min_per_worker=FILES_PER_WORKER), lead=_LEAD)
-    for part, part_hooked in map_chunks(
-        parts,
+    for part, part_hooked in map_batches(
+        w.files,
         lambda files: _classify_all(files, root, manifests, label),
+        workers=worker_count(len(w.files), min_per_worker=FILES_PER_WORKER),
+        batch=BATCH,
         encode=lambda res: _encode_part(res, manifests),
         decode=lambda data: _decode_part(data, manifests),
+        label=label,
     ):
         _merge(sc, part, hooked, part_hooked)
     for row in manifests.absent(present):  # listed but not there: that process's capture is missing
@@ -201,7 +203,7 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_sym
 
 _Hooked = dict[tuple[str, int], object]  # (folder, pid) -> the hook files one process left (HookProcess)
 FILES_PER_WORKER = 1000  # below this a fork and the results' trip through a pipe cost more than they save
-_LEAD = 1.1  # this process also decodes the workers' processes: it reads a larger share
+BATCH = 64  # files a worker takes at a time: small enough that all finish together, large enough to amortise
 _BUCKETS = ("found", "fr", "metrics", "timings", "exits", "logs", "elastic", "skipped", "unlisted")
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from rankscope.datasets.domain.bounds import FOREIGN, to_int
 from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry
 from rankscope.datasets.domain.stacks import Frame
-from rankscope.datasets.readers.forked import chunks, map_chunks, worker_count
+from rankscope.datasets.readers.forked import map_batches, worker_count
 from rankscope.datasets.readers.fr_entries import entry, new_entry, opt_i64
 from rankscope.datasets.readers.fr_files import (
     SNIFF_BYTES,
@@ -150,10 +150,15 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
     skipped: list[str] = []
     bad: list[str] = []
     with paused_gc():
-        parts = chunks(paths, worker_count(len(paths), min_per_worker=FILES_PER_WORKER), lead=_LEAD)
         label = "reading Flight Recorder dumps"
-        for part_dumps, part_skipped, part_bad in map_chunks(
-            parts, lambda part: _read_part(part, skip_non_fr, label), encode=_encode_part, decode=_decode_part
+        for part_dumps, part_skipped, part_bad in map_batches(
+            paths,
+            lambda part: _read_part(part, skip_non_fr, label),
+            workers=worker_count(len(paths), min_per_worker=FILES_PER_WORKER),
+            batch=BATCH,
+            encode=_encode_part,
+            decode=_decode_part,
+            label=label,
         ):
             skipped += part_skipped
             bad += part_bad
@@ -171,7 +176,7 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
 
 
 FILES_PER_WORKER = 256  # below this a fork and the result's trip through a pipe cost more than they save
-_LEAD = 1.2  # workers encode what they send, this process decodes it: it takes a larger share
+BATCH = 16  # dumps a worker takes at a time: small enough that all finish together, large enough to amortise
 _Part = tuple[list[tuple[str, FRDump]], list[str], list[str]]
 
 

@@ -1,19 +1,21 @@
-"""Reading a large incident on several cores: contiguous chunks of the files, each chunk in a forked worker.
+"""Reading a large incident on several cores: small contiguous batches of the files, claimed by forked workers.
 
 Parsing dumps is pure-Python work per file (a 10,000-rank incident is 30,000 stack files; a 1,024-rank
 Flight Recorder capture is a million dict lookups), so on an analysis host with idle cores the readers
-split their file list into contiguous chunks: this process reads the first, forked children read the
-rest, and each child sends its result back pickled through a pipe (its own bytes, produced by this
-code, so unpickling them is safe). Results come back in chunk order, so a chunked read returns exactly
-what the sequential one does.
+cut their file list into small contiguous batches and this process and forked children share them: each
+takes the next batch from a queue (a pipe holding the batch numbers, so whoever is free takes more and all
+finish together), and each child sends every batch's result back pickled through its own pipe as soon as
+it has it (its own bytes, produced by this code, so unpickling them is safe), which this process decodes
+between batches of its own. Results are returned in batch order, so the read returns exactly what the
+sequential one does.
 
-Nothing is lost or changed when a worker cannot help: a child that fails in any way (an exception, a
-signal, the out-of-memory killer, a result that does not decode, a fork refused, a child still running
-:data:`STUCK_AFTER_S` after this process finished its own chunk) has its chunk read again here, so an
-error is raised by the same file, with the same words, as without workers. Workers are used only where
-forking is safe and worth it: on Linux, from a process with no other thread (the sidecar agent, a Ray
-worker or a notebook with threads read sequentially), for at least ``min_per_worker`` files per worker,
-up to the cores this process may use (CPU affinity and the cgroup's CPU quota), at most
+Nothing is lost or changed when a worker cannot help: a batch whose result does not come back (its child
+raised, was killed by a signal or the out-of-memory killer, sent bytes that do not decode, could not be
+forked, or was still running :data:`STUCK_AFTER_S` after this process ran out of batches) is read again here,
+in batch order, so an error is raised by the same file, with the same words, as without workers. Workers are
+used only where forking is safe and worth it: on Linux, from a process with no other thread (the sidecar
+agent, a Ray worker or a notebook with threads read sequentially), for at least ``min_per_worker`` files per
+worker, up to the cores this process may use (CPU affinity and the cgroup's CPU quota), at most
 :data:`MAX_WORKERS`. ``RANKSCOPE_READ_WORKERS=N`` sets the number (``1``: never fork).
 """
 
@@ -24,6 +26,7 @@ import os
 import pickle
 import select
 import signal
+import struct
 import sys
 import threading
 import time
@@ -31,7 +34,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from rankscope.spine import reporting_progress
+from rankscope.spine import current_reporter, reporting_progress
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -39,8 +42,8 @@ R = TypeVar("R")
 MAX_WORKERS = 8
 ENV = "RANKSCOPE_READ_WORKERS"
 STUCK_AFTER_S = 10.0
-"""A worker not done this long (or four times the parent's own part, if longer) after the parent is killed and
-its part read here."""
+"""A worker not done this long (or four times the parent's own reading, if longer) after the queue ran empty is
+killed and its batch read here."""
 
 
 def usable_cpus() -> int:
@@ -88,79 +91,173 @@ def _fork_safe() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
 
 
-def chunks(items: Sequence[T], n: int, *, lead: float = 1.0) -> list[Sequence[T]]:
-    """``items`` in ``n`` contiguous chunks, in order: the first ``lead`` times the size of each other one
-    (this process also decodes what the workers send back, while they encode it: ``lead`` > 1 balances
-    that), the others nearly equal."""
-    n = max(1, min(n, len(items)))
-    if n == 1:
-        return [items]
-    first = min(len(items) - (n - 1), max(1, round(len(items) * lead / (lead + n - 1))))
-    size, extra = divmod(len(items) - first, n - 1)
-    out, start = [items[:first]], first
-    for i in range(n - 1):
-        end = start + size + (i < extra)
-        out.append(items[start:end])
-        start = end
-    return out
+def batches(items: Sequence[T], size: int) -> list[Sequence[T]]:
+    """``items`` in contiguous batches of ``size`` (the last one shorter), in order."""
+    size = max(1, size)
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def map_chunks(
-    parts: Sequence[Sequence[T]],
+def map_batches(
+    items: Sequence[T],
     work: Callable[[Sequence[T]], R],
     *,
+    workers: int,
+    batch: int,
     encode: Callable[[R], Any] | None = None,
     decode: Callable[[Any], R] | None = None,
+    label: str | None = None,
 ) -> list[R]:
-    """``[work(p) for p in parts]``, ``parts[1:]`` in forked children and ``parts[0]`` here.
+    """``[work(b) for b in batches(items, batch)]`` shared by this process and ``workers - 1`` forked children
+    (``[work(items)]`` with one worker, or one batch).
 
     ``encode`` turns a child's result into something that pickles fast (plain tuples rather than classes
-    that pickle through Python code) and ``decode`` turns it back here. A child that fails has its part
-    done again here, so exceptions and results are those of the sequential loop.
+    that pickle through Python code) and ``decode`` turns it back here. A batch whose result does not come
+    back is done again here, in order, so exceptions and results are those of the sequential loop. ``label``:
+    the progress reported over all items (the batches' own progress loops are silenced, even here).
     """
-    kids: list[tuple[int, int]] = []
+    parts = batches(items, batch)
+    if workers <= 1 or len(parts) <= 1:
+        return [work(items)]
+    return _Pool(parts, work, encode, decode, label).run(workers - 1)
+
+
+_INDEX = struct.Struct("<I")
+_FRAME = struct.Struct("<Q")
+_PIPE_BYTES = 1 << 20  # room for a child's results while this process is busy with a batch of its own
+
+
+class _Pool:
+    """One shared read: a queue of batch numbers, the children's result pipes, the results so far."""
+
+    def __init__(
+        self,
+        parts: list[Sequence[T]],
+        work: Callable[[Sequence[T]], R],
+        encode: Callable[[R], Any] | None,
+        decode: Callable[[Any], R] | None,
+        label: str | None,
+    ) -> None:
+        self.parts, self.work, self.encode, self.decode = parts, work, encode, decode
+        self.results: dict[int, Any] = {}
+        self.kids: list[tuple[int, int]] = []  # (pid, read end of its results); (0, -1) once collected
+        self.buffers: dict[int, bytearray] = {}  # child -> the bytes of its next result so far
+        self.task = _task(label, sum(len(p) for p in parts))
+
+    def run(self, n_children: int) -> list[Any]:
+        queue = self._queue()
+        try:
+            if queue >= 0:
+                for _ in range(n_children):
+                    self.kids.append(_spawn(queue, self.parts, self.work, self.encode))
+            t0 = time.monotonic()
+            with reporting_progress(None):
+                while queue >= 0 and (i := _claim(queue)) is not None:
+                    try:
+                        self._done(i, self.work(self.parts[i]))
+                    except Exception:
+                        break  # read again below, in order: an earlier batch's error comes first
+                    self._poll(0.0)
+                # a child holds one batch at most now: past several times this process's time, it is stuck
+                deadline = time.monotonic() + max(STUCK_AFTER_S, 4 * (time.monotonic() - t0))
+                while any(pid for pid, _ in self.kids) and (left := deadline - time.monotonic()) > 0:
+                    self._poll(left)
+                for i, part in enumerate(self.parts):
+                    if i not in self.results:  # its child failed, or it was never claimed: here, in order
+                        self._done(i, self.work(part))
+            return [self.results[i] for i in range(len(self.parts))]
+        finally:
+            if queue >= 0:
+                os.close(queue)
+            for pid, fd in self.kids:  # an exception here (a refused input, Ctrl-C): no child outlives the read
+                if pid:
+                    _reap(pid, fd)
+            if self.task is not None:
+                self.task.close()
+
+    def _queue(self) -> int:
+        """The read end of a pipe holding every batch number (its write end closed: empty reads as EOF)."""
+        try:
+            r, w = os.pipe()
+        except OSError:
+            return -1
+        try:
+            data = b"".join(_INDEX.pack(i) for i in range(len(self.parts)))
+            if len(data) > 65536:  # more batches than a pipe holds by default (Linux: it may grow)
+                import fcntl
+
+                fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, len(data))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view) :]
+        except OSError:
+            os.close(r)
+            return -1
+        finally:
+            os.close(w)
+        return r
+
+    def _done(self, i: int, res: Any) -> None:
+        self.results[i] = res
+        if self.task is not None:
+            self.task.advance(len(self.parts[i]))
+
+    def _poll(self, timeout: float) -> None:
+        """Take in what the children sent (waiting up to ``timeout`` for something); a child that closed its
+        pipe is reaped."""
+        fds = [fd for pid, fd in self.kids if pid]
+        try:
+            ready = select.select(fds, [], [], timeout)[0] if fds else []
+        except (OSError, ValueError):
+            ready = fds
+        for k, (pid, fd) in enumerate(self.kids):
+            if pid and fd in ready:
+                self._read(k, pid, fd)
+
+    def _read(self, k: int, pid: int, fd: int) -> None:
+        buf = self.buffers.setdefault(k, bytearray())
+        try:
+            while block := os.read(fd, _PIPE_BYTES):
+                buf += block
+            eof = True
+        except BlockingIOError:
+            eof = False
+        except OSError:
+            eof = True
+        while len(buf) >= _FRAME.size and len(buf) >= _FRAME.size + (n := _FRAME.unpack_from(buf)[0]):
+            payload = bytes(buf[_FRAME.size : _FRAME.size + n])
+            del buf[: _FRAME.size + n]
+            try:
+                i, data = pickle.loads(payload)
+                self._done(i, self.decode(data) if self.decode is not None else data)
+            except Exception:
+                pass  # not decoded: read again here
+        if eof:  # the child is done (or died): whatever it did not send is read here
+            os.close(fd)
+            _kill(pid)
+            os.waitpid(pid, 0)
+            self.kids[k] = (0, -1)
+
+
+def _task(label: str | None, total: int) -> Any:
+    reporter = current_reporter()
+    return reporter(label, total) if reporter is not None and label else None
+
+
+def _claim(queue: int) -> int | None:
+    """The next batch number from the queue, None when it is empty."""
     try:
-        for part in parts[1:]:
-            kids.append(_spawn(part, work, encode))
-        t0 = time.monotonic()
-        results = [work(parts[0])]
-        # a worker's part is no larger than this one: past several times this part's time, it is stuck
-        deadline = time.monotonic() + max(STUCK_AFTER_S, 4 * (time.monotonic() - t0))
-        sent = [_collect(kids, i, deadline) for i in range(len(kids))]  # every child's bytes first, then decode
-        for part, data in zip(parts[1:], sent):
-            res: Any = _FAILED
-            if data:
-                try:
-                    res = pickle.loads(data)
-                    res = decode(res) if decode is not None else res
-                except Exception:
-                    res = _FAILED
-            results.append(work(part) if res is _FAILED else res)  # a failed or unstarted child: read here
-        return results
-    finally:
-        for pid, fd in kids:  # an exception here (a refused input, Ctrl-C): no child outlives the read
-            if pid:
-                _reap(pid, fd)
+        b = os.read(queue, _INDEX.size)
+    except OSError:
+        return None
+    return _INDEX.unpack(b)[0] if len(b) == _INDEX.size else None
 
 
-_FAILED = object()
-
-
-def _collect(kids: list[tuple[int, int]], i: int, deadline: float) -> bytes:
-    """Child ``i``'s result bytes once it exited cleanly, else ``b""``; it is reaped either way."""
-    pid, fd = kids[i]
-    if not pid:  # the fork itself failed (no memory, a process limit)
-        return b""
-    data = _drain(fd, deadline)
-    if not data:
-        _kill(pid)
-    _, status = os.waitpid(pid, 0)
-    kids[i] = (0, -1)
-    return data if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else b""
-
-
-def _spawn(part: Sequence[T], work: Callable[[Sequence[T]], R], encode: Callable[[R], Any] | None) -> tuple[int, int]:
-    """(pid, read end) of a child computing ``work(part)``; (0, -1) when no child could be started."""
+def _spawn(
+    queue: int, parts: list[Sequence[T]], work: Callable[[Sequence[T]], R], encode: Callable[[R], Any] | None
+) -> tuple[int, int]:
+    """(pid, non-blocking read end of its results) of a child taking batches from ``queue`` until it is empty;
+    (0, -1) when no child could be started. Each result goes back as it is done: a length, then a pickle of
+    ``(batch number, encoded result)``. A batch that raises ends the child (it is read again in the parent)."""
     try:
         r, w = os.pipe()
     except OSError:
@@ -178,39 +275,26 @@ def _spawn(part: Sequence[T], work: Callable[[Sequence[T]], R], encode: Callable
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             warnings.simplefilter("ignore")
             with reporting_progress(None):  # only the parent draws
-                res = work(part)
-            payload = pickle.dumps(encode(res) if encode is not None else res, protocol=pickle.HIGHEST_PROTOCOL)
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(w, view) :]
+                while (i := _claim(queue)) is not None:
+                    res = work(parts[i])
+                    payload = pickle.dumps((i, encode(res) if encode is not None else res), pickle.HIGHEST_PROTOCOL)
+                    view = memoryview(_FRAME.pack(len(payload)) + payload)
+                    while view:
+                        view = view[os.write(w, view) :]
             code = 0
         except BaseException:
             code = 1
         finally:
             os._exit(code)
     os.close(w)
-    return pid, r
-
-
-def _drain(fd: int, deadline: float) -> bytes:
-    """Everything the child writes until it closes the pipe; ``b""`` (a failed child) when it has not done
-    so by ``deadline`` (``time.monotonic()``): a child that hangs (a lock some library's thread held when
-    the process forked) costs a bounded wait, never a hung diagnosis."""
-    parts = []
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return b""
-            block = os.read(fd, 1 << 20)
-            if not block:
-                break
-            parts.append(block)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-    return b"".join(parts)
+        import fcntl
+
+        fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    except (OSError, ImportError, AttributeError):
+        pass  # a smaller pipe: the child waits for this process to read more often
+    os.set_blocking(r, False)
+    return pid, r
 
 
 def _kill(pid: int) -> None:

@@ -65,7 +65,18 @@ def safe_loads(data: bytes) -> Any:
     """Unpickle ``data`` admitting only plain containers and scalars (see :class:`SafeUnpickler`), within a
     memory budget: the C unpickler sizes its memo by the index a ``LONG_BINPUT`` names (a 40-byte pickle can
     ask for 16 GiB), so the address space may grow by at most :func:`_budget` while it runs and more is a
-    ``MemoryError`` (a :class:`ParseError` at the caller), never an exhausted machine."""
+    ``MemoryError`` (a :class:`ParseError` at the caller), never an exhausted machine.
+
+    The address space is measured afresh every :data:`_VM_EVERY` calls (reading ``/proc`` for each of
+    thousands of small dumps was a tenth of the read): in between, the budget counts from the last
+    measurement, and a ``MemoryError`` under such a stale limit is retried once under a fresh one."""
+    try:
+        with _address_space_budget(_budget(len(data))):
+            return SafeUnpickler(io.BytesIO(data)).load()
+    except MemoryError:
+        if _VM[1] == 1:
+            raise  # measured afresh for this very call: the pickle asks for too much
+    _VM[1] = 0  # the next measurement is a fresh one
     with _address_space_budget(_budget(len(data))):
         return SafeUnpickler(io.BytesIO(data)).load()
 
@@ -74,12 +85,22 @@ def _budget(size: int) -> int:
     return (1 << 30) + 32 * size  # decoded FR dumps take ~5-10x their pickle; the memo bomb asks for GiBs
 
 
+_VM = [0, 0]  # [address space at the last measurement (0: none yet), calls since]
+_VM_EVERY = 32
+
+
 def _vm_bytes() -> int | None:
+    """The address space now (``/proc/self/statm``), re-read every :data:`_VM_EVERY` calls."""
+    if _VM[0] and 0 < _VM[1] < _VM_EVERY:
+        _VM[1] += 1
+        return _VM[0]
     try:
         with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            vm = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+    _VM[0], _VM[1] = vm, 1
+    return vm
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """Reading with forked workers returns what the sequential read returns, on every capture kept under tests/data,
-and a worker that fails costs nothing: its chunk is read again in the parent, raising what it raises."""
+and a worker that fails costs nothing: its batch is read again in the parent, raising what it raises."""
 
 from __future__ import annotations
 
@@ -35,50 +35,91 @@ def _outcome(fn, monkeypatch, workers: str):
         return ("error", type(exc).__name__, str(exc))
 
 
-def test_chunks_keep_order_and_cover_everything() -> None:
+def _slow(part):
+    import time
+
+    time.sleep(0.01)  # long enough that the children start and take batches
+    return list(part), os.getpid()
+
+
+def test_batches_keep_order_and_cover_everything() -> None:
     items = list(range(1000))
-    for n in (1, 2, 3, 8):
-        for lead in (1.0, 1.3):
-            parts = forked.chunks(items, n, lead=lead)
-            assert len(parts) == n
-            assert [x for p in parts for x in p] == items
-            assert all(parts)
-    assert len(forked.chunks(items, 2, lead=1.5)[0]) == 600
-    assert forked.chunks([1, 2], 5) == [[1], [2]]
+    for size in (1, 7, 64, 5000):
+        parts = forked.batches(items, size)
+        assert [x for p in parts for x in p] == items and all(0 < len(p) <= size for p in parts)
+    assert forked.batches([], 4) == []
 
 
-def test_map_chunks_equals_the_loop_and_runs_parts_in_children() -> None:
-    parts = forked.chunks(list(range(50)), 4)
-    out = forked.map_chunks(parts, lambda p: ([x * x for x in p], os.getpid()))
-    assert [sq for sqs, _ in out for sq in sqs] == [x * x for x in range(50)]
-    pids = [pid for _, pid in out]
-    assert pids[0] == os.getpid() and all(pid != os.getpid() for pid in pids[1:]) and len(set(pids)) == 4
+def test_map_batches_equals_the_loop_and_shares_batches_with_children() -> None:
+    out = forked.map_batches(list(range(50)), _slow, workers=4, batch=3)
+    assert [x for xs, _ in out for x in xs] == list(range(50)) and len(out) == 17
+    pids = {pid for _, pid in out}
+    assert os.getpid() in pids and len(pids) >= 2  # this process and at least one child took batches
+    assert forked.map_batches(list(range(5)), _slow, workers=1, batch=2) == [(list(range(5)), os.getpid())]
 
 
 def test_a_failed_child_is_redone_here_and_raises_what_the_loop_raises() -> None:
     def work(part):
         if os.getpid() != PARENT and 7 in part:
-            os._exit(3)  # killed mid-chunk (the OOM killer, a signal)
+            os._exit(3)  # killed mid-batch (the OOM killer, a signal)
         if 33 in part:
             raise InputError("file 33: corrupt")
-        return list(part)
+        return _slow(part)[0]
 
-    parts = forked.chunks(list(range(20)), 3)
-    assert [x for p in forked.map_chunks(parts, work) for x in p] == list(range(20))
+    assert [x for p in forked.map_batches(list(range(20)), work, workers=3, batch=2) for x in p] == list(range(20))
     with pytest.raises(InputError, match="file 33: corrupt"):
-        forked.map_chunks(forked.chunks(list(range(40)), 3), work)
+        forked.map_batches(list(range(40)), work, workers=3, batch=2)
+
+
+def test_the_first_error_in_file_order_is_raised_whoever_met_it() -> None:
+    def work(part):
+        bad = [x for x in part if x in (13, 37)]
+        if bad:
+            raise InputError(f"file {bad[0]}: corrupt")
+        return _slow(part)[0]
+
+    for _ in range(3):
+        with pytest.raises(InputError, match="file 13: corrupt"):
+            forked.map_batches(list(range(60)), work, workers=3, batch=2)
 
 
 def test_a_result_that_does_not_decode_is_redone_here() -> None:
-    parts = forked.chunks(list(range(10)), 2)
     calls = []
 
     def decode(data):
         calls.append(data)
         raise ValueError("bad")
 
-    out = forked.map_chunks(parts, sum, encode=lambda r: r, decode=decode)
-    assert out == [sum(parts[0]), sum(parts[1])] and calls == [sum(parts[1])]
+    def work(part):
+        return sum(_slow(part)[0])
+
+    out = forked.map_batches(list(range(40)), work, workers=2, batch=4, encode=lambda r: r, decode=decode)
+    assert out == [sum(range(i, i + 4)) for i in range(0, 40, 4)] and calls  # every child result refused
+
+
+def test_progress_is_reported_over_all_items_once(monkeypatch) -> None:
+    from rankscope.spine import progress, reporting_progress
+
+    tasks = []
+
+    class Task:
+        def __init__(self, label, total):
+            self.label, self.total, self.done, self.closed = label, total, 0, False
+            tasks.append(self)
+
+        def advance(self, n=1):
+            self.done += n
+
+        def close(self):
+            self.closed = True
+
+    def work(part):
+        return list(progress(part, "inner")) and _slow(part)[0]
+
+    with reporting_progress(Task):
+        out = forked.map_batches(list(range(30)), work, workers=3, batch=4, label="reading")
+    assert [x for p in out for x in p] == list(range(30))
+    assert [(t.label, t.total, t.done, t.closed) for t in tasks] == [("reading", 30, 30, True)]
 
 
 def test_worker_count_env_threads_and_size(monkeypatch) -> None:
@@ -139,8 +180,7 @@ def test_a_fork_that_fails_is_read_here(monkeypatch) -> None:
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(forked.os, "fork", no_fork)
-    parts = forked.chunks(list(range(30)), 3)
-    out = forked.map_chunks(parts, lambda p: (list(p), os.getpid()))
+    out = forked.map_batches(list(range(30)), _slow, workers=3, batch=4)
     assert [x for p, _ in out for x in p] == list(range(30)) and {pid for _, pid in out} == {os.getpid()}
 
 
@@ -155,5 +195,5 @@ def test_a_stuck_child_is_killed_and_its_part_read_here(monkeypatch) -> None:
         return list(part)
 
     t = time.monotonic()
-    out = forked.map_chunks(forked.chunks(list(range(10)), 2), work)
+    out = forked.map_batches(list(range(10)), work, workers=2, batch=2)
     assert [x for p in out for x in p] == list(range(10)) and time.monotonic() - t < 10

@@ -169,6 +169,27 @@ def test_pickle_bombs_are_refused_quickly_within_memory(blob: bytes, tmp_path: P
     assert time.perf_counter() - t < 2
 
 
+def test_a_stale_address_space_measurement_never_refuses_a_good_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget counts from an address space measured up to 32 calls ago: a MemoryError under such a stale
+    limit (here one 512 MiB below where the process is) is retried under a fresh measurement."""
+    import mmap
+
+    from rankscope.datasets.readers import fr_files
+
+    ballast = mmap.mmap(-1, 1 << 30)  # 1 GiB of address space, never touched: room to set a limit below it
+    fresh = fr_files._vm_bytes()
+    if fresh is None:
+        pytest.skip("no /proc/self/statm: no address-space budget on this platform")
+    blob = pickle.dumps({"version": "2.10", "entries": [], "blob": b"x" * (64 << 20)})  # over malloc's mmap threshold
+    monkeypatch.setattr(fr_files, "_budget", lambda size: (64 << 20) + 2 * size)
+    if fresh < (512 << 20) + fr_files._budget(len(blob)):
+        pytest.skip("this process's address space is too small to place a stale limit below it")
+    monkeypatch.setattr(fr_files, "_VM", [fresh - (512 << 20), 5])  # the limit falls below the address space
+    assert len(safe_loads(blob)["blob"]) == 64 << 20
+    assert fr_files._VM[1] == 1 and fr_files._VM[0] >= fresh  # measured afresh
+    ballast.close()
+
+
 def test_code_running_pickles_never_run(tmp_path: Path, fr_dir: Path) -> None:
     import os
 
