@@ -68,11 +68,8 @@ def group_keys(dumps: Sequence[FRDump]) -> tuple[dict[int, dict[str, GroupKey]],
     out: dict[int, dict[str, GroupKey]] = {}
     for d in dumps:
         keys: dict[str, GroupKey] = {}
-        for n in (*d.pg_config, *d.pg_status, *{e.pg_name for e in d.entries}):
-            if n in keys:
-                continue
-            cfg = d.pg_config.get(n)
-            ranks = cfg.ranks if cfg is not None else None
+        for n, cfg in d.pg_config.items():
+            ranks = cfg.ranks
             if ranks is None:
                 keys[n] = n
                 continue
@@ -84,6 +81,9 @@ def group_keys(dumps: Sequence[FRDump]) -> tuple[dict[int, dict[str, GroupKey]],
                 known[(n, id(ranks))] = key
                 members.setdefault(key, ranks)
             keys[n] = key
+        for n in (*d.pg_status, *{e.pg_name for e in d.entries}):  # groups no pg_config lists: by name
+            if n not in keys:
+                keys[n] = n
         out[d.rank] = keys
     return out, members
 
@@ -107,6 +107,8 @@ def resolve_groups(
             cfg = d.pg_config.get(n)
             if cfg is not None and cfg.desc:
                 descs.setdefault(key, cfg.desc)
+        if all(key in descs for key in k.values()):
+            continue  # every group of this rank is described already: its entries cannot change that
         for e in d.entries:
             if e.pg_desc and e.pg_name not in done:
                 descs.setdefault(k[e.pg_name], e.pg_desc)

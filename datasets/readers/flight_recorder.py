@@ -22,9 +22,8 @@ from typing import Any
 
 from rankscope.datasets.domain.bounds import FOREIGN, to_int
 from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry
-from rankscope.datasets.domain.stacks import Frame
 from rankscope.datasets.readers.forked import map_batches, worker_count
-from rankscope.datasets.readers.fr_entries import entry, new_entry, opt_i64
+from rankscope.datasets.readers.fr_entries import FrameCache, entry, new_entry, opt_i64
 from rankscope.datasets.readers.fr_files import (
     SNIFF_BYTES,
     is_fr_bytes,
@@ -62,7 +61,7 @@ def parse_dump(
         entries_raw = []
     if not isinstance(entries_raw, (list, tuple)):
         raise ParseError(path, f"'entries' is a {type(entries_raw).__name__}, not a list")
-    frame_cache: dict[int, tuple[Frame, ...]] = {}
+    frame_cache: FrameCache = {}
     try:  # the hot path: one comprehension; a bad entry is found again below to name it
         entries = [entry(e, frame_cache) for e in entries_raw]
     except FOREIGN:

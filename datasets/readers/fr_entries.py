@@ -78,14 +78,22 @@ def _duration(v: Any) -> float | None:
     return None if v is None else to_float(v)
 
 
-def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
+FrameCache = dict[object, Any]
+"""One dump's frame memo: ``id(raw list)`` -> frames (pickles that share one list for identical stacks), and
+profiling name -> (raw list, frames) of the last plain stack seen under that name."""
+
+
+def _frames(v: Any, cache: FrameCache, name: str = "") -> tuple[Frame, ...]:
     if not v:
         return ()
     hit = cache.get(id(v))  # pickles share one list for identical stacks; v stays alive while parsing
     if hit is not None:
         return hit
+    last = cache.get(name) if name else None
+    if last is not None and last[0] == v:  # torch writes each entry's frames anew: an op from the same
+        return last[1]  # call site as the last one (a training step repeats them) compares equal, no hashing
     try:
-        # torch writes each entry's frames anew: interned by value, one tuple per distinct stack, checked once
+        # interned by value, one tuple per distinct stack, checked once
         key = tuple(map(_FRAME_FIELDS, v))
         out = _STACKS.get(key)  # TypeError: an unhashable field (a list for a name): the careful way below
         if out is None:
@@ -94,6 +102,8 @@ def _frames(v: Any, cache: dict[int, tuple[Frame, ...]]) -> tuple[Frame, ...]:
                 raise TypeError("odd frame fields")
             if len(_STACKS) < _INTERN_MAX:
                 _STACKS[key] = out
+        if name and all(len(f) == 3 for f in v):  # only name, filename, line, of str and int: comparing
+            cache[name] = (v, out)  # another list with it never recurses (a nested value is unequal at once)
     except (KeyError, TypeError):
         out = tuple(
             Frame(
@@ -162,7 +172,7 @@ _NONE = type(None)
 _LO, _HI = INT64_MIN, INT64_MAX
 
 
-def entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
+def entry(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
     """One raw FR record -> :class:`FREntry` (hot: called once per record of every rank). The fast path takes
     the values as PyTorch writes them (ints, strings, lists); anything else goes the tolerant way."""
     try:
@@ -243,12 +253,12 @@ def entry(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FR
             in_types,
             in_sizes if outs == ins else shapes(outs) if outs else (),  # equal lists: one conversion
             in_types if out_dt == in_dt else _dtypes(out_dt) if out_dt else (),
-            _frames(frames, frame_cache) if frames else (),
+            _frames(frames, frame_cache, pname) if frames else (),
         ),
     )
 
 
-def _entry_tolerant(e: Mapping[str, Any], frame_cache: dict[int, tuple[Frame, ...]]) -> FREntry:
+def _entry_tolerant(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
     """Any FR record, old or odd: every field optional, with defaults."""
     get = e.get
     pg = get("process_group")

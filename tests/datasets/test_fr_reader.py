@@ -12,6 +12,7 @@ import pytest
 
 from rankscope.datasets.domain.flight_recorder import FRDump
 from rankscope.datasets.readers.flight_recorder import (
+    parse_dump,
     read_fr_dir,
     read_fr_file,
     read_fr_files,
@@ -226,3 +227,50 @@ def test_pg_status_is_keyed_by_pg_id_and_filed_under_the_group_name(fr_gloo: Pat
     d2 = parse_dump(raw, path="rank_2.json")
     assert set(d2.pg_status) == {"2", "5"} and len(d2.notes) == 1 and "pg_id 9" in d2.notes[0]
     assert d2.dump_time_ns == raw["rankscope_dump_time_ns"]
+
+
+def test_frames_of_repeated_ops_are_shared_and_never_confused() -> None:
+    """Frames are memoised per dump by op name (the last plain stack under that name, compared by value):
+    repeated call sites share one tuple, another call site of the same op gets its own frames, and odd frames
+    after a plain stack take the careful way without deep comparison."""
+
+    def frames(*lines: int) -> list[dict[str, object]]:
+        return [{"name": f"f{line}", "filename": "train.py", "line": line} for line in lines]
+
+    def nested() -> list[object]:
+        out: list[object] = []
+        for _ in range(5000):
+            out = [out]
+        return out
+
+    deep = nested()
+    extra = [{"name": "g", "filename": "x", "line": 1, "locals": deep}]  # a key torch never writes, nested deep
+
+    def row(i: int, name: str, stack: list[dict[str, object]]) -> dict[str, object]:  # every field torch writes
+        return {
+            "record_id": i, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": i + 1,
+            "p2p_seq_id": 0, "op_id": i + 1, "profiling_name": name, "time_created_ns": 10**18 + i,
+            "input_sizes": [[4]], "input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"],
+            "state": "completed", "time_discovered_started_ns": None, "time_discovered_completed_ns": None,
+            "retired": True, "timeout_ms": 600000, "is_p2p": False, "frames": stack,
+        }  # fmt: skip
+
+    rows = [
+        row(0, "nccl:all_reduce", frames(10, 20)),
+        row(1, "nccl:all_reduce", frames(10, 20)),
+        row(2, "nccl:all_reduce", frames(10, 30)),
+        row(3, "nccl:all_reduce", [{"name": deep, "filename": "x", "line": 1}]),
+        row(4, "nccl:all_reduce", frames(10, 30)),
+        row(5, "nccl:broadcast", frames(10, 20)),
+        row(6, "nccl:broadcast", extra),
+        row(7, "nccl:broadcast", [{**extra[0], "locals": nested()}]),
+    ]
+    raw = {"version": "2.10", "entries": rows}
+    with pytest.raises(ParseError, match="entry 3"):  # a name that cannot be printed: the careful way refuses it
+        parse_dump(raw, rank=0)
+    rows[3]["frames"] = [{"name": ["f"], "filename": "x", "line": 1}]  # odd but printable: the careful way
+    entries = parse_dump(raw, rank=0).entries
+    got = [[f.line for f in e.frames] for e in entries]
+    assert got == [[10, 20], [10, 20], [10, 30], [1], [10, 30], [10, 20], [1], [1]]
+    assert entries[0].frames is entries[1].frames is entries[5].frames and entries[2].frames is entries[4].frames
+    assert entries[3].frames[0].function == "['f']"
