@@ -165,8 +165,11 @@ _MODERN = operator.itemgetter(
 """The keys every entry has since FR format 2.x, fetched in one C call (the loader's hot path)."""
 
 
-_SPLIT: dict[str, tuple[str, str, int | None, int | None]] = {}
+_SPLIT: dict[str, tuple[str, str, int | None, int | None, str]] = {}  # + the name itself, shared
 _PG_ID: dict[object, str] = {}
+_WORDS: dict[object, Any] = {}
+"""States and process groups as shared objects: one string per state and one pair per group for a million
+records (less memory, and records a worker sends back pickle each of them once)."""
 _INT = int
 _NONE = type(None)
 _LO, _HI = INT64_MIN, INT64_MAX
@@ -216,12 +219,24 @@ def entry(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
         return _entry_tolerant(e, frame_cache)  # checks each field: a value out of 64 bits is a ValueError
     split = _SPLIT.get(pname)
     if split is None:
-        split = _SPLIT[pname] = split_profiling_name(pname)
-    backend, op, src, dst = split
+        split = _SPLIT[pname] = (*split_profiling_name(pname), pname)
+    backend, op, src, dst, pname = split
     pid = _PG_ID.get(pg_id)
     if pid is None:
         pid = _PG_ID[pg_id] = str(pg_id) if pg_id is not None else ""
-    pg_name, pg_desc = pg
+    shared = _WORDS.get(state)
+    if shared is None and len(_WORDS) < _INTERN_MAX:
+        shared = _WORDS[state] = state
+    state = shared or state
+    try:
+        group = _WORDS.get(pg if pg.__class__ is tuple else tuple(pg))
+    except TypeError:  # a list inside: the careful way
+        return _entry_tolerant(e, frame_cache)
+    if group is None:
+        group = tuple(pg)
+        if group[0].__class__ is str and group[1].__class__ is str and len(_WORDS) < _INTERN_MAX:
+            _WORDS[group] = group  # (only strings: 1.0 == 1 must not hand one group's name to another)
+    pg_name, pg_desc = group
     get = e.get
     duration, frames = get("duration_ms"), get("frames")
     in_sizes = shapes(ins) if ins else ()
