@@ -154,9 +154,17 @@ def _status(t: ProgressTables, d: FRDump, r: int, k: Mapping[str, GroupKey], p2p
 _Seen = tuple[dict[str, int], dict[str, int], dict[str, int]]  # per pg name: last enqueued, completed, started
 
 
+class _Several(tuple):  # type: ignore[type-arg]
+    """The signatures of a rank's several records of one collective (a rank's one record is its signature)."""
+
+
+def _signatures(sig: Signature | _Several) -> tuple[Signature, ...]:
+    return tuple(sig) if sig.__class__ is _Several else (sig,)
+
+
 def _rank_pass(
     t: ProgressTables, r: int, d: FRDump, k: Mapping[str, GroupKey], groups: Mapping[GroupKey, GroupInfo]
-) -> tuple[_Seen, set[str], dict[tuple[GroupKey, int], list[Signature]]]:
+) -> tuple[_Seen, set[str], dict[tuple[GroupKey, int], Signature | _Several]]:
     """One pass over a rank's entries (hot: every entry of every rank)."""
     tracks = t.tracks[r]
     saw_start = any(st.last_started is not None and st.last_started >= 0 for st in d.pg_status.values())
@@ -164,7 +172,7 @@ def _rank_pass(
     comp: dict[str, int] = {}
     started: dict[str, int] = {}
     p2p_groups: set[str] = set()
-    sigs: dict[tuple[GroupKey, int], list[Signature]] = {}
+    sigs: dict[tuple[GroupKey, int], Signature | _Several] = {}
     pending = t.pending[r]
     durations, created_at, ops_at = t.durations, t.created_at, t.ops_at
     for e in d.entries:
@@ -203,12 +211,13 @@ def _rank_pass(
                 e.input_dtypes,
                 e.output_dtypes,
             )
-            if key in sigs:
-                sigs[key].append(sig)
-            else:
-                sigs[key] = [sig]
+            prev = sigs.get(key)
+            if prev is None:  # nearly always: one record per collective and rank
+                sigs[key] = sig
                 if key not in ops_at:
                     ops_at[key] = e.profiling_name
+            else:
+                sigs[key] = _Several((*prev, sig) if prev.__class__ is _Several else (prev, sig))
         if not done:
             pending.append((g, e))
         elif e.duration_ms is not None:
@@ -224,7 +233,7 @@ def build_tables(
 ) -> ProgressTables:
     """One pass over every rank's entries."""
     t = ProgressTables()
-    first: dict[tuple[GroupKey, int], tuple[tuple[Signature, ...], list[int]]] = {}
+    first: dict[tuple[GroupKey, int], tuple[Signature | _Several, list[int]]] = {}
     for r, d in by_rank.items():
         k = keys[r]
         tracks = tracks_state(d)
@@ -232,16 +241,15 @@ def build_tables(
         t.n_entries += len(d.entries)
         seen, p2p_groups, sigs = _rank_pass(t, r, d, k, groups)
         _status(t, d, r, k, p2p_groups, seen)
-        for key, sig_list in sigs.items():  # most collectives agree: keep one signature and its ranks
-            sig = tuple(sig_list)
+        for key, sig in sigs.items():  # most collectives agree: keep one signature and its ranks
             cur = first.get(key)
             if cur is None:
                 first[key] = (sig, [r])
-            elif cur[0] == sig:
+            elif cur[0] == sig:  # (one signature never equals several: their elements differ in type)
                 cur[1].append(r)
             else:
-                t.sigs[key][sig].append(r)
+                t.sigs[key][_signatures(sig)].append(r)
     for key in list(t.sigs):
         sig, ranks = first[key]
-        t.sigs[key][sig].extend(ranks)
+        t.sigs[key][_signatures(sig)].extend(ranks)
     return t

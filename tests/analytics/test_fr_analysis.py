@@ -452,3 +452,22 @@ def test_lateness_binomial_tail_holds_past_a_thousand_collectives() -> None:
     assert _binom_tail(5, 2000, 0.5) == pytest.approx(1.0)
     assert 0.0 <= _binom_tail(1100, 2000, 0.5) < 1e-4
     assert _binom_tail(300, 5000, 0.125) == pytest.approx(exact(300, 5000, 0.125), rel=1e-6)
+
+
+def test_a_rank_with_two_records_of_one_collective_disagrees_with_ranks_that_have_one() -> None:
+    """A collective's signature per rank is every record it holds of it: a rank that recorded one collective
+    twice (a replayed op) differs from its peers, two records alike do not differ from each other."""
+    from rankscope.analytics.collectives.groups import group_keys, resolve_groups
+    from rankscope.analytics.collectives.tables import build_tables
+
+    syn = generate_fr("tp=2,dp=2", fault="clean", seed=0)
+    dumps = {d.rank: d for d in syn.dumps()}
+    e = next(x for x in dumps[0].entries if not x.is_p2p and "TENSOR" in x.pg_desc)  # ranks 0 and 1's group
+    twice = {**dumps, 0: replace(dumps[0], entries=(*dumps[0].entries, e))}
+    keys, members = group_keys(list(twice.values()))
+    groups = resolve_groups(list(twice.values()), keys, members, 4, syn.topology, None)
+    t = build_tables(twice, keys, groups)
+    key = (keys[0][e.pg_name], e.collective_seq_id)
+    assert sorted((len(sig), ranks) for sig, ranks in t.sigs[key].items()) == [(1, [1]), (2, [0])]
+    again = {**twice, 1: replace(dumps[1], entries=(*dumps[1].entries, e))}  # the same pair on its peer
+    assert key not in build_tables(again, keys, groups).sigs
