@@ -18,8 +18,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from rankscope.analytics import collectives, crashes, stacks
-from rankscope.analytics.collectives.gloo_clock import gloo_timeout_clock
+from rankscope.analytics import crashes, stacks
 from rankscope.analytics.fusion import combine, fuse
 from rankscope.analytics.verdict import Severity, Verdict
 from rankscope.config import Config
@@ -29,7 +28,9 @@ from rankscope.spine import InputError
 if TYPE_CHECKING:
     from rankscope.analytics.logs import LogFacts
     from rankscope.datasets.domain.exits import ProcessExit
+    from rankscope.datasets.domain.flight_recorder import FRDump
     from rankscope.datasets.domain.stacks import ProcStacks
+    from rankscope.datasets.domain.topology import Topology
 
 SOURCES = ("stacks", "flight_recorder", "metrics", "timings", "exits", "logs")
 """The evidence ``diagnose`` can use; ``sources=`` picks some of them."""
@@ -65,20 +66,7 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         steps = _steps(inputs, timings, stack_facts) or _logged_steps(inputs, log_facts, stack_facts)
         stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps, config=cfg.stacks)
     if fr_dumps and topology is not None:
-        fr_cfg = cfg.collectives
-        nccl_dumps = any(d.backend == "nccl" for d in fr_dumps)
-        if log_facts is not None and log_facts.hang_evidence and log_facts.nccl_timeouts and nccl_dumps:
-            # NCCL's watchdog timed out: torch dumps Flight Recorder on that timeout (TORCH_NCCL_DUMP_ON_TIMEOUT);
-            # gloo has no dump on timeout: its dumps were taken on demand, at a time they do not say
-            fr_cfg = replace(fr_cfg, dumped_on_timeout=True)
-        elif inputs.logs is not None and inputs.logs.gloo:
-            clocked, tie = gloo_timeout_clock(fr_dumps, inputs.logs.gloo, inputs.exits)
-            fr_dumps = tuple(clocked)
-            context += [tie] if tie else []
-        analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=fr_cfg)
-        fr_v = collectives.verdict(analysis, topology, job=job)
-        if fr_v.verdict is Severity.HANG and steps is not None and steps.progressing:
-            fr_v = _kept_stepping(fr_v, steps)
+        fr_v = _fr_verdict(inputs, fr_dumps, topology, cfg, log_facts, steps, context)
     if stack_v is not None and fr_v is not None:
         verdicts.append(fuse(stack_v, fr_v))
     elif stack_v is not None:
@@ -139,6 +127,37 @@ def _log_facts(inputs: Inputs) -> LogFacts | None:
     from rankscope.analytics import logs
 
     return logs.facts(inputs.logs, inputs.topology)
+
+
+def _fr_verdict(
+    inputs: Inputs,
+    fr_dumps: Sequence[FRDump],
+    topology: Topology,
+    cfg: Config,
+    log_facts: LogFacts | None,
+    steps: Any,
+    context: list[str],
+) -> Verdict:
+    """The Flight Recorder dumps' verdict, with the time the logs give them (an NCCL timeout dumps at once;
+    gloo's logged timeouts clock dumps taken on demand); a hang is not one while steps kept coming."""
+    from rankscope.analytics import collectives  # only with Flight Recorder dumps (start-up of a stack probe)
+    from rankscope.analytics.collectives.gloo_clock import gloo_timeout_clock
+
+    fr_cfg = cfg.collectives
+    nccl_dumps = any(d.backend == "nccl" for d in fr_dumps)
+    if log_facts is not None and log_facts.hang_evidence and log_facts.nccl_timeouts and nccl_dumps:
+        # NCCL's watchdog timed out: torch dumps Flight Recorder on that timeout (TORCH_NCCL_DUMP_ON_TIMEOUT);
+        # gloo has no dump on timeout: its dumps were taken on demand, at a time they do not say
+        fr_cfg = replace(fr_cfg, dumped_on_timeout=True)
+    elif inputs.logs is not None and inputs.logs.gloo:
+        clocked, tie = gloo_timeout_clock(fr_dumps, inputs.logs.gloo, inputs.exits)
+        fr_dumps = tuple(clocked)
+        context += [tie] if tie else []
+    analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=fr_cfg)
+    fr_v = collectives.verdict(analysis, topology, job=inputs.job)
+    if fr_v.verdict is Severity.HANG and steps is not None and steps.progressing:
+        fr_v = _kept_stepping(fr_v, steps)
+    return fr_v
 
 
 def _steps(inputs: Inputs, timings: Any, f: stacks.StackFacts) -> Any:
