@@ -78,8 +78,6 @@ def _read_fr(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> list[FRDum
     file's manifest row or host folder."""
     if not dd.fr_files:
         return []
-    import gc
-
     from rankscope.datasets.readers.flight_recorder import read_fr_file
     from rankscope.datasets.readers.fr_files import select_fr_files
 
@@ -122,7 +120,6 @@ def _read_fr(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> list[FRDum
                         src.names.add(d.rank, up, "host-folder")
                     continue
                 src.names.add(d.rank, ident.node, how)
-        gc.freeze()  # the parsed dumps are acyclic and live for the whole analysis (see read_fr_files)
     if bad:
         src.notes.append(f"{len(bad)} Flight Recorder file(s) skipped: {bad[0]}" + (" ..." if len(bad) > 1 else ""))
     snapshots = sorted({snap for snap, _ in out})

@@ -29,8 +29,12 @@ def _keys(rows: list[dict]) -> Counter:
 
 
 def test_each_incident_is_diagnosed_once_and_a_rerun_adds_nothing(real_store: Path) -> None:
+    import gc
+
+    gc.unfreeze()
     rep = run_batch(real_store)
     assert rep.exit_code == 0 and not rep.failures
+    assert gc.get_freeze_count() == 0  # a long-lived loop never freezes what it loads (it would never be collected)
     assert (rep.jobs_total, rep.jobs_new, rep.jobs_done) == (3, 3, 3)
     rows = verdict_rows(real_store)
     by_job = {r["job"]: r for r in rows}

@@ -156,3 +156,22 @@ def test_any_mix_of_lines_reads_alike_both_ways(lines: list[str], cut: int) -> N
             pyspy_text._fast, faulthandler._blocks = saved_p, saved_f  # type: ignore[method-assign]
         assert fast_p == slow_p, v
         assert fast_f == slow_f, v
+
+
+def test_loading_freezes_what_it_built_unless_told_not_to() -> None:
+    """A directory's evidence is moved out of the cyclic collector's sight once loaded (it would rescan it all
+    during the analysis); a long-lived caller (the batch job) passes ``freeze=False``."""
+    import gc
+    from pathlib import Path
+
+    from rankscope.datasets.loading.inputs import load_inputs
+
+    case = Path(__file__).resolve().parents[1] / "data" / "stacks" / "hang_compute_mp8"
+    gc.unfreeze()
+    try:
+        kept = load_inputs(case, freeze=False)
+        assert gc.get_freeze_count() == 0 and kept.procs
+        frozen = load_inputs(case)
+        assert gc.get_freeze_count() > 0 and frozen.procs == kept.procs
+    finally:
+        gc.unfreeze()
