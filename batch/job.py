@@ -86,9 +86,7 @@ def _analyse(root: Path, job: str, cfg: Config, not_before: float | None, out: d
     for key, when, fp in keyed:
         if (key, fp) in done or (not_before is not None and not when >= not_before and key != LIVE):
             continue
-        inputs = load_inputs(
-            root, job=job, config=cfg.inputs, incident=None if key == LIVE else key, freeze=False
-        )  # a long-lived loop: never gc.freeze() what it loads
+        inputs = load_inputs(root, job=job, config=cfg.inputs, incident=None if key == LIVE else key)
         verdict = diagnose(inputs, cfg)
         out["diagnosed"] += 1
         decision = (verdict.verdict.value, tuple(sorted(verdict.culprit_nodes)), tuple(sorted(verdict.suspect_nodes)))

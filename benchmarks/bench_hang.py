@@ -117,7 +117,7 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
     for _ in range(reps):  # floor and reader alike: the fastest of the same number of runs (a shared machine)
         inputs = v = None  # the previous run's stacks freed first (100k ranks: one copy in memory at a time)
         t, c, k = time.perf_counter(), time.process_time(), _children_cpu()
-        inputs = load_inputs(dump, layout=layout, gpus_per_node=8)
+        inputs = load_inputs(dump, layout=layout, gpus_per_node=8, freeze=True)  # as `rankscope diagnose` does
         loads.append(time.perf_counter() - t)
         v = stacks.verdict(stacks.facts(inputs.procs, inputs.topology), inputs.topology)
         totals.append(time.perf_counter() - t)

@@ -118,6 +118,7 @@ def run_diagnosis(
         config=cfg.inputs,
         limits=cfg.limits,
         follow_symlinks=follow_symlinks,
+        freeze=True,  # a one-shot process: the analysis never rescans what was loaded
     )
     return run(inputs, cfg, sources=sources), inputs
 

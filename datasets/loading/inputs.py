@@ -349,7 +349,7 @@ def load_inputs(
     incident: str | None = None,
     limits: Limits | None = None,
     follow_symlinks: bool = False,
-    freeze: bool = True,
+    freeze: bool = False,
 ) -> Inputs:
     """Load a dump directory or a store into :class:`Inputs` (InputError on bad input).
 
@@ -360,11 +360,12 @@ def load_inputs(
     count each host holds, and unnamed machines are ``node-<rank // 8>``. Symbolic links that leave the
     directory are not followed (nothing from outside the input is read) unless ``follow_symlinks``.
 
-    ``freeze``: what a directory's loading built (millions of small acyclic objects at scale, alive for the
-    whole analysis) is moved out of the cyclic collector's sight with ``gc.freeze()``, which would otherwise
-    scan it all again during the analysis (a third of the stack analysis at 100,000 ranks); refcounting
-    still frees it. ``gc.freeze()`` freezes every object of the process: a long-lived process that loads
-    again and again (a batch job) passes ``freeze=False``."""
+    ``freeze``: move what the process holds after loading a directory (millions of small acyclic objects at
+    scale, alive for the whole analysis) out of the cyclic collector's sight with ``gc.freeze()``, which would
+    otherwise scan it all again during the analysis (a third of the stack analysis at 100,000 ranks);
+    refcounting still frees it. ``gc.freeze()`` freezes every object of the process, the caller's too, so
+    cyclic garbage alive at that moment is never collected: for one-shot processes only (the CLI passes
+    True; a notebook, a Ray task or a batch loop keeps the default)."""
     with reading_limits(limits):  # every reader below keeps to these (file size, JSON depth, ranks, times)
         return _load(
             Path(path),

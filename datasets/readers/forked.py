@@ -141,26 +141,32 @@ class _Pool:
         self.results: dict[int, Any] = {}
         self.kids: list[tuple[int, int]] = []  # (pid, read end of its results); (0, -1) once collected
         self.buffers: dict[int, bytearray] = {}  # child -> the bytes of its next result so far
+        self.failed = False  # a batch raised (here or in a child): stop taking batches, redo up to it here
         self.task = _task(label, sum(len(p) for p in parts))
 
     def run(self, n_children: int) -> list[Any]:
         queue = self._queue()
         try:
             if queue >= 0:
-                for _ in range(n_children):
+                for _ in range(min(n_children, len(self.parts) - 1)):
                     self.kids.append(_spawn(queue, self.parts, self.work, self.encode))
             t0 = time.monotonic()
             with reporting_progress(None):
-                while queue >= 0 and (i := _claim(queue)) is not None:
+                while not self.failed and queue >= 0 and (i := _claim(queue)) is not None:
                     try:
                         self._done(i, self.work(self.parts[i]))
                     except Exception:
-                        break  # read again below, in order: an earlier batch's error comes first
+                        self.failed = True  # read again below, in order: an earlier batch's error comes first
+                        break
                     self._poll(0.0)
                 # a child holds one batch at most now: past several times this process's time, it is stuck
                 deadline = time.monotonic() + max(STUCK_AFTER_S, 4 * (time.monotonic() - t0))
-                while any(pid for pid, _ in self.kids) and (left := deadline - time.monotonic()) > 0:
+                while not self.failed and any(pid for pid, _ in self.kids):
+                    if (left := deadline - time.monotonic()) <= 0:
+                        break
                     self._poll(left)
+                self._poll(0.0)
+                self._stop_children()  # stuck, or no longer needed after an error here: their batches are redone
                 for i, part in enumerate(self.parts):
                     if i not in self.results:  # its child failed, or it was never claimed: here, in order
                         self._done(i, self.work(part))
@@ -168,11 +174,15 @@ class _Pool:
         finally:
             if queue >= 0:
                 os.close(queue)
-            for pid, fd in self.kids:  # an exception here (a refused input, Ctrl-C): no child outlives the read
-                if pid:
-                    _reap(pid, fd)
+            self._stop_children()  # an exception here (a refused input, Ctrl-C): no child outlives the read
             if self.task is not None:
                 self.task.close()
+
+    def _stop_children(self) -> None:
+        for k, (pid, fd) in enumerate(self.kids):
+            if pid:
+                _reap(pid, fd)
+                self.kids[k] = (0, -1)
 
     def _queue(self) -> int:
         """The read end of a pipe holding every batch number (its write end closed: empty reads as EOF)."""
@@ -186,9 +196,9 @@ class _Pool:
                 import fcntl
 
                 fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, len(data))
-            view = memoryview(data)
-            while view:
-                view = view[os.write(w, view) :]
+            os.set_blocking(w, False)  # a pipe smaller than the queue (a user past its pipe pages): never
+            if os.write(w, data) != len(data):  # wait on a reader that is this very process: read here
+                raise BlockingIOError("the queue does not fit its pipe")
         except OSError:
             os.close(r)
             return -1
@@ -202,16 +212,21 @@ class _Pool:
             self.task.advance(len(self.parts[i]))
 
     def _poll(self, timeout: float) -> None:
-        """Take in what the children sent (waiting up to ``timeout`` for something); a child that closed its
-        pipe is reaped."""
-        fds = [fd for pid, fd in self.kids if pid]
+        """Take in what the children sent (waiting up to ``timeout`` seconds for something); a child that
+        closed its pipe is reaped."""
+        fds = {fd: k for k, (pid, fd) in enumerate(self.kids) if pid}
+        if not fds:
+            return
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
         try:
-            ready = select.select(fds, [], [], timeout)[0] if fds else []
-        except (OSError, ValueError):
-            ready = fds
-        for k, (pid, fd) in enumerate(self.kids):
-            if pid and fd in ready:
-                self._read(k, pid, fd)
+            ready = poller.poll(max(0, int(timeout * 1000)))
+        except OSError:
+            return
+        for fd, _ in ready:
+            k = fds[fd]
+            self._read(k, *self.kids[k])
 
     def _read(self, k: int, pid: int, fd: int) -> None:
         buf = self.buffers.setdefault(k, bytearray())
@@ -227,7 +242,10 @@ class _Pool:
             payload = bytes(buf[_FRAME.size : _FRAME.size + n])
             del buf[: _FRAME.size + n]
             try:
-                i, data = pickle.loads(payload)
+                i, ok, data = pickle.loads(payload)
+                if not ok:  # a child's batch raised: what follows it in file order is not needed
+                    self.failed = True
+                    continue
                 self._done(i, self.decode(data) if self.decode is not None else data)
             except Exception:
                 pass  # not decoded: read again here
@@ -276,11 +294,13 @@ def _spawn(
             warnings.simplefilter("ignore")
             with reporting_progress(None):  # only the parent draws
                 while (i := _claim(queue)) is not None:
-                    res = work(parts[i])
-                    payload = pickle.dumps((i, encode(res) if encode is not None else res), pickle.HIGHEST_PROTOCOL)
-                    view = memoryview(_FRAME.pack(len(payload)) + payload)
-                    while view:
-                        view = view[os.write(w, view) :]
+                    try:
+                        sent: tuple[int, bool, Any] = (i, True, _encoded(work(parts[i]), encode))
+                    except Exception:
+                        sent = (i, False, None)  # "batch i raised": the parent stops and reads up to it itself
+                    _send(w, pickle.dumps(sent, pickle.HIGHEST_PROTOCOL))
+                    if not sent[1]:
+                        break
             code = 0
         except BaseException:
             code = 1
@@ -295,6 +315,16 @@ def _spawn(
         pass  # a smaller pipe: the child waits for this process to read more often
     os.set_blocking(r, False)
     return pid, r
+
+
+def _encoded(res: Any, encode: Callable[[Any], Any] | None) -> Any:
+    return encode(res) if encode is not None else res
+
+
+def _send(fd: int, payload: bytes) -> None:
+    view = memoryview(_FRAME.pack(len(payload)) + payload)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _kill(pid: int) -> None:

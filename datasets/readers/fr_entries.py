@@ -40,14 +40,14 @@ def shapes(v: Any) -> tuple[tuple[int, ...], ...]:
         return ()
     try:
         out = tuple(map(tuple, v))
-        hit = _SHAPES.get(out)
-        if hit is not None:
-            return hit  # equal to a validated all-int shape (1.0 == 1: the int one is returned)
-        if all(x.__class__ is _INT for s in out for x in s):  # what PyTorch writes: plain ints
+        if all(x.__class__ is _INT for s in out for x in s):  # what PyTorch writes: plain ints (checked before
+            hit = _SHAPES.get(out)  # hashing: hashing a tuple nested a million deep overflows the C stack)
+            if hit is not None:
+                return hit
             if len(_SHAPES) < _INTERN_MAX:
                 _SHAPES[out] = out
             return out
-    except TypeError:  # not a list of lists, or an unhashable dimension
+    except TypeError:  # not a list of lists
         pass
     return tuple(tuple(_i64(x) for x in s) if isinstance(s, (list, tuple)) else (_i64(s),) for s in v)
 
@@ -93,13 +93,13 @@ def _frames(v: Any, cache: FrameCache, name: str = "") -> tuple[Frame, ...]:
     if last is not None and last[0] == v:  # torch writes each entry's frames anew: an op from the same
         return last[1]  # call site as the last one (a training step repeats them) compares equal, no hashing
     try:
-        # interned by value, one tuple per distinct stack, checked once
+        # interned by value, one tuple per distinct stack
         key = tuple(map(_FRAME_FIELDS, v))
-        out = _STACKS.get(key)  # TypeError: an unhashable field (a list for a name): the careful way below
+        if not all(_plain_frame(k) for k in key):  # a line out of range, a number or a nested value for a
+            raise TypeError("odd frame fields")  # name: the careful way (checked before hashing the fields)
+        out = _STACKS.get(key)
         if out is None:
             out = tuple([_new_frame(Frame, k) for k in key])
-            if not all(_plain_frame(f) for f in out):  # a line out of range, a number for a name
-                raise TypeError("odd frame fields")
             if len(_STACKS) < _INTERN_MAX:
                 _STACKS[key] = out
         if name and all(len(f) == 3 for f in v):  # only name, filename, line, of str and int: comparing
@@ -118,27 +118,25 @@ def _frames(v: Any, cache: FrameCache, name: str = "") -> tuple[Frame, ...]:
     return out
 
 
-def _plain_frame(f: Frame) -> bool:
-    line = f.line
+def _plain_frame(f: tuple[Any, Any, Any]) -> bool:
+    """A raw (name, file, line) as torch writes it: two strings and a line number in range, or no line."""
+    name, file, line = f
     return (
-        f.function.__class__ is str
-        and f.file.__class__ is str
+        name.__class__ is str
+        and file.__class__ is str
         and (line is None or (line.__class__ is _INT and 0 <= line <= MAX_LINE_NO))
     )
 
 
 def _dtypes(v: Any) -> tuple[str, ...]:
     out = tuple(v)
-    try:
-        if (hit := _DTYPES.get(out)) is not None:
-            return hit
-    except TypeError:  # a list inside: the careful way
+    if not all(x.__class__ is str for x in out):  # checked before hashing (a deeply nested tuple)
         return tuple(map(str, out))
-    if all(x.__class__ is str for x in out):
-        if len(_DTYPES) < _INTERN_MAX:
-            _DTYPES[out] = out
-        return out
-    return tuple(map(str, out))
+    if (hit := _DTYPES.get(out)) is not None:
+        return hit
+    if len(_DTYPES) < _INTERN_MAX:
+        _DTYPES[out] = out
+    return out
 
 
 new_entry = tuple.__new__
@@ -221,6 +219,8 @@ def entry(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
     if split is None:
         split = _SPLIT[pname] = (*split_profiling_name(pname), pname)
     backend, op, src, dst, pname = split
+    if pg_id.__class__ is not _INT and pg_id.__class__ is not str and pg_id is not None:
+        return _entry_tolerant(e, frame_cache)  # (never hash what might be a tuple nested a million deep)
     pid = _PG_ID.get(pg_id)
     if pid is None:
         pid = _PG_ID[pg_id] = str(pg_id) if pg_id is not None else ""
@@ -228,15 +228,15 @@ def entry(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
     if shared is None and len(_WORDS) < _INTERN_MAX:
         shared = _WORDS[state] = state
     state = shared or state
-    try:
-        group = _WORDS.get(pg if pg.__class__ is tuple else tuple(pg))
-    except TypeError:  # a list inside: the careful way
-        return _entry_tolerant(e, frame_cache)
-    if group is None:
-        group = tuple(pg)
-        if group[0].__class__ is str and group[1].__class__ is str and len(_WORDS) < _INTERN_MAX:
-            _WORDS[group] = group  # (only strings: 1.0 == 1 must not hand one group's name to another)
-    pg_name, pg_desc = group
+    pg_name, pg_desc = pg
+    if pg_name.__class__ is str and pg_desc.__class__ is str:  # one shared pair per group (strings only:
+        key = pg if pg.__class__ is tuple else (pg_name, pg_desc)  # 1.0 == 1 must not mix groups up)
+        group = _WORDS.get(key)
+        if group is None:
+            group = key
+            if len(_WORDS) < _INTERN_MAX:
+                _WORDS[key] = key
+        pg_name, pg_desc = group
     get = e.get
     duration, frames = get("duration_ms"), get("frames")
     in_sizes = shapes(ins) if ins else ()

@@ -65,18 +65,7 @@ def safe_loads(data: bytes) -> Any:
     """Unpickle ``data`` admitting only plain containers and scalars (see :class:`SafeUnpickler`), within a
     memory budget: the C unpickler sizes its memo by the index a ``LONG_BINPUT`` names (a 40-byte pickle can
     ask for 16 GiB), so the address space may grow by at most :func:`_budget` while it runs and more is a
-    ``MemoryError`` (a :class:`ParseError` at the caller), never an exhausted machine.
-
-    The address space is measured afresh every :data:`_VM_EVERY` calls (reading ``/proc`` for each of
-    thousands of small dumps was a tenth of the read): in between, the budget counts from the last
-    measurement, and a ``MemoryError`` under such a stale limit is retried once under a fresh one."""
-    try:
-        with _address_space_budget(_budget(len(data))):
-            return SafeUnpickler(io.BytesIO(data)).load()
-    except MemoryError:
-        if _VM[1] == 1:
-            raise  # measured afresh for this very call: the pickle asks for too much
-    _VM[1] = 0  # the next measurement is a fresh one
+    ``MemoryError`` (a :class:`ParseError` at the caller), never an exhausted machine."""
     with _address_space_budget(_budget(len(data))):
         return SafeUnpickler(io.BytesIO(data)).load()
 
@@ -85,22 +74,25 @@ def _budget(size: int) -> int:
     return (1 << 30) + 32 * size  # decoded FR dumps take ~5-10x their pickle; the memo bomb asks for GiBs
 
 
-_VM = [0, 0]  # [address space at the last measurement (0: none yet), calls since]
-_VM_EVERY = 32
+_STATM: list[int] = [-1, -1]  # [pid that opened it, descriptor of /proc/self/statm]
 
 
 def _vm_bytes() -> int | None:
-    """The address space now (``/proc/self/statm``), re-read every :data:`_VM_EVERY` calls."""
-    if _VM[0] and 0 < _VM[1] < _VM_EVERY:
-        _VM[1] += 1
-        return _VM[0]
+    """The address space now, measured afresh on every call (a measurement reused after memory was freed
+    would let a memo bomb have what was freed). ``/proc/self/statm`` stays open and is re-read with one
+    ``pread`` (an open, read and close for each of thousands of small dumps was a tenth of the read); a
+    forked child opens its own (the parent's descriptor names the parent)."""
     try:
-        with open("/proc/self/statm", "rb") as fh:
-            vm = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        pid = os.getpid()
+        if _STATM[0] != pid:
+            fd = os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            _STATM[0], _STATM[1] = pid, fd  # (a parent's descriptor inherited by a fork stays open: one fd)
+        return int(os.pread(_STATM[1], 64, 0).split()[0]) * _PAGE
+    except (OSError, ValueError, IndexError, AttributeError):
         return None
-    _VM[0], _VM[1] = vm, 1
-    return vm
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @contextmanager

@@ -190,10 +190,42 @@ def test_a_stuck_child_is_killed_and_its_part_read_here(monkeypatch) -> None:
     monkeypatch.setattr(forked, "STUCK_AFTER_S", 0.5)
 
     def work(part):
-        if os.getpid() != PARENT:
-            time.sleep(60)  # a lock held by a thread of the parent at fork time
+        time.sleep(60 if os.getpid() != PARENT else 0.02)  # a lock held by a thread of the parent at fork time
         return list(part)
 
     t = time.monotonic()
-    out = forked.map_batches(list(range(10)), work, workers=2, batch=2)
-    assert [x for p in out for x in p] == list(range(10)) and time.monotonic() - t < 10
+    out = forked.map_batches(list(range(10)), work, workers=2, batch=1)
+    assert [x for p in out for x in p] == list(range(10)) and 0.5 <= time.monotonic() - t < 10
+
+
+def test_an_error_stops_the_read_at_once_wherever_it_is_met() -> None:
+    """The first batch raises (in this process or a child): nothing after it in file order matters, so the
+    read stops there instead of finishing the queue (the sequential loop raises at once too)."""
+    import time
+
+    def work(part):
+        if 0 in part:
+            raise InputError("file 0: corrupt")
+        time.sleep(0.3)
+        return list(part)
+
+    for _ in range(2):
+        t = time.monotonic()
+        with pytest.raises(InputError, match="file 0: corrupt"):
+            forked.map_batches(list(range(40)), work, workers=2, batch=2)
+        assert time.monotonic() - t < 2  # the queue holds 6 s of work
+
+
+def test_no_more_children_than_batches(monkeypatch) -> None:
+    forks = []
+    real = forked.os.fork
+
+    def counted() -> int:
+        pid = real()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(forked.os, "fork", counted)
+    out = forked.map_batches(list(range(4)), _slow, workers=8, batch=2)
+    assert [x for p, _ in out for x in p] == list(range(4)) and len(forks) == 1

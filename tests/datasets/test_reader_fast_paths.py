@@ -158,9 +158,10 @@ def test_any_mix_of_lines_reads_alike_both_ways(lines: list[str], cut: int) -> N
         assert fast_f == slow_f, v
 
 
-def test_loading_freezes_what_it_built_unless_told_not_to() -> None:
-    """A directory's evidence is moved out of the cyclic collector's sight once loaded (it would rescan it all
-    during the analysis); a long-lived caller (the batch job) passes ``freeze=False``."""
+def test_loading_freezes_only_when_asked() -> None:
+    """The CLI (a one-shot process) moves a directory's evidence out of the cyclic collector's sight once
+    loaded (it would rescan it all during the analysis); the library never freezes its caller's objects
+    unless asked."""
     import gc
     from pathlib import Path
 
@@ -169,9 +170,9 @@ def test_loading_freezes_what_it_built_unless_told_not_to() -> None:
     case = Path(__file__).resolve().parents[1] / "data" / "stacks" / "hang_compute_mp8"
     gc.unfreeze()
     try:
-        kept = load_inputs(case, freeze=False)
+        kept = load_inputs(case)
         assert gc.get_freeze_count() == 0 and kept.procs
-        frozen = load_inputs(case)
+        frozen = load_inputs(case, freeze=True)
         assert gc.get_freeze_count() > 0 and frozen.procs == kept.procs
     finally:
         gc.unfreeze()

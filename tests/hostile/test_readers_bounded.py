@@ -169,25 +169,40 @@ def test_pickle_bombs_are_refused_quickly_within_memory(blob: bytes, tmp_path: P
     assert time.perf_counter() - t < 2
 
 
-def test_a_stale_address_space_measurement_never_refuses_a_good_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The budget counts from an address space measured up to 32 calls ago: a MemoryError under such a stale
-    limit (here one 512 MiB below where the process is) is retried under a fresh measurement."""
+def test_memory_freed_before_a_memo_bomb_is_not_handed_to_it() -> None:
+    """The budget counts from the address space measured at that very call: 4 GiB mapped while a good dump is
+    decoded, then freed, must not become the next pickle's allowance (a 13-byte pickle asking a 2 GiB memo)."""
     import mmap
+    import os
 
     from rankscope.datasets.readers import fr_files
 
-    ballast = mmap.mmap(-1, 1 << 30)  # 1 GiB of address space, never touched: room to set a limit below it
-    fresh = fr_files._vm_bytes()
-    if fresh is None:
+    if fr_files._vm_bytes() is None:
         pytest.skip("no /proc/self/statm: no address-space budget on this platform")
-    blob = pickle.dumps({"version": "2.10", "entries": [], "blob": b"x" * (64 << 20)})  # over malloc's mmap threshold
-    monkeypatch.setattr(fr_files, "_budget", lambda size: (64 << 20) + 2 * size)
-    if fresh < (512 << 20) + fr_files._budget(len(blob)):
-        pytest.skip("this process's address space is too small to place a stale limit below it")
-    monkeypatch.setattr(fr_files, "_VM", [fresh - (512 << 20), 5])  # the limit falls below the address space
-    assert len(safe_loads(blob)["blob"]) == 64 << 20
-    assert fr_files._VM[1] == 1 and fr_files._VM[0] >= fresh  # measured afresh
-    ballast.close()
+    big = mmap.mmap(-1, 4 << 30)  # untouched: address space only
+    assert safe_loads(pickle.dumps({"version": "2.10", "entries": []}))["entries"] == []
+    big.close()
+    bomb = b"\x80\x04]r" + (1 << 27).to_bytes(4, "little") + b"."
+    t = time.perf_counter()
+    with pytest.raises(MemoryError):
+        safe_loads(bomb)
+    assert time.perf_counter() - t < 2
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a forked child measures its own address space, not its parent's
+        try:
+            extra = mmap.mmap(-1, 1 << 30)
+            with open("/proc/self/statm", "rb") as fh:
+                own = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            os.write(w, f"{fr_files._vm_bytes()} {own}".encode())
+            extra.close()
+        finally:
+            os._exit(0)
+    os.close(w)
+    measured, own = map(int, os.read(r, 100).split())
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert abs(measured - own) < (256 << 20) and measured > fr_files._vm_bytes() + (512 << 20)
 
 
 def test_code_running_pickles_never_run(tmp_path: Path, fr_dir: Path) -> None:
@@ -331,3 +346,35 @@ def test_metric_samples_far_apart_in_time_are_refused_before_the_cube_is_allocat
     v = diagnose(load_inputs(stack_dir))
     assert v.verdict == "hang"
     assert "time blocks" in " ".join(map(str, v.to_dict().get("details", {}).get("notes", [])))
+
+
+_DEEP_FR = r"""
+import pickle, sys
+from rankscope.datasets.readers.flight_recorder import parse_dump
+from rankscope.spine import ParseError
+deep = pickle.loads(b"\x80\x02)" + b"\x85" * 1_000_000 + b".")  # what a pickle builds cheaply: no recursion
+base = {"record_id": 0, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 1, "p2p_seq_id": 0,
+        "op_id": 1, "profiling_name": "nccl:all_reduce", "time_created_ns": 1, "input_sizes": [[4]],
+        "input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"], "state": "completed",
+        "time_discovered_started_ns": None, "time_discovered_completed_ns": None, "retired": True,
+        "timeout_ms": 1000, "is_p2p": False, "frames": [{"name": "f", "filename": "x.py", "line": 1}]}
+odd = {"pg_id": deep, "process_group": ("0", deep), "input_sizes": [[deep]], "output_sizes": [[4], [deep]],
+       "input_dtypes": [deep], "output_dtypes": ["Float", deep], "frames": [{"name": deep, "filename": "x", "line": 1}]}
+for key, value in odd.items():
+    try:
+        parse_dump({"version": "2.10", "entries": [base, {**base, key: value}]}, rank=0)
+        print(key, "read")
+    except ParseError as exc:
+        print(key, "refused", str(exc)[:60])
+"""
+
+
+def test_values_nested_a_million_deep_never_crash_the_reader() -> None:
+    """A pickle builds a tuple nested a million deep in a few bytes; hashing one overflows the C stack (a
+    segfault), so every value the FR reader interns is checked before it is hashed."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _DEEP_FR], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert len(out.stdout.splitlines()) == 7, out.stdout
