@@ -229,3 +229,23 @@ def test_no_more_children_than_batches(monkeypatch) -> None:
     monkeypatch.setattr(forked.os, "fork", counted)
     out = forked.map_batches(list(range(4)), _slow, workers=8, batch=2)
     assert [x for p, _ in out for x in p] == list(range(4)) and len(forks) == 1
+
+
+def test_a_queue_its_pipe_cannot_hold_is_read_here_without_waiting(monkeypatch) -> None:
+    """A pipe smaller than the queue (a user past its pipe pages gets 8 KiB pipes) takes a short write: the
+    read goes on here, in one process, instead of waiting on a reader that is this very process."""
+    real, calls = forked.os.write, []
+
+    def no_fork() -> int:
+        raise AssertionError("forked although the queue could not be written")
+
+    def short(fd: int, data) -> int:
+        if not calls:  # the queue's write: the pipe took 4 bytes of it
+            calls.append(fd)
+            return real(fd, bytes(data[:4]))
+        return real(fd, data)
+
+    monkeypatch.setattr(forked.os, "write", short)
+    monkeypatch.setattr(forked.os, "fork", no_fork)
+    out = forked.map_batches(list(range(30)), _slow, workers=3, batch=4)
+    assert [x for p, _ in out for x in p] == list(range(30)) and calls
