@@ -375,6 +375,6 @@ def test_values_nested_a_million_deep_never_crash_the_reader() -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _DEEP_FR], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", _DEEP_FR], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(out.stdout.splitlines()) == 7, out.stdout
