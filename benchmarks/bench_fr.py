@@ -1,18 +1,19 @@
 """rankscope vs torchfrtrace on the same Flight Recorder dumps: time, peak memory and accuracy.
 
-For each scale (64, 1,024, 4,096, 8,192 ranks) and injected fault, synthetic NCCL-format pickles are
-written to a scratch directory; both analyzers then run as separate processes on it (rankscope's reader,
-analysis and verdict, as ``rankscope fr`` runs them, and ``torchfrtrace DIR``), with a bounded timeout.
-Hung jobs' dumps carry the capture time the rankscope hook records, 660 s after the hang (NCCL dumps on its
-10-minute timeout): rankscope calls no hang without time evidence. Accuracy is "names exactly the
-injected culprit ranks" (clean: names nobody; mismatch: names the odd rank as a mismatch).
-torchfrtrace's named ranks are its "missing ranks: {...}" and "Culprit rank N" lines; its crashes and
-timeouts are recorded as such. Times: ``seconds`` is the whole process (interpreter, imports, work),
-``work_seconds`` the time after imports. ``--steps`` sets how many training steps each rank's ring
-buffer holds (2: ~22 entries per rank; real buffers hold up to 2,000). ``unpickle_floor_s`` is the time to
-read and unpickle the dumps alone (no analyzer can go below it); each analyzer's work is also given as a
-multiple of it. Peak memory is each analyzer's own ``VmHWM``: ``ru_maxrss`` survives fork and exec, so it
-would report this benchmark's size (the generated dumps) instead.
+For each scale (64, 1,024, 4,096, 8,192 ranks) and injected fault, synthetic NCCL-format pickles are written
+to a scratch directory; both analyzers then run as separate processes on it (rankscope's reader, analysis and
+verdict, as ``rankscope fr`` runs them, and ``torchfrtrace DIR``), with a bounded timeout. Hung jobs' dumps
+carry the capture time the rankscope hook records, 660 s after the hang (NCCL dumps on its 10-minute timeout):
+rankscope calls no hang without time evidence. Accuracy is "names exactly the injected culprit ranks" (clean:
+names nobody; mismatch: names the odd rank as a mismatch). torchfrtrace's named ranks are its "missing ranks:
+{...}" and "Culprit rank N" lines; its crashes and timeouts are recorded as such. Times: ``seconds`` is the
+whole process (interpreter, imports, work), ``work_seconds`` the time after imports; the runs of the two
+alternate (the fastest of each counts, and ``speedup_work_paired_median`` is the median ratio of runs taken
+back to back). ``--steps`` sets how many training steps each rank's ring buffer holds (2: ~22 entries per
+rank; real buffers hold up to 2,000). ``unpickle_floor_s`` is the time to read and unpickle the dumps alone
+(no analyzer can go below it); each analyzer's work is also given as a multiple of it. Peak memory is each
+analyzer's own ``VmHWM``: ``ru_maxrss`` survives fork and exec, so it would report this benchmark's size (the
+generated dumps) instead.
 
 Also: both on the real gloo probe (its dumps have no capture time: rankscope says inconclusive and names
 nobody; torchfrtrace crashes on gloo's empty pg_config) and on the probe's job re-captured through the
@@ -282,8 +283,16 @@ def main(argv: list[str] | None = None) -> None:
                 del syn  # thousands of ranks of raw dumps: free them before the analyzers run (shared machine)
                 reps = args.repeat if size < 4096 else 1
                 floor_s = unpickle_floor(d, reps)
-                ours = _best([rankscope(d, layout, args.timeout, scratch) for _ in range(reps)])
-                peer = _best([torchfrtrace(d, args.timeout, scratch) for _ in range(reps)])
+                ours_runs, peer_runs = [], []
+                for _ in range(reps):  # interleaved: a shared machine's speed drifts over minutes, both see it
+                    ours_runs.append(rankscope(d, layout, args.timeout, scratch))
+                    peer_runs.append(torchfrtrace(d, args.timeout, scratch))
+                ours, peer = _best(ours_runs), _best(peer_runs)
+                paired = sorted(
+                    p["work_seconds"] / o["work_seconds"]
+                    for o, p in zip(ours_runs, peer_runs)
+                    if o.get("work_seconds") and p.get("work_seconds")
+                )
                 ratio = round(peer["seconds"] / ours["seconds"], 1) if ours["seconds"] else None
                 pw, ow = peer.get("work_seconds"), ours.get("work_seconds")
                 work_ratio = round(pw / ow, 1) if pw and ow else None
@@ -301,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
                         "torchfrtrace": {**peer, "correct": correct_peer(peer, fault, truth)},
                         "speedup_wall": ratio if not peer["timed_out"] else f">{ratio}",
                         "speedup_work": work_ratio if not peer["timed_out"] else None,
+                        "speedup_work_paired_median": round(paired[len(paired) // 2], 1) if paired else None,
                         "rankscope_work_to_floor": round(ow / floor_s, 1) if ow and floor_s else None,
                         "torchfrtrace_work_to_floor": round(pw / floor_s, 1) if pw and floor_s else None,
                     }
