@@ -250,9 +250,7 @@ class _Pool:
             except Exception:
                 pass  # not decoded: read again here
         if eof:  # the child is done (or died): whatever it did not send is read here
-            os.close(fd)
-            _kill(pid)
-            os.waitpid(pid, 0)
+            _reap(pid, fd)
             self.kids[k] = (0, -1)
 
 
@@ -275,7 +273,8 @@ def _spawn(
 ) -> tuple[int, int]:
     """(pid, non-blocking read end of its results) of a child taking batches from ``queue`` until it is empty;
     (0, -1) when no child could be started. Each result goes back as it is done: a length, then a pickle of
-    ``(batch number, encoded result)``. A batch that raises ends the child (it is read again in the parent)."""
+    ``(batch number, True, encoded result)``; a batch that raises sends ``(batch number, False, None)`` and ends
+    the child (the parent stops taking batches and reads up to that one itself)."""
     try:
         r, w = os.pipe()
     except OSError:
@@ -295,9 +294,10 @@ def _spawn(
             with reporting_progress(None):  # only the parent draws
                 while (i := _claim(queue)) is not None:
                     try:
-                        sent: tuple[int, bool, Any] = (i, True, _encoded(work(parts[i]), encode))
+                        res = work(parts[i])
+                        sent: tuple[int, bool, Any] = (i, True, encode(res) if encode is not None else res)
                     except Exception:
-                        sent = (i, False, None)  # "batch i raised": the parent stops and reads up to it itself
+                        sent = (i, False, None)
                     _send(w, pickle.dumps(sent, pickle.HIGHEST_PROTOCOL))
                     if not sent[1]:
                         break
@@ -315,10 +315,6 @@ def _spawn(
         pass  # a smaller pipe: the child waits for this process to read more often
     os.set_blocking(r, False)
     return pid, r
-
-
-def _encoded(res: Any, encode: Callable[[Any], Any] | None) -> Any:
-    return encode(res) if encode is not None else res
 
 
 def _send(fd: int, payload: bytes) -> None:
