@@ -41,6 +41,7 @@ from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, ThreadDump, from_dump
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import failed_dump
+from rankscope.datasets.readers.dumpscan import finish, listed
 from rankscope.datasets.readers.faulthandler import looks_like_traceback, parse_traceback_text
 from rankscope.datasets.readers.forked import map_batches, worker_count
 from rankscope.datasets.readers.identity import MANIFEST, Manifests, path_facts, read_manifest
@@ -169,35 +170,38 @@ def _scan(path: str | os.PathLike[str], *, gpus_per_node: int | None, follow_sym
     if gpus_per_node is not None and gpus_per_node < 1:
         raise InputError(f"--gpus-per-node {gpus_per_node}: must be at least 1")
     w = walk(str(root), follow_outside=follow_symlinks)
-    present = {rel for _, rel in w.files}
-    manifests = Manifests()
-    for abs_path, rel in w.files:
-        if rel.rsplit("/", 1)[-1] == MANIFEST:
-            manifests.add(rel, read_manifest(abs_path, rel), present)
-    sc = _Scan(root, notes=w.notes(), attempt_files=tuple(rel for _, rel in w.files if "attempt" in rel.lower()))
-    hooked: dict[tuple[str, int], object] = {}
     cap = limits().max_files
     if len(w.files) > cap:
         raise LimitError(
             f"{root}: {len(w.files):,} files is over the {cap:,}-file limit (limits.max_files; raise it with "
             "RANKSCOPE_LIMITS_MAX_FILES, or point rankscope at one incident's folder)"
         )
+    present = {rel for _, rel in w.files}
+    manifests = Manifests()
+
+    def read_manifests() -> None:  # while the forked workers read the dumps (they do not need it: see dumpscan.listed)
+        for abs_path, rel in w.files:
+            if rel.rsplit("/", 1)[-1] == MANIFEST:
+                manifests.add(rel, read_manifest(abs_path, rel), present)
+
+    sc = _Scan(root, notes=w.notes(), attempt_files=tuple(rel for _, rel in w.files if "attempt" in rel.lower()))
+    hooked: dict[tuple[str, int], object] = {}
     label = f"reading {root.name or root}"
     for part, part_hooked in map_batches(
         w.files,
-        lambda files: _classify_all(files, root, manifests, label),
+        lambda files: _classify_all(files, root, label),
         workers=worker_count(len(w.files), min_per_worker=FILES_PER_WORKER),
         batch=BATCH,
-        encode=lambda res: _encode_part(res, manifests),
-        decode=lambda data: _decode_part(data, manifests),
+        encode=_encode_part,
+        decode=_decode_part,
         label=label,
+        prepare=read_manifests,
     ):
         _merge(sc, part, hooked, part_hooked)
+    listed(sc, hooked, manifests, _classify_one)
     for row in manifests.absent(present):  # listed but not there: that process's capture is missing
         why = f"listed in {row.manifest} but the file is absent"
         sc.found.append(Found(row.file, failed_dump(row.file, "unknown", why, row.pid, kind="absent"), [row], 0))
-    from rankscope.datasets.readers.dumpscan import finish
-
     return finish(sc, manifests, hooked, gpus_per_node=gpus_per_node)
 
 
@@ -207,20 +211,26 @@ BATCH = 64  # files a worker takes at a time: small enough that all finish toget
 _BUCKETS = ("found", "fr", "metrics", "timings", "exits", "logs", "elastic", "skipped", "unlisted")
 
 
-def _classify_all(
-    files: Sequence[tuple[str, str]], root: Path, manifests: Manifests, label: str
-) -> tuple[_Scan, _Hooked]:
-    """:func:`_classify` over one chunk of the walk's files, into a scan and hook table of its own."""
+def _classify_all(files: Sequence[tuple[str, str]], root: Path, label: str) -> tuple[_Scan, _Hooked]:
+    """:func:`_classify` over one batch of the walk's files, into a scan and hook table of its own, as if there
+    were no manifest (:func:`.dumpscan.listed` applies them after)."""
     sc = _Scan(root)
     hooked: _Hooked = {}
     for abs_path, rel in progress(files, label):
-        try:
-            _classify(sc, abs_path, rel, manifests, hooked)
-        except RankscopeError as exc:  # one bad file never loses the others: it is a note
-            sc.skipped.append(f"{rel} ({_why(exc, abs_path)})")
-        except FOREIGN as exc:  # a reader's bug on hostile bytes: the file is skipped, named, with the cause
-            sc.skipped.append(f"{rel} (unreadable: {type(exc).__name__}: {str(exc)[:80]})")
+        _classify_one(sc, abs_path, rel, _NO_MANIFEST, hooked)
     return sc, hooked
+
+
+_NO_MANIFEST = Manifests()
+
+
+def _classify_one(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: _Hooked) -> None:
+    try:
+        _classify(sc, abs_path, rel, manifests, hooked)
+    except RankscopeError as exc:  # one bad file never loses the others: it is a note
+        sc.skipped.append(f"{rel} ({_why(exc, abs_path)})")
+    except FOREIGN as exc:  # a reader's bug on hostile bytes: the file is skipped, named, with the cause
+        sc.skipped.append(f"{rel} (unreadable: {type(exc).__name__}: {str(exc)[:80]})")
 
 
 def _merge(sc: _Scan, part: _Scan, hooked: _Hooked, part_hooked: _Hooked) -> None:
@@ -236,16 +246,15 @@ def _merge(sc: _Scan, part: _Scan, hooked: _Hooked, part_hooked: _Hooked) -> Non
             have.rel.update(hp.rel)  # type: ignore[attr-defined]
 
 
-def _encode_part(res: tuple[_Scan, _Hooked], manifests: Manifests) -> tuple[Any, ...]:
-    """A chunk's scan as plain tuples (NamedTuples and slotted dataclasses pickle through Python code, one
-    call per object; a manifest's rows travel as a reference: the parent holds the same manifests)."""
+def _encode_part(res: tuple[_Scan, _Hooked]) -> tuple[Any, ...]:
+    """A batch's scan as plain tuples (NamedTuples and slotted dataclasses pickle through Python code, one
+    call per object). Its processes have no manifest rows yet (see :func:`.dumpscan.listed`)."""
     sc, hooked = res
     found = [
         (
             f.rel,
             tuple(map(tuple, d.threads)),
             (d.pid, d.cmdline, d.status, d.error, d.source_format, d.source_file, d.failure_kind),
-            None if f.rows is None else _ROWS if f.rows and f.rows is manifests.by_file.get(f.rel) else f.rows,
             f.index,
         )
         for f in sc.found
@@ -254,16 +263,13 @@ def _encode_part(res: tuple[_Scan, _Hooked], manifests: Manifests) -> tuple[Any,
     return found, tuple(getattr(sc, n) for n in _BUCKETS[1:]), hooked
 
 
-_ROWS = "<manifest rows>"
-
-
-def _decode_part(data: tuple[Any, ...], manifests: Manifests) -> tuple[_Scan, _Hooked]:
+def _decode_part(data: tuple[Any, ...]) -> tuple[_Scan, _Hooked]:
     found, buckets, hooked = data
     sc = _Scan(Path("."))
     new_thread = tuple.__new__
-    for rel, threads, fields, rows, index in found:
+    for rel, threads, fields, index in found:
         dump = ProcessDump(tuple([new_thread(ThreadDump, t) for t in threads]), *fields)
-        sc.found.append(Found(rel, dump, manifests.by_file.get(rel) if rows == _ROWS else rows, index))
+        sc.found.append(Found(rel, dump, None, index))
     for name, items in zip(_BUCKETS[1:], buckets):
         setattr(sc, name, items)
     return sc, hooked

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,36 @@ from rankscope.spine import InputError, RankscopeError
 if TYPE_CHECKING:
     from rankscope.datasets.readers.dumpdir import DumpDir, DumpFile, _Scan
     from rankscope.datasets.readers.rundir import HookProcess
+
+
+def listed(
+    sc: _Scan, hooked: dict[tuple[str, int], object], manifests: Manifests, classify: Callable[..., None]
+) -> None:
+    """What the manifests say about the files the batches read without them: a stack file takes its manifest
+    rows; one in a manifest's folder that its manifest does not list is ignored (``unlisted``); a file named
+    like the hook's (``pid<PID>.<kind>``) that a manifest lists is a stack file after all (``classify``: the
+    scan's ``(scan, abs_path, rel, manifests, hooked)``, with the manifests this time)."""
+    if not manifests:
+        return
+    kept: list[Found] = []
+    rel, rows, out = None, None, False
+    for f in sc.found:  # the processes of one file are consecutive
+        if f.rel != rel:
+            rel = f.rel
+            rows = manifests.rows(rel) or None
+            out = rows is None and manifests.scope_of(rel) is not None
+            if out:
+                sc.unlisted.append(rel)
+        if not out:
+            f.rows = rows
+            kept.append(f)
+    sc.found = kept
+    for key, hp in list(hooked.items()):
+        files, rels = hp.files, hp.rel  # type: ignore[attr-defined]
+        for kind in [k for k, r in rels.items() if manifests.rows(r)]:
+            classify(sc, files.pop(kind), rels.pop(kind), manifests, hooked)
+        if not files:
+            del hooked[key]
 
 
 def finish(
@@ -276,4 +307,4 @@ def _pods_in(logs: list[tuple[str, str]]) -> set[str]:
     return out
 
 
-__all__ = ["Found", "finish"]
+__all__ = ["Found", "finish", "listed"]

@@ -106,6 +106,7 @@ def map_batches(
     encode: Callable[[R], Any] | None = None,
     decode: Callable[[Any], R] | None = None,
     label: str | None = None,
+    prepare: Callable[[], object] | None = None,
 ) -> list[R]:
     """``[work(b) for b in batches(items, batch)]`` shared by this process and ``workers - 1`` forked children
     (``[work(items)]`` with one worker, or one batch).
@@ -114,11 +115,16 @@ def map_batches(
     that pickle through Python code) and ``decode`` turns it back here. A batch whose result does not come
     back is done again here, in order, so exceptions and results are those of the sequential loop. ``label``:
     the progress reported over all items (the batches' own progress loops are silenced, even here).
+    ``prepare``: work of this process that the batches do not depend on, run once after the children are
+    forked and before this process takes a batch, so that it overlaps their reading (sequentially: first).
+    Its exception is raised (the children are stopped).
     """
     parts = batches(items, batch)
     if workers <= 1 or len(parts) <= 1:
+        if prepare is not None:
+            prepare()
         return [work(items)]
-    return _Pool(parts, work, encode, decode, label).run(workers - 1)
+    return _Pool(parts, work, encode, decode, label).run(workers - 1, prepare)
 
 
 _INDEX = struct.Struct("<I")
@@ -144,13 +150,15 @@ class _Pool:
         self.failed = False  # a batch raised (here or in a child): stop taking batches, redo up to it here
         self.task = _task(label, sum(len(p) for p in parts))
 
-    def run(self, n_children: int) -> list[Any]:
+    def run(self, n_children: int, prepare: Callable[[], object] | None = None) -> list[Any]:
         queue = self._queue()
         try:
             if queue >= 0:
                 for _ in range(min(n_children, len(self.parts) - 1)):
                     self.kids.append(_spawn(queue, self.parts, self.work, self.encode))
             t0 = time.monotonic()
+            if prepare is not None:
+                prepare()  # the children read meanwhile (they keep what their pipes cannot take yet)
             with reporting_progress(None):
                 while not self.failed and queue >= 0 and (i := _claim(queue)) is not None:
                     try:
@@ -274,7 +282,8 @@ def _spawn(
     """(pid, non-blocking read end of its results) of a child taking batches from ``queue`` until it is empty;
     (0, -1) when no child could be started. Each result goes back as it is done: a length, then a pickle of
     ``(batch number, True, encoded result)``; a batch that raises sends ``(batch number, False, None)`` and ends
-    the child (the parent stops taking batches and reads up to that one itself)."""
+    the child (the parent stops taking batches and reads up to that one itself). What its pipe cannot take
+    yet (this process is busy) is kept and sent later: the child never waits while batches are left."""
     try:
         r, w = os.pipe()
     except OSError:
@@ -291,6 +300,8 @@ def _spawn(
             os.close(r)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             warnings.simplefilter("ignore")
+            os.set_blocking(w, False)
+            pending = bytearray()
             with reporting_progress(None):  # only the parent draws
                 while (i := _claim(queue)) is not None:
                     try:
@@ -298,9 +309,14 @@ def _spawn(
                         sent: tuple[int, bool, Any] = (i, True, encode(res) if encode is not None else res)
                     except Exception:
                         sent = (i, False, None)
-                    _send(w, pickle.dumps(sent, pickle.HIGHEST_PROTOCOL))
+                    payload = pickle.dumps(sent, pickle.HIGHEST_PROTOCOL)
+                    pending += _FRAME.pack(len(payload))
+                    pending += payload
+                    _send_some(w, pending)
                     if not sent[1]:
                         break
+            os.set_blocking(w, True)
+            _send_some(w, pending)
             code = 0
         except BaseException:
             code = 1
@@ -317,10 +333,14 @@ def _spawn(
     return pid, r
 
 
-def _send(fd: int, payload: bytes) -> None:
-    view = memoryview(_FRAME.pack(len(payload)) + payload)
-    while view:
-        view = view[os.write(fd, view) :]
+def _send_some(fd: int, pending: bytearray) -> None:
+    """Write what ``fd`` takes of ``pending`` (all of it on a blocking ``fd``) and drop it from ``pending``."""
+    try:
+        while pending:
+            n = os.write(fd, pending)
+            del pending[:n]
+    except BlockingIOError:
+        pass
 
 
 def _kill(pid: int) -> None:

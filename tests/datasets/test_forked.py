@@ -249,3 +249,66 @@ def test_a_queue_its_pipe_cannot_hold_is_read_here_without_waiting(monkeypatch) 
     monkeypatch.setattr(forked.os, "fork", no_fork)
     out = forked.map_batches(list(range(30)), _slow, workers=3, batch=4)
     assert [x for p, _ in out for x in p] == list(range(30)) and calls
+
+
+def test_prepare_runs_while_the_children_read_and_they_never_wait_on_a_full_pipe() -> None:
+    """``prepare`` (the dump directory's manifests) runs here after the fork, before this process takes a
+    batch; the children go on reading meanwhile, keeping what their pipe cannot take yet (2 MiB of results
+    against a 1 MiB pipe), so all of their batches finish before ``prepare`` does."""
+    import time
+
+    ran: list[float] = []
+
+    def prepare() -> None:
+        time.sleep(1.5)
+        ran.append(time.monotonic())
+
+    def work(part):
+        time.sleep(0.01)
+        return list(part), os.getpid(), time.monotonic(), b"x" * 200_000
+
+    out = forked.map_batches(list(range(40)), work, workers=2, batch=4, prepare=prepare)
+    assert [x for xs, *_ in out for x in xs] == list(range(40))
+    theirs = [t for _, pid, t, _ in out if pid != os.getpid()]
+    assert len(theirs) == 10 and max(theirs) < ran[0]  # the child read every batch while this process waited
+    seq: list[str] = []
+    assert forked.map_batches(
+        [1, 2], lambda p: seq.append("work") or list(p), workers=1, batch=1, prepare=lambda: seq.append("prepare")
+    ) == [[1, 2]]
+    assert seq == ["prepare", "work"]
+
+
+def test_an_error_in_prepare_is_raised_and_stops_the_children() -> None:
+    import time
+
+    def prepare() -> None:
+        raise InputError("manifest.csv: line 3: rank 'x' is not a non-negative integer")
+
+    t = time.monotonic()
+    with pytest.raises(InputError, match="manifest.csv: line 3"):
+        forked.map_batches(list(range(40)), lambda p: time.sleep(0.3) or list(p), workers=2, batch=1, prepare=prepare)
+    assert time.monotonic() - t < 2  # the queue holds 12 s of work: the child was stopped, not waited for
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # and reaped
+
+
+def test_manifests_read_beside_the_workers_apply_as_before(tmp_path: Path, monkeypatch) -> None:
+    """The workers read without the manifests (read meanwhile): a manifest's rows, its unlisted files and a
+    hook-named file it lists come out as in a sequential read (real py-spy dumps of the gloo job)."""
+    from rankscope.datasets.readers import dumpdir
+
+    dumps = sorted((DATA / "stacks" / "healthy_gloo_pyspy_3rounds" / "snapshot-0").glob("rank*.txt"))
+    (tmp_path / "snap").mkdir()
+    (tmp_path / "snap" / "pid4242.stack.txt").write_bytes(dumps[0].read_bytes())  # named like the hook's
+    (tmp_path / "snap" / "other.txt").write_bytes(dumps[1].read_bytes())  # in the manifest's folder, unlisted
+    for k in range(30):  # enough files for batches to be shared
+        (tmp_path / f"rank{k + 2}.txt").write_bytes(dumps[1].read_bytes())
+    (tmp_path / "snap" / "manifest.csv").write_text("file,rank,node\npid4242.stack.txt,0,gpu-a\n")
+    monkeypatch.setattr(dumpdir, "BATCH", 2)
+    one = _outcome(lambda: scan_dump_dir(tmp_path, gpus_per_node=8), monkeypatch, "1")
+    three = _outcome(lambda: scan_dump_dir(tmp_path, gpus_per_node=8), monkeypatch, "3")
+    assert three == one
+    listed = [f for f in one.files if f.path == "snap/pid4242.stack.txt"]
+    assert [(f.rank, f.node) for f in listed] == [(0, "gpu-a")]
+    assert not any(f.path == "snap/other.txt" for f in one.files)
+    assert any("not in manifest.csv" in n and "snap/other.txt" in n for n in one.notes)
