@@ -8,12 +8,13 @@ rankscope calls no hang without time evidence. Accuracy is "names exactly the in
 names nobody; mismatch: names the odd rank as a mismatch). torchfrtrace's named ranks are its "missing ranks:
 {...}" and "Culprit rank N" lines; its crashes and timeouts are recorded as such. Times: ``seconds`` is the
 whole process (interpreter, imports, work), ``work_seconds`` the time after imports; the runs of the two
-alternate (the fastest of each counts, and ``speedup_work_paired_median`` is the median ratio of runs taken
-back to back). ``--steps`` sets how many training steps each rank's ring buffer holds (2: ~22 entries per
-rank; real buffers hold up to 2,000). ``unpickle_floor_s`` is the time to read and unpickle the dumps alone
-(no analyzer can go below it); each analyzer's work is also given as a multiple of it. Peak memory is each
-analyzer's own ``VmHWM``: ``ru_maxrss`` survives fork and exec, so it would report this benchmark's size (the
-generated dumps) instead.
+alternate: ``speedup_work`` compares the runs that were fastest as whole processes, ``speedup_work_best`` the
+fastest work of each (the statistic the 10x goal is about: time after start-up), and
+``speedup_work_paired_median`` is the median ratio of runs taken back to back. ``--steps`` sets how many
+training steps each rank's ring buffer holds (2: ~22 entries per rank; real buffers hold up to 2,000).
+``unpickle_floor_s`` is the time to read and unpickle the dumps alone (no analyzer can go below it); each
+analyzer's work is also given as a multiple of it. Peak memory is each analyzer's own ``VmHWM``: ``ru_maxrss``
+survives fork and exec, so it would report this benchmark's size (the generated dumps) instead.
 
 Also: both on the real gloo probe (its dumps have no capture time: rankscope says inconclusive and names
 nobody; torchfrtrace crashes on gloo's empty pg_config) and on the probe's job re-captured through the
@@ -296,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
                 ratio = round(peer["seconds"] / ours["seconds"], 1) if ours["seconds"] else None
                 pw, ow = peer.get("work_seconds"), ours.get("work_seconds")
                 work_ratio = round(pw / ow, 1) if pw and ow else None
+                best_pw = min((r["work_seconds"] for r in peer_runs if r.get("work_seconds")), default=None)
+                best_ow = min((r["work_seconds"] for r in ours_runs if r.get("work_seconds")), default=None)
                 runs.append(
                     {
                         "ranks": size,
@@ -311,12 +314,20 @@ def main(argv: list[str] | None = None) -> None:
                         "speedup_wall": ratio if not peer["timed_out"] else f">{ratio}",
                         "speedup_work": work_ratio if not peer["timed_out"] else None,
                         "speedup_work_paired_median": round(paired[len(paired) // 2], 1) if paired else None,
+                        "speedup_work_best": (
+                            round(best_pw / best_ow, 1) if best_pw and best_ow and not peer["timed_out"] else None
+                        ),
                         "rankscope_work_to_floor": round(ow / floor_s, 1) if ow and floor_s else None,
                         "torchfrtrace_work_to_floor": round(pw / floor_s, 1) if pw and floor_s else None,
                     }
                 )
                 print(
-                    json.dumps({k: runs[-1][k] for k in ("ranks", "fault", "speedup_wall", "speedup_work")}),
+                    json.dumps(
+                        {
+                            k: runs[-1][k]
+                            for k in ("ranks", "fault", "speedup_wall", "speedup_work", "speedup_work_best")
+                        }
+                    ),
                     file=sys.stderr,
                 )
                 shutil.rmtree(d, ignore_errors=True)
@@ -355,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         ],
         "speedup_wall_by_ranks": {n: [r["speedup_wall"] for r in rs] for n, rs in by_ranks.items()},
         "speedup_work_by_ranks": {n: [r["speedup_work"] for r in rs] for n, rs in by_ranks.items()},
+        "speedup_work_best_by_ranks": {n: [r["speedup_work_best"] for r in rs] for n, rs in by_ranks.items()},
         "work_to_unpickle_floor_by_ranks": {
             n: [[r["rankscope_work_to_floor"], r["torchfrtrace_work_to_floor"]] for r in rs]
             for n, rs in by_ranks.items()
