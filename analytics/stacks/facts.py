@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.analytics.stacks.frames import PEER_WAIT_STATES, WAIT_STATES, classify, frame_key
+from rankscope.analytics.stacks.frames import PEER_WAIT_STATES, WAIT_STATES, classify, frame_key, is_native_frame
 from rankscope.analytics.stacks.snapshot import SnapshotAnalysis, analyze_snapshot
 from rankscope.config import Limits, StackConfig
 from rankscope.datasets.domain.stacks import ProcStacks, is_launcher_frame
@@ -159,7 +159,9 @@ def _wait_key(p: ProcStacks, cache: dict[int, tuple[str, tuple[str, ...]]]) -> t
     hit = cache.get(id(frames))
     if hit is None:
         state, i = classify(frames)
-        key = tuple(frame_key(f, lines=True) for f in frames[max(i, 0) :] if not is_launcher_frame(f))
+        key = tuple(
+            frame_key(f, lines=True) for f in frames[max(i, 0) :] if not is_launcher_frame(f) and not is_native_frame(f)
+        )
         hit = cache[id(frames)] = (state, key)
     return hit
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from rankscope.datasets.domain.stacks import FrameLike, is_hook_idle_frame, is_launcher_frame
 
@@ -64,11 +65,40 @@ def frame_key(f: FrameLike, *, lines: bool = False) -> str:
     return f"{fn}@{base}"
 
 
+def is_native_frame(f: FrameLike) -> bool:
+    """A frame of compiled code, as ``py-spy dump --native`` interleaves them with the Python frames: a shared
+    object or binary (``pthread_cond_wait (libc.so.6)``, ``c10d::Reducer::finalize_backward (libtorch_cpu.so)``)
+    and no line number. Python frames always carry a line (``<frozen ...>`` modules too)."""
+    return f.line is None and not f.file.endswith((".py", ".pyx", ".pyw")) and not f.file.startswith("<")
+
+
+_VIEW_CACHE: dict[int, tuple[object, tuple[Any, ...] | None, tuple[int, ...]]] = {}
+
+
+def python_view(frames: Sequence[FrameLike]) -> tuple[Sequence[FrameLike], tuple[int, ...] | None]:
+    """The Python frames of a stack and, when native frames were left out, each one's index in ``frames``
+    (None: ``frames`` itself, nothing left out). The analysis compares and classifies Python frames: native
+    ones differ with the build of each node's libraries (``libstdc++.so.6.0.30`` on one, ``.32`` on another)
+    and sit below the Python frame that tells what the rank is doing. A stack with no Python frame is kept
+    whole. Memoized per frames tuple (the readers share one per distinct stack)."""
+    hit = _VIEW_CACHE.get(id(frames))
+    if hit is not None and hit[0] is frames:
+        return (hit[1], hit[2]) if hit[1] is not None else (frames, None)
+    keep = tuple(i for i, f in enumerate(frames) if not is_native_frame(f))
+    view = None if len(keep) in (0, len(frames)) else tuple(frames[i] for i in keep)
+    if isinstance(frames, tuple):
+        if len(_VIEW_CACHE) >= 100_000:
+            _VIEW_CACHE.clear()
+        _VIEW_CACHE[id(frames)] = (frames, view, keep)
+    return (view, keep) if view is not None else (frames, None)
+
+
 _SIG_CACHE: dict[tuple[int, bool], tuple[object, tuple[str, ...]]] = {}
 
 
 def signature(frames: Sequence[FrameLike], *, lines: bool = False) -> tuple[str, ...]:
-    """Outermost-first tuple of frame keys of an innermost-first frame list (runpy frames left out).
+    """Outermost-first tuple of frame keys of an innermost-first frame list (runpy and native frames left out:
+    see :func:`python_view`).
 
     Memoized per frames object: readers share one tuple among identical stacks, so 100,000
     ranks in the same state cost one computation. The cache keeps the tuple alive (its id stays
@@ -78,7 +108,8 @@ def signature(frames: Sequence[FrameLike], *, lines: bool = False) -> tuple[str,
     hit = _SIG_CACHE.get(key)
     if hit is not None and hit[0] is frames:
         return hit[1]
-    sig = tuple(frame_key(f, lines=lines) for f in reversed(frames) if not is_launcher_frame(f))
+    view, _ = python_view(frames)
+    sig = tuple(frame_key(f, lines=lines) for f in reversed(view) if not is_launcher_frame(f))
     if isinstance(frames, tuple):
         if len(_SIG_CACHE) >= 100_000:
             _SIG_CACHE.clear()
@@ -297,8 +328,17 @@ def classify(frames: Sequence[FrameLike], *, role: str = "trainer") -> tuple[str
     ``device-wait`` (``torch.cuda.synchronize`` and kin: waiting on its own GPU), ``backward`` (inside
     the autograd engine: computing, or waiting in DDP's gradient all-reduce), ``io``, ``idle``,
     ``startup`` (importing modules or joining the process group, before training), ``compute``
-    (anything else: the process is running its own code), ``empty``.
+    (anything else: the process is running its own code), ``empty``. Decided on the Python frames
+    (:func:`python_view`); the index is into ``frames``.
     """
+    view, index = python_view(frames)
+    if index is not None:
+        state, i = _classify(view, role)
+        return state, index[i] if i >= 0 else i
+    return _classify(frames, role)
+
+
+def _classify(frames: Sequence[FrameLike], role: str) -> tuple[str, int]:
     if not frames:
         return "empty", -1
     importing = -1

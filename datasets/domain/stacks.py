@@ -146,6 +146,10 @@ class ProcessDump:
     source_format: str = ""
     source_file: str = ""
     failure_kind: str | None = None
+    instance: int | None = None
+    """Which process instance this is, where the dump tells one beyond its pid: py-spy JSON's ``thread_id`` of
+    the main thread (a pthread address, different in every process: ASLR). Two dumps with the same pid and
+    instance are one process dumped twice, even in containers whose pid namespaces repeat pids."""
 
     @property
     def main_thread(self) -> ThreadDump | None:

@@ -74,7 +74,9 @@ def machines_above_recurring(found: list[Found], notes: list[str]) -> None:
 def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
     """Sibling folders holding dumps of the same ranks become snapshots, in the natural order of their names
     (only where no ``snapshot-N`` folder or manifest column numbers them)."""
-    trainers = [f for f in found if f.role is None and _who(f) is not None and "snapshot" not in f.ident.sources]
+    trainers = [
+        f for f in found if f.role is None and _who(f, pid=True) is not None and "snapshot" not in f.ident.sources
+    ]
     by_parent: defaultdict[str, defaultdict[str, set[tuple[object, int | None]]]] = defaultdict(
         lambda: defaultdict(set)
     )
@@ -82,7 +84,7 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         folder = f.rel.rpartition("/")[0]
         parent, _, name = folder.rpartition("/")
         if name:  # rounds of one capture are the same processes: same ranks (or local ranks), same pids
-            by_parent[parent][name].add((_who(f), f.ident.pid))
+            by_parent[parent][name].add((_who(f, pid=True), f.ident.pid))
     names: set[str] = set()
     for parent, kids in by_parent.items():
         if len(kids) < 2:
@@ -110,37 +112,47 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
     )
 
 
-def _who(f: Found) -> object:
-    """A process's rank, else its local rank (``<host>/py-spy-1/local0.txt``), else None."""
+def _who(f: Found, *, pid: bool = False) -> object:
+    """A process's rank, else its local rank (``<host>/py-spy-1/local0.txt``), else (with ``pid``) its pid
+    (``<pod>/py-spy-1/stack-<pid>.txt``), else None. A local rank or a pid only tells a process apart within
+    one machine (containers repeat pids)."""
     if f.ident.rank is not None:
         return f.ident.rank
-    return ("local", f.ident.local_rank) if f.ident.local_rank is not None else None
+    if f.ident.local_rank is not None:
+        return ("local", f.ident.local_rank)
+    return ("pid", f.ident.pid) if pid and f.ident.pid is not None else None
 
 
 def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_node: int | None) -> None:
     """Files of one host that hold the same processes (the same pids, each once per file: ``py-spy dump`` of a
     node's processes run again into ``<host>/pyspy-all-<k>.txt``) are capture rounds, in the natural order of
-    their names, where nothing else numbers them, and where ``--gpus-per-node`` tells rounds from pods: one
-    file's trainers fit the machine, all of them together do not (pods in their own pid namespaces repeat
-    pids too)."""
-    if gpus_per_node is None:
-        return
-    pids: defaultdict[str, defaultdict[str, list[tuple[int, int | None]]]] = defaultdict(lambda: defaultdict(list))
+    their names, where nothing else numbers them. Pods in their own pid namespaces repeat pids too, so the
+    same pids alone are not enough: the same process instances (py-spy JSON's pthread addresses, see
+    ``ProcessDump.instance``) are, else ``--gpus-per-node`` tells rounds from pods (one file's trainers fit the
+    machine, all of them together do not)."""
+    pids: defaultdict[str, defaultdict[str, list[tuple[int, int | None, int | None]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     for f in found:
         if f.host is not None and f.ident.pid is not None and "snapshot" not in f.ident.sources:
             # the same pids, and the same ranks where known (one-process pods all run as pid 42)
-            pids[f.host][f.rel].append((int(f.ident.pid), f.ident.rank))
+            pids[f.host][f.rel].append((int(f.ident.pid), f.ident.rank, f.dump.instance))
     trainers: defaultdict[str, int] = defaultdict(int)
     for f in found:
         trainers[f.rel] += f.role is None
     order: dict[str, int] = {}
     for files in pids.values():
-        sets = [sorted(p, key=lambda t: (t[0], -1 if t[1] is None else t[1])) for p in files.values()]
+        sets = [sorted(p, key=lambda t: (t[0], -1 if t[1] is None else t[1], t[2] or 0)) for p in files.values()]
         n = trainers[next(iter(files))]
-        ok = len(files) > 1 and _numbered([rel.rsplit("/", 1)[-1] for rel in files])
-        ok = ok and 0 < n <= gpus_per_node < n * len(files)
-        # a node's dump holds several processes; one process per file (pods) repeats pids across containers
-        if ok and len(sets[0]) >= 2 and all(len(set(s)) == len(s) and s == sets[0] for s in sets):
+        if len(files) < 2 or not _numbered([rel.rsplit("/", 1)[-1] for rel in files]):
+            continue
+        if not all(len(set(s)) == len(s) and s == sets[0] for s in sets):
+            continue
+        if all(t[2] is not None for t in sets[0]):  # the very same processes, dumped again
+            ok = n > 0
+        else:  # a node's dump holds several processes; one process per file (pods) repeats pids across containers
+            ok = gpus_per_node is not None and 0 < n <= gpus_per_node < n * len(files) and len(sets[0]) >= 2
+        if ok:
             order.update({rel: i for i, rel in enumerate(sorted(files, key=natural))})
     if not order:
         return

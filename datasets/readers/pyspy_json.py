@@ -134,6 +134,7 @@ def _processes(data: Any, source_file: str, status: str, error: str | None) -> l
     if not isinstance(data, list):
         return [failed_dump(source_file, FORMAT, "expected a JSON list of threads")]
     by_pid: dict[Any, list[ThreadDump]] = {}
+    instance: dict[Any, int] = {}
     try:
         for t in data:
             if not isinstance(t, dict):
@@ -150,6 +151,9 @@ def _processes(data: Any, source_file: str, status: str, error: str | None) -> l
                 if key is not None and not any(k[0].__class__ is str and k[0].startswith("0x") for k in key):
                     _INTERN.put(key, frames)  # native addresses are normalized frame by frame, never interned
             tid = t.get("os_thread_id") or t.get("thread_id")
+            pthread = t.get("thread_id")
+            if t.get("thread_name") == "MainThread" and pthread.__class__ is int and 1 << 32 < pthread < 1 << 64:
+                instance[t.get("pid")] = pthread  # its pthread_t: an address, one per process (ASLR)
             by_pid.setdefault(t.get("pid"), []).append(
                 ThreadDump(
                     frames,
@@ -172,6 +176,8 @@ def _processes(data: Any, source_file: str, status: str, error: str | None) -> l
             error,
             FORMAT,
             source_file,
+            None,
+            instance.get(pid),
         )
         for pid, threads in by_pid.items()
     ]

@@ -540,3 +540,33 @@ def test_file_times_on_another_clock_than_the_logs_prove_nothing(tmp_path):
     logs_end = calendar.timegm((2026, 12, 2, 7, 46, 42, 0, 0, 0))  # an hour before the last line it holds
     v = diagnose(load_inputs(_k8s_checkpoint(tmp_path, capture, logs_end), gpus_per_node=2))
     assert "after the last snapshot" not in v.explain(), v.explain()
+
+
+def test_py_spy_native_frames_do_not_hide_the_ranks_waiting_in_ddp_backward():
+    """``py-spy dump --native`` of each host's 4 workers in one file per host: the 7 waiting ranks sit in
+    ``pthread_cond_wait`` under ``c10d::Reducer::finalize_backward`` under Python's ``backward``. Read as native
+    leaves, every rank looked busy in its own code ("compute in 0x? (libc.so.6)") and the hang was `healthy`."""
+    v = diagnose(load_inputs(OUTSIDE / "native-per-host-files"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (3,) and v.culprit_nodes == ("hgx-h100-112",), v.explain()
+    assert v.suspect_nodes == ("hgx-h100-112",)
+
+
+def test_numbered_capture_folders_under_pod_folders_are_rounds_not_machines():
+    """Kubeflow pods ``<pod>/py-spy-1/stack-<pid>.txt`` and ``py-spy-2/``, pids repeating across pods (their
+    own pid namespaces): the round folders were taken for two machines holding 12 ranks, and the hang was
+    inconclusive with rank 0 on "py-spy-1" named. The healthy run laid out the same names nobody."""
+    v = diagnose(load_inputs(OUTSIDE / "k8s-pod-round-folders"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (4,) and v.culprit_nodes == ("mixtral-pt-worker-1",)
+    assert v.n_snapshots == 2 and v.suspect_nodes == ("mixtral-pt-worker-1",), v.explain()
+    healthy = diagnose(load_inputs(OUTSIDE / "k8s-pod-round-folders-healthy"))
+    assert healthy.verdict.value == "healthy" and not healthy.suspect_nodes, healthy.explain()
+    assert healthy.n_snapshots == 2 and healthy.world_size == 6
+
+
+def test_json_round_files_of_one_host_are_the_same_processes_without_gpus_per_node():
+    """``<host>/pyspy-all-0.json`` and ``-1.json`` (``py-spy dump --json`` of a host's 4 workers, twice): without
+    ``--gpus-per-node`` the two files were read as two pods' 8 ranks, naming ranks 10-11. py-spy JSON's main
+    thread ids (pthread addresses, one per process) show they are the same processes."""
+    v = diagnose(load_inputs(OUTSIDE / "json-host-round-files"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (5,) and v.culprit_nodes == ("dgx-b200-0519",), v.explain()
+    assert v.n_snapshots == 2 and v.world_size == 8
