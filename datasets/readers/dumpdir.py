@@ -23,6 +23,7 @@ processes claiming one rank are resolved (host + local rank) or refused with one
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,9 @@ _COMMON_SUFFIXES = frozenset((".txt", ".json"))  # stack dumps: go straight to t
 _TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
 _EXPOSITION_SUFFIXES = (".prom", ".metrics", ".openmetrics")  # Prometheus text exposition by name
 _NOT_EVIDENCE = frozenset((".csv", ".parquet", ".pq", ".gz", ".tgz", ".zip", ".png", ".jpg", ".svg", ".html", ".md"))
+_WANDB = re.compile(r"(?:^|/)wandb/(?:(?:offline-)?run-[^/]*/|latest-run/|debug[^/]*\.log$)")
+"""A Weights & Biases run folder (``wandb/run-<date>_<time>-<id>/files/output.log``, ``wandb/debug.log``): copies
+of one process's console and W&B's own metadata, with no rank or machine of their own."""
 _JSON_WHOLE_LIMIT = 8 << 20  # a JSON object whose kind the head does not tell is decoded up to this size
 
 
@@ -284,6 +288,9 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
     """Put one file in its bucket (reading stack dumps on the way)."""
     fname = rel.rsplit("/", 1)[-1]
     if fname == MANIFEST or fname in rf.AUX:
+        return
+    if "wandb/" in rel and _WANDB.search(rel):
+        sc.skipped.append(f"{rel} (a Weights & Biases run file: a copy of one process's console or W&B metadata)")
         return
     hm = rf.HOOK_FILE.match(fname) if fname.startswith("pid") else None
     if hm is not None and not manifests.rows(rel):

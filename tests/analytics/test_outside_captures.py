@@ -570,3 +570,14 @@ def test_json_round_files_of_one_host_are_the_same_processes_without_gpus_per_no
     v = diagnose(load_inputs(OUTSIDE / "json-host-round-files"))
     assert v.verdict.value == "hang" and v.culprit_ranks == (5,) and v.culprit_nodes == ("dgx-b200-0519",), v.explain()
     assert v.n_snapshots == 2 and v.world_size == 8
+
+
+def test_a_weights_and_biases_run_folder_beside_the_evidence_is_skipped():
+    """Flight Recorder JSON dumps, a ``kubectl logs --prefix`` console and a ``wandb/`` run folder whose
+    ``files/output.log`` copies rank 0's console without a prefix: the ``files`` folder was taken for a machine,
+    which shifted the host-ordered ranks (world 8, rank 3 "on llama-ft-master-0")."""
+    inputs = load_inputs(OUTSIDE / "fr-json-beside-wandb")
+    v = diagnose(inputs)
+    assert v.world_size == 6 and not v.suspect_nodes, v.explain()
+    assert "look at rank(s) 3 (llama-ft-worker-0)" in v.explain()
+    assert any("Weights & Biases" in n and "output.log" in n for n in inputs.notes)
