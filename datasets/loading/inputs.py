@@ -48,7 +48,7 @@ def _from_dir(
     from rankscope.datasets.loading.sources import read_sources
 
     dd: DumpDir = scan_dump_dir(root, gpus_per_node=gpus_per_node, follow_symlinks=follow_symlinks)
-    g = gpus_per_node or 8
+    g = gpus_per_node or dd.host_width or 8
     src = read_sources(
         dd, gpus_per_node=gpus_per_node, node_label=config.node_label or None, metric_format=config.metric_format
     )

@@ -42,6 +42,7 @@ from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, ThreadDump, from_dump
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import failed_dump
+from rankscope.datasets.readers.consolestacks import console_found
 from rankscope.datasets.readers.dumpscan import finish, listed
 from rankscope.datasets.readers.faulthandler import looks_like_traceback, parse_traceback_text
 from rankscope.datasets.readers.forked import map_batches, worker_count
@@ -101,6 +102,7 @@ class DumpDir:
     expected_ranks: dict[int, str] = field(default_factory=dict)  # rank -> the source that says it exists
     named_nodes: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank -> (node, provenance)
     attempt_files: tuple[str, ...] = ()  # every file under an attempt_<k>/ folder, evidence or not (restarts)
+    host_width: int | None = None  # trainers per machine and snapshot, where the stack files show one count
 
 
 def read_stack_file(
@@ -260,6 +262,7 @@ def _encode_part(res: tuple[_Scan, _Hooked]) -> tuple[Any, ...]:
             tuple(map(tuple, d.threads)),
             (d.pid, d.cmdline, d.status, d.error, d.source_format, d.source_file, d.failure_kind, d.instance),
             f.index,
+            f.hint,
         )
         for f in sc.found
         for d in (f.dump,)
@@ -271,9 +274,9 @@ def _decode_part(data: tuple[Any, ...]) -> tuple[_Scan, _Hooked]:
     found, buckets, hooked = data
     sc = _Scan(Path("."))
     new_thread = tuple.__new__
-    for rel, threads, fields, index in found:
+    for rel, threads, fields, index, hint in found:
         dump = ProcessDump(tuple([new_thread(ThreadDump, t) for t in threads]), *fields)
-        sc.found.append(Found(rel, dump, None, index))
+        sc.found.append(Found(rel, dump, None, index, hint=hint))
     for name, items in zip(_BUCKETS[1:], buckets):
         setattr(sc, name, items)
     return sc, hooked
@@ -361,6 +364,7 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
             sc.skipped.append(f"{rel} (a pickle that is not a Flight Recorder dump: not unpickled)")
     elif kind == "log":
         sc.logs.append((abs_path, rel))
+        sc.found += console_found(abs_path, rel, head)
     elif kind == "empty":
         if suffix in (".txt", ".json"):  # a stack file the capture left empty
             sc.found.append(

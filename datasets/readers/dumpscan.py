@@ -120,7 +120,19 @@ def finish(
         expected,
         named,
         sc.attempt_files,
+        _host_width(kept),
     )
+
+
+def _host_width(kept: list[Found]) -> int | None:
+    """How many trainers each machine (named or not: a host's file, a console's stream) holds per snapshot,
+    when the stack files show one count for all: how many ranks a machine no source names holds."""
+    width: Counter[tuple[int, str]] = Counter()
+    for f in kept:
+        if f.role is None and f.host is not None:
+            width[(f.ident.snapshot, f.host)] += 1
+    counts = set(width.values())
+    return counts.pop() if len(counts) == 1 else None
 
 
 def _one_per_process(files: list[DumpFile], notes: list[str]) -> list[DumpFile]:

@@ -60,6 +60,9 @@ class Found:
     role: str | None = None  # dataloader / checkpoint / other; None: a trainer
     host: str | None = None  # the machine (its name, or "file:<rel>" for a per-host file without one)
     siblings: int = 1  # trainer processes in its file
+    hint: tuple[str | None, int | None, str] | None = None
+    """What the file's content says of its stream (a console interleaving machines, see :mod:`.consolestacks`):
+    (its machine or None, its capture round or None, the stream's key: one machine)."""
 
 
 _ROLE_MEMO: dict[tuple[int, bool], tuple[object, str | None]] = {}  # frames tuples are interned by the readers
@@ -152,6 +155,9 @@ def _base(f: Found, n_in_file: int, n_trainers: int, hook_ids: Mapping[int, Mapp
             v[name], src[name] = value, how
 
     put("snapshot", facts.snapshot, "path")
+    if f.hint is not None:  # a stream of a console: its machine and round, as the console tells them
+        put("node", f.hint[0], "log")
+        put("snapshot", f.hint[1], "log", override=True)
     rows = f.rows or ()
     if rows:
         by_pid = [r for r in rows if r.pid is not None and r.pid == f.dump.pid]
@@ -185,8 +191,8 @@ def _base(f: Found, n_in_file: int, n_trainers: int, hook_ids: Mapping[int, Mapp
     f.ident = Identity(sources=src, **v)
     if f.ident.node is not None:
         f.host = f.ident.node
-    elif n_trainers > 1:
-        f.host = f"file:{f.rel}"  # an unnamed host: the file holds one host's trainers
+    elif n_trainers > 1:  # an unnamed host: the file (a console's stream, whatever its round) holds one host's
+        f.host = f"file:{f.rel}" if f.hint is None else f"stream:{f.hint[2]}"
 
 
 def identify(

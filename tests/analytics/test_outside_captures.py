@@ -581,3 +581,32 @@ def test_a_weights_and_biases_run_folder_beside_the_evidence_is_skipped():
     assert v.world_size == 6 and not v.suspect_nodes, v.explain()
     assert "look at rank(s) 3 (llama-ft-worker-0)" in v.explain()
     assert any("Weights & Biases" in n and "output.log" in n for n in inputs.notes)
+
+
+def test_py_spy_dumps_inside_an_srun_label_console_are_read_per_task():
+    """``srun --label`` ran torchrun on 2 nodes and then py-spy on each; every line of ``slurm-<jobid>.out`` is
+    behind its task's ``N: `` label, the two nodes' dumps interleaved with the job's output. The stacks were
+    dropped without a word (a log only: inconclusive). Each task's stream is its machine (``srun --label
+    hostname`` printed it)."""
+    inputs = load_inputs(OUTSIDE / "slurm-label-console-hang")
+    v = diagnose(inputs)
+    assert v.verdict.value == "hang" and v.culprit_ranks == (6,) and v.culprit_nodes == ("cn0418",), v.explain()
+    assert v.suspect_nodes == ("cn0418",) and not inputs.inferred_nodes
+
+
+def test_an_unnamed_task_is_one_machine_of_its_own_stream_size(tmp_path):
+    """Without the ``hostname`` lines no source names the tasks' machines: each task's stream is still one
+    machine of 4 ranks (``node-1`` for ranks 4-7, said to be inferred), never one ``node-0`` of 8."""
+    text = (OUTSIDE / "slurm-label-console-hang" / "slurm-4412871.out").read_text()
+    kept = [ln for ln in text.splitlines() if ln not in ("0: cn0417", "1: cn0418")]
+    (tmp_path / "slurm-4412871.out").write_text("\n".join(kept) + "\n")
+    inputs = load_inputs(tmp_path)
+    v = diagnose(inputs)
+    assert v.verdict.value == "hang" and v.culprit_ranks == (6,) and v.culprit_nodes == ("node-1",), v.explain()
+    assert inputs.inferred_nodes == ("node-0", "node-1")
+
+
+def test_a_healthy_job_sampled_three_times_through_srun_label_names_nobody():
+    inputs = load_inputs(OUTSIDE / "slurm-label-console-healthy-rounds")
+    v = diagnose(inputs)
+    assert v.verdict.value == "healthy" and not v.suspect_nodes and v.n_snapshots == 3, v.explain()

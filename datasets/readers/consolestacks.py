@@ -1,0 +1,101 @@
+"""``py-spy dump`` output inside a console that interleaves several machines' lines.
+
+An operator on Slurm runs ``srun --label py-spy dump --pid ...`` (or ``pdsh``, or reads ``kubectl logs
+--prefix``) and the dumps of every node land in one batch log, each line behind its stream's prefix
+(``1: Process 15684: python train.py``), interleaved with the other nodes' lines and the job's own output.
+Read as one file, the prefixes hide every ``Process`` header. This module splits such a console into its
+streams (:mod:`.logprefix`: a Slurm task, a pod, a pdsh host) and reads the py-spy sections of each. A
+stream's machine is what the console says of it (the pod, the pdsh host, or the host name a task printed or
+srun named); a stream that names none stays unnamed (one machine per stream, numbered later with a note).
+A process seen again in its stream (the same pid) starts the next capture round. The console is also read
+as a log, as before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import NamedTuple
+
+from rankscope.datasets.domain.bounds import read_bounded
+from rankscope.datasets.domain.stacks import ProcessDump
+from rankscope.datasets.readers.logprefix import TaskHosts, demux, prefix_kind
+from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
+from rankscope.datasets.readers.stackid import Found
+
+_HEADER = re.compile(rb"(?m)^ {0,6}\S{1,260}?[:\]] ?Process \d+: ")
+"""A py-spy process header behind a console prefix (``1: Process``, ``[pod/p/c] Process``, ``host: Process``)."""
+_MAX_LINE = 4096
+
+
+class StreamDump(NamedTuple):
+    """The py-spy processes of one stream and capture round of a console."""
+
+    label: str  # "slurm-123.out [task 1]", "... [task 1, round 2]": where they were found, for people
+    stream: str  # the stream's key ("task 1", the pod): one machine
+    node: str | None  # its machine, when the console names it
+    snapshot: int | None  # the capture round within the stream (None: one round)
+    processes: tuple[ProcessDump, ...]
+
+
+def console_found(abs_path: str, rel: str, head: bytes) -> list[Found]:
+    """The processes of the py-spy dumps inside the console at ``abs_path`` (``head``: its first bytes), each
+    stream and round found as a file of its own (:attr:`.stackid.Found.hint`); [] for any other log."""
+    kind = prefix_kind(head)
+    if kind is None:
+        return []
+    data = read_bounded(abs_path)
+    if b"Process " not in data or _HEADER.search(data) is None:
+        return []
+    return [
+        Found(s.label, proc, None, i, hint=(s.node, s.snapshot, s.stream))
+        for s in console_dumps(data.decode("utf-8", errors="replace"), rel, kind)
+        for i, proc in enumerate(s.processes)
+    ]
+
+
+def console_dumps(text: str, rel: str, kind: str) -> list[StreamDump]:
+    """The py-spy dumps in a ``kind`` console (``srun``, ``kubectl`` or ``pdsh``: see :func:`.logprefix.prefix_kind`),
+    per stream and capture round, in stream order; [] when no stream holds one."""
+    lines: defaultdict[str, list[str]] = defaultdict(list)
+    hosts: dict[str, str | None] = {}
+    tasks = TaskHosts()
+    for _lineno, key, host, line in demux(text.splitlines(), kind, tasks, _MAX_LINE):
+        if key is not None:
+            lines[key].append(line)
+            hosts.setdefault(key, host)
+    named = {t: h for t, (h, _how) in tasks.resolved(list(lines)).items()}
+    out: list[StreamDump] = []
+    for key, stream in lines.items():
+        body = "\n".join(stream) + "\n"
+        if "Process " not in body:
+            continue
+        procs = [p for p in parse_pyspy_text(body, rel) if p.threads or p.pid is not None]
+        if not procs:
+            continue
+        rounds: list[list[ProcessDump]] = []
+        seen: defaultdict[int | None, int] = defaultdict(int)
+        for p in procs:  # a pid seen again in its stream: the next capture round
+            k = seen[p.pid] if p.pid is not None else max(len(rounds) - 1, 0)
+            if p.pid is not None:
+                seen[p.pid] += 1
+            while len(rounds) <= k:
+                rounds.append([])
+            rounds[k].append(p)
+        node = hosts.get(key) or named.get(key)
+        for k, group in enumerate(rounds):
+            where = f"{key}, round {k}" if len(rounds) > 1 else key
+            label = f"{rel} [{where}]"
+            out.append(
+                StreamDump(
+                    label,
+                    key,
+                    node,
+                    k if len(rounds) > 1 else None,
+                    tuple(group),
+                )
+            )
+    return out
+
+
+__all__ = ["StreamDump", "console_dumps", "console_found"]
