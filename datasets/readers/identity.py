@@ -43,14 +43,15 @@ _RANK = re.compile(r"(?<![A-Za-z])(?<!local_)(?<!local-)(?<!local )(?<!local)ran
 _LOCAL = re.compile(r"(?<![A-Za-z])local[-_ ]?(?:rank[-_ ]?)?(\d{1,5})(?!\d)", re.I)  # local_rank3, local3
 _ATTEMPT = re.compile(r"^attempt[-_]?\d+$", re.I)
 _CONTAINER = re.compile(
-    r"^(?:snap(?:shot)?[-_ ]?\d+|round[-_ ]?\d+|attempt[-_]?\d+|(?:local[-_ ]?)?rank[-_ ]?\d+|\d+|(?:stacks?|dumps?"
-    r"|py-?spy(?:[-_]?(?:dumps?|text|json))?|traces?|text|txt|json|logs?|log[-_]?dir|outputs?|fr|flight[-_]?recorder"
-    r"|faulthandler(?:[-_]rounds?)?|torchelastic|errors?|runs?|data|captures?|incidents?|results?|artifacts?"
+    r"^(?:snap(?:shot)?[-_ ]?\d+|round[-_ ]?\d+|attempt[-_]?\d+|(?:local[-_ ]?)?rank[-_ ]?\d+|\d+|text|txt|json|data"
+    r"|(?:stacks?|dumps?|py-?spy(?:[-_]?(?:dumps?|text|json))?|traces?|logs?|log[-_]?dir|outputs?|fr|flight[-_]?recorder"
+    r"|faulthandler(?:[-_]rounds?)?|torchelastic|errors?|runs?|captures?|incidents?|results?|artifacts?"
     r"|collect(?:ed|ion)?|evidence|tmp|temp)(?:[-_ ]?\d+)?)$",
     re.I,
 )
 """Folder names that hold evidence rather than name a machine: what the capture calls its folders (``stacks/``,
-``py-spy/``), numbered or not (``py-spy-1/``, ``dumps_2/``: a capture round under a pod or host folder)."""
+``py-spy/``), numbered or not (``py-spy-1/``, ``dumps_2/``: a capture round under a pod or host folder; not
+``data01``, which may be a machine)."""
 _CMD_LOCAL = re.compile(r"(?:--local[-_]rank[= ]|\bLOCAL_RANK=)(\d+)")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _SLURM_TASK = re.compile(r"[-_.](\d{3,})[-_.](\d{1,6})(?:\.[A-Za-z]+)?$")

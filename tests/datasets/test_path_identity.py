@@ -45,3 +45,8 @@ def test_py_spy_json_tells_the_process_instance_from_its_main_thread() -> None:
     assert a.pid == b.pid == 9 and a.instance == 140460357215936 and b.instance == 139871232112320
     (c,) = parse_pyspy_json(json.dumps(dump(9, 7)).encode(), "c.json")  # not an address: no instance
     assert c.instance is None
+
+
+def test_a_machine_named_like_a_word_with_digits_stays_a_machine() -> None:
+    assert path_facts("data01/rank3.txt").host == "data01"
+    assert path_facts("h1/data/rank3.txt").host == "h1"
