@@ -128,8 +128,9 @@ def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_nod
     node's processes run again into ``<host>/pyspy-all-<k>.txt``) are capture rounds, in the natural order of
     their names, where nothing else numbers them. Pods in their own pid namespaces repeat pids too, so the
     same pids alone are not enough: the same process instances (py-spy JSON's pthread addresses, see
-    ``ProcessDump.instance``) are, else ``--gpus-per-node`` tells rounds from pods (one file's trainers fit the
-    machine, all of them together do not)."""
+    ``ProcessDump.instance``) are, and so are file names stamped with their capture times
+    (``<host>/pyspy-20261202-145141.txt``: pods are not named by the second); else ``--gpus-per-node`` tells
+    rounds from pods (one file's trainers fit the machine, all of them together do not)."""
     pids: defaultdict[str, defaultdict[str, list[tuple[int, int | None, int | None]]]] = defaultdict(
         lambda: defaultdict(list)
     )
@@ -148,8 +149,9 @@ def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_nod
             continue
         if not all(len(set(s)) == len(s) and s == sets[0] for s in sets):
             continue
-        if all(t[2] is not None for t in sets[0]):  # the very same processes, dumped again
-            ok = n > 0
+        stamps = {m.group(0) for rel in files if (m := _STAMP.search(rel.rsplit("/", 1)[-1]))}
+        if all(t[2] is not None for t in sets[0]) or len(stamps) == len(files):
+            ok = n > 0  # the very same processes dumped again, or the same pids at the times the names give
         else:  # a node's dump holds several processes; one process per file (pods) repeats pids across containers
             ok = gpus_per_node is not None and 0 < n <= gpus_per_node < n * len(files) and len(sets[0]) >= 2
         if ok:

@@ -65,7 +65,9 @@ class _Ranks:
             host = self.host_of(f)
             if host is None:
                 continue
-            if f.workers or f.summary or f.path_local is not None or f.host:  # a batch log holds no worker's slot
+            # a machine's slot in the host order: a file that shows its workers, its launcher's summary or its
+            # --log-dir tree; a batch log, or a text file a log word sent here (README.txt), holds none
+            if f.workers or f.summary or f.path_local is not None:
                 self.hosts.add(host)
             for local, rank in f.pairs.items():
                 self.map.setdefault((host, local), rank)

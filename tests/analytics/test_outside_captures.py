@@ -610,3 +610,21 @@ def test_a_healthy_job_sampled_three_times_through_srun_label_names_nobody():
     inputs = load_inputs(OUTSIDE / "slurm-label-console-healthy-rounds")
     v = diagnose(inputs)
     assert v.verdict.value == "healthy" and not v.suspect_nodes and v.n_snapshots == 3, v.explain()
+
+
+def test_stamped_files_of_one_host_holding_the_same_pids_are_rounds():
+    """``<host>/pyspy-20261202-145141.txt`` and two more 5 s apart, each the py-spy text of the host's 2
+    trainers: without ``--gpus-per-node`` the three files were read as 6 trainers of one snapshot (12 ranks)
+    and the hang as `healthy`. Names stamped to the second are capture times: the same pids, three rounds."""
+    v = diagnose(load_inputs(OUTSIDE / "host-stamped-round-files"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (3,), v.explain()
+    assert v.culprit_nodes == ("gpu-st-p4d-24xlarge-18",) and v.world_size == 4 and v.n_snapshots == 3
+
+
+def test_a_readme_with_log_words_beside_log_dir_trees_holds_no_machine_slot():
+    """``--log-dir`` trees of a segfault (rank 3, local 1, on -18) beside a ``README.txt`` that quotes
+    "Connection closed by peer": read as a log of a machine "README" sorting first, it shifted the host-ordered
+    ranks (rank 5 in a 4-rank job). A file showing no worker, launcher summary or --log-dir tree holds no slot."""
+    v = diagnose(load_inputs(OUTSIDE / "logdir-trees-beside-readme"))
+    assert v.verdict.value == "crash" and v.culprit_ranks == (3,), v.explain()
+    assert v.culprit_nodes == ("gpu-st-p4d-24xlarge-18",) and v.world_size == 4
