@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from rankscope.datasets.readers.identity import _dir_facts, natural
+from rankscope.datasets.readers.identity import _dir_facts, is_capture_folder, natural
 
 if TYPE_CHECKING:
     from rankscope.datasets.domain.stacks import ProcStacks
@@ -92,6 +92,10 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         sets = list(kids.values())
         if any(isinstance(w, tuple) for s in sets for w, _ in s) and not (parent and _dir_facts(parent)[3]):
             continue  # local ranks (and containers' pids) repeat on every machine: rounds only inside one's folder
+        if any(w[0] == "pid" for s in sets for w, _ in s if isinstance(w, tuple)) and not all(
+            is_capture_folder(k) or _STAMP.search(k) for k in kids
+        ):
+            continue  # pods of one job (``<job>/<job>-worker-0/``) repeat pids too: pids alone need capture names
         if all(s == sets[0] for s in sets[1:]) and _numbered(list(kids)):  # the same ranks: rounds of a capture
             names |= set(kids)
     if not names:
@@ -128,7 +132,7 @@ def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_nod
     node's processes run again into ``<host>/pyspy-all-<k>.txt``) are capture rounds, in the natural order of
     their names, where nothing else numbers them. Pods in their own pid namespaces repeat pids too, so the
     same pids alone are not enough: the same process instances (py-spy JSON's pthread addresses, see
-    ``ProcessDump.instance``) are, and so are file names stamped with their capture times
+    ``ProcessDump.instance``) are, and so are file names stamped with their capture times, as many on every host
     (``<host>/pyspy-20261202-145141.txt``: pods are not named by the second); else ``--gpus-per-node`` tells
     rounds from pods (one file's trainers fit the machine, all of them together do not)."""
     pids: defaultdict[str, defaultdict[str, list[tuple[int, int | None, int | None]]]] = defaultdict(
@@ -142,6 +146,9 @@ def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_nod
     for f in found:
         trainers[f.rel] += f.role is None
     order: dict[str, int] = {}
+    stamped_counts = {
+        len(files) for files in pids.values() if all(_STAMP.search(rel.rsplit("/", 1)[-1]) for rel in files)
+    }
     for files in pids.values():
         sets = [sorted(p, key=lambda t: (t[0], -1 if t[1] is None else t[1], t[2] or 0)) for p in files.values()]
         n = trainers[next(iter(files))]
@@ -150,8 +157,10 @@ def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_nod
         if not all(len(set(s)) == len(s) and s == sets[0] for s in sets):
             continue
         stamps = {m.group(0) for rel in files if (m := _STAMP.search(rel.rsplit("/", 1)[-1]))}
-        if all(t[2] is not None for t in sets[0]) or len(stamps) == len(files):
-            ok = n > 0  # the very same processes dumped again, or the same pids at the times the names give
+        # the very same processes dumped again, or the same pids at the times the names give, as many times on
+        # every host (a capture round covers every machine; a sidecar dumping each pod at its own second does not)
+        if all(t[2] is not None for t in sets[0]) or (len(stamps) == len(files) and len(stamped_counts) == 1):
+            ok = n > 0
         else:  # a node's dump holds several processes; one process per file (pods) repeats pids across containers
             ok = gpus_per_node is not None and 0 < n <= gpus_per_node < n * len(files) and len(sets[0]) >= 2
         if ok:

@@ -70,7 +70,8 @@ def console_dumps(text: str, rel: str, kind: str) -> list[StreamDump]:
         body = "\n".join(stream) + "\n"
         if "Process " not in body:
             continue
-        procs = [p for p in parse_pyspy_text(body, rel) if p.threads or p.pid is not None]
+        # a process caught exiting (a header, threads with no frame) or a failed attach says nothing here
+        procs = [p for p in parse_pyspy_text(body, rel) if any(t.frames for t in p.threads)]
         if not procs:
             continue
         rounds: list[list[ProcessDump]] = []

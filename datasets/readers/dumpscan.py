@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rankscope.datasets.domain.bounds import load_json_file, open_regular, to_float
 from rankscope.datasets.domain.identity import Identity
@@ -57,7 +57,7 @@ def finish(
     from rankscope.datasets.readers.dumpdir import DumpDir, DumpFile
 
     notes = list(sc.notes)
-    kept = identify(sc.found, gpus_per_node=gpus_per_node, notes=notes, hook_ids=_hook_identities(hooked))
+    kept = _identify(sc, notes, gpus_per_node, _hook_identities(hooked))
     _file_name_hosts(kept, sc.logs, gpus_per_node, notes)
     files: list[DumpFile] = [
         DumpFile(
@@ -122,6 +122,21 @@ def finish(
         sc.attempt_files,
         _host_width(kept),
     )
+
+
+def _identify(sc: _Scan, notes: list[str], gpus_per_node: int | None, hook_ids: Mapping[int, Any]) -> list[Found]:
+    """:func:`.stackid.identify`; when the processes of py-spy dumps found inside consoles cannot be numbered
+    (a stray process in a stream), they are left out with a note rather than refusing the whole input."""
+    before = list(notes)
+    try:
+        return identify(sc.found, gpus_per_node=gpus_per_node, notes=notes, hook_ids=hook_ids)
+    except InputError as exc:
+        if not any(f.hint is not None for f in sc.found):
+            raise
+        notes[:] = before
+        notes.append(f"py-spy dumps inside consoles left out: {exc}")
+        sc.found = [f for f in sc.found if f.hint is None]
+        return identify(sc.found, gpus_per_node=gpus_per_node, notes=notes, hook_ids=hook_ids)
 
 
 def _host_width(kept: list[Found]) -> int | None:

@@ -52,6 +52,13 @@ _CONTAINER = re.compile(
 """Folder names that hold evidence rather than name a machine: what the capture calls its folders (``stacks/``,
 ``py-spy/``), numbered or not (``py-spy-1/``, ``dumps_2/``: a capture round under a pod or host folder; not
 ``data01``, which may be a machine)."""
+
+
+def is_capture_folder(name: str) -> bool:
+    """Whether a folder's name is a capture's (``stacks``, ``py-spy-1``, ``round-2``, digits), not a machine's."""
+    return _CONTAINER.match(name) is not None
+
+
 _CMD_LOCAL = re.compile(r"(?:--local[-_]rank[= ]|\bLOCAL_RANK=)(\d+)")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _SLURM_TASK = re.compile(r"[-_.](\d{3,})[-_.](\d{1,6})(?:\.[A-Za-z]+)?$")

@@ -253,3 +253,25 @@ def test_host_names_tasks_printed_count_only_as_one_consistent_map(case):
     appended, ``uname -r`` first): no map; the launcher's summary names the crash's machine."""
     v = diagnose(load_inputs(REVIEW / case, gpus_per_node=2))
     assert v.verdict.value == "crash" and v.culprit_nodes == ("cn0102",) and v.culprit_ranks == (2,), v.explain()
+
+
+def test_worker_pods_repeating_pids_under_a_job_folder_are_no_rounds():
+    v = diagnose(load_inputs(REVIEW / "s36"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (4,) and v.culprit_nodes == ("mixtral-pt-worker-2",)
+    assert v.n_snapshots == 1, v.explain()
+
+
+def test_stamped_files_are_rounds_only_when_every_host_holds_as_many():
+    with pytest.raises(InputError, match="other hosts hold a different number"):
+        load_inputs(REVIEW / "s37")
+
+
+def test_a_process_caught_exiting_in_a_console_stream_is_no_trainer(tmp_path):
+    v = diagnose(load_inputs(REVIEW / "s38"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (6,) and v.culprit_nodes == ("cn0418",), v.explain()
+    text = (REVIEW / "s38" / "slurm-4412871.out").read_text()
+    odd = text.replace("0: Thread 15902 (active+gil)", "0: Thread 15902 (active+gil)\n0:     f (x.py:1)", 1)
+    assert odd != text
+    (tmp_path / "slurm-4412871.out").write_text(odd)  # a fifth numbered process in task 0: left out, never a refusal
+    inputs = load_inputs(tmp_path)
+    assert any("py-spy dumps inside consoles left out" in n for n in inputs.notes)
