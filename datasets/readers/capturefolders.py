@@ -74,9 +74,7 @@ def machines_above_recurring(found: list[Found], notes: list[str]) -> None:
 def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
     """Sibling folders holding dumps of the same ranks become snapshots, in the natural order of their names
     (only where no ``snapshot-N`` folder or manifest column numbers them)."""
-    trainers = [
-        f for f in found if f.role is None and _who(f, pid=True) is not None and "snapshot" not in f.ident.sources
-    ]
+    trainers = [f for f in found if f.role is None and _who(f) is not None and "snapshot" not in f.ident.sources]
     by_parent: defaultdict[str, defaultdict[str, set[tuple[object, int | None]]]] = defaultdict(
         lambda: defaultdict(set)
     )
@@ -84,7 +82,7 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         folder = f.rel.rpartition("/")[0]
         parent, _, name = folder.rpartition("/")
         if name:  # rounds of one capture are the same processes: same ranks (or local ranks), same pids
-            by_parent[parent][name].add((_who(f, pid=True), f.ident.pid))
+            by_parent[parent][name].add((_who(f), f.ident.pid))
     names: set[str] = set()
     for parent, kids in by_parent.items():
         if len(kids) < 2:
@@ -116,15 +114,15 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
     )
 
 
-def _who(f: Found, *, pid: bool = False) -> object:
-    """A process's rank, else its local rank (``<host>/py-spy-1/local0.txt``), else (with ``pid``) its pid
+def _who(f: Found) -> object:
+    """A process's rank, else its local rank (``<host>/py-spy-1/local0.txt``), else its pid
     (``<pod>/py-spy-1/stack-<pid>.txt``), else None. A local rank or a pid only tells a process apart within
     one machine (containers repeat pids)."""
     if f.ident.rank is not None:
         return f.ident.rank
     if f.ident.local_rank is not None:
         return ("local", f.ident.local_rank)
-    return ("pid", f.ident.pid) if pid and f.ident.pid is not None else None
+    return ("pid", f.ident.pid) if f.ident.pid is not None else None
 
 
 def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_node: int | None) -> None:

@@ -17,15 +17,15 @@ import re
 from collections import defaultdict
 from typing import NamedTuple
 
-from rankscope.datasets.domain.bounds import read_bounded
+from rankscope.datasets.domain.bounds import MAX_LINE_CHARS, read_bounded
 from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.logprefix import TaskHosts, demux, prefix_kind
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 from rankscope.datasets.readers.stackid import Found
+from rankscope.spine import InputError
 
 _HEADER = re.compile(rb"(?m)^ {0,6}\S{1,260}?[:\]] ?Process \d+: ")
 """A py-spy process header behind a console prefix (``1: Process``, ``[pod/p/c] Process``, ``host: Process``)."""
-_MAX_LINE = 4096
 
 
 class StreamDump(NamedTuple):
@@ -44,7 +44,10 @@ def console_found(abs_path: str, rel: str, head: bytes) -> list[Found]:
     kind = prefix_kind(head)
     if kind is None:
         return []
-    data = read_bounded(abs_path)
+    try:
+        data = read_bounded(abs_path)
+    except InputError:  # over the size limit, gone: the console is still read as a log, its stacks are not
+        return []
     if b"Process " not in data or _HEADER.search(data) is None:
         return []
     return [
@@ -60,7 +63,7 @@ def console_dumps(text: str, rel: str, kind: str) -> list[StreamDump]:
     lines: defaultdict[str, list[str]] = defaultdict(list)
     hosts: dict[str, str | None] = {}
     tasks = TaskHosts()
-    for _lineno, key, host, line in demux(text.splitlines(), kind, tasks, _MAX_LINE):
+    for _lineno, key, host, line in demux(text.splitlines(), kind, tasks, MAX_LINE_CHARS):
         if key is not None:
             lines[key].append(line)
             hosts.setdefault(key, host)
@@ -87,15 +90,7 @@ def console_dumps(text: str, rel: str, kind: str) -> list[StreamDump]:
         for k, group in enumerate(rounds):
             where = f"{key}, round {k}" if len(rounds) > 1 else key
             label = f"{rel} [{where}]"
-            out.append(
-                StreamDump(
-                    label,
-                    key,
-                    node,
-                    k if len(rounds) > 1 else None,
-                    tuple(group),
-                )
-            )
+            out.append(StreamDump(label, key, node, k if len(rounds) > 1 else None, tuple(group)))
     return out
 
 

@@ -50,3 +50,11 @@ def test_py_spy_json_tells_the_process_instance_from_its_main_thread() -> None:
 def test_a_machine_named_like_a_word_with_digits_stays_a_machine() -> None:
     assert path_facts("data01/rank3.txt").host == "data01"
     assert path_facts("h1/data/rank3.txt").host == "h1"
+
+
+def test_a_console_gone_before_its_stacks_are_read_gives_no_stacks(tmp_path) -> None:
+    """The console is read as a log either way; its stacks are an extra read that may fail on its own."""
+    from rankscope.datasets.readers.consolestacks import console_found
+
+    head = b"".join(f"{k % 2}: line {k}\n".encode() for k in range(8))
+    assert console_found(str(tmp_path / "gone.out"), "gone.out", head) == []
