@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -201,16 +200,19 @@ def _read_part(paths: Sequence[str], skip_non_fr: bool, label: str) -> _Part:
 
 
 def _encode_part(part: _Part) -> Any:
-    """A part's dumps with their entries as plain tuples: a NamedTuple pickles through Python code, a tuple
-    does not (a million entries at 1,024 ranks)."""
+    """A part's dumps as their fields, with entries as plain tuples: a dataclass and a NamedTuple pickle through
+    Python code, a dict and a tuple do not (a million entries at 1,024 ranks)."""
     dumps, skipped, bad = part
-    return [(p, replace(d, entries=()), list(map(tuple, d.entries))) for p, d in dumps], skipped, bad
+    return [(p, {**vars(d), "entries": list(map(tuple, d.entries))}) for p, d in dumps], skipped, bad
 
 
 def _decode_part(data: Any) -> _Part:
+    """:func:`_encode_part` undone: the same fields of a dump already built and checked in the child."""
     dumps, skipped, bad = data
     out = []
-    for p, d, rows in dumps:
-        object.__setattr__(d, "entries", tuple([new_entry(FREntry, e) for e in rows]))
+    for p, fields in dumps:
+        fields["entries"] = tuple([new_entry(FREntry, e) for e in fields["entries"]])
+        d = object.__new__(FRDump)
+        vars(d).update(fields)
         out.append((p, d))
     return out, skipped, bad

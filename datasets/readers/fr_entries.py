@@ -168,6 +168,11 @@ _PG_ID: dict[object, str] = {}
 _WORDS: dict[object, Any] = {}
 """States and process groups as shared objects: one string per state and one pair per group for a million
 records (less memory, and records a worker sends back pickle each of them once)."""
+_LAST: dict[tuple[Any, ...], tuple[tuple[Any, ...], ...]] = {}
+"""Per profiling name (its shared split): the raw sizes, dtypes and stack of the last :data:`_RECENT` distinct
+records checked, newest first, and what they became (a ring buffer repeats them: a record is compared with them
+in C before anything is converted)."""
+_RECENT = 4  # an op name carries a few sizes in a step (TP activations and DP gradients both all_reduce)
 _INT = int
 _NONE = type(None)
 _LO, _HI = INT64_MIN, INT64_MAX
@@ -217,7 +222,9 @@ def entry(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
         return _entry_tolerant(e, frame_cache)  # checks each field: a value out of 64 bits is a ValueError
     split = _SPLIT.get(pname)
     if split is None:
-        split = _SPLIT[pname] = (*split_profiling_name(pname), pname)
+        split = (*split_profiling_name(pname), pname)
+        if len(_SPLIT) < _INTERN_MAX:
+            _SPLIT[pname] = split
     backend, op, src, dst, pname = split
     if pg_id.__class__ is not _INT and pg_id.__class__ is not str and pg_id is not None:
         return _entry_tolerant(e, frame_cache)  # (never hash what might be a tuple nested a million deep)
@@ -239,8 +246,15 @@ def entry(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
         pg_name, pg_desc = group
     get = e.get
     duration, frames = get("duration_ms"), get("frames")
-    in_sizes = shapes(ins) if ins else ()
-    in_types = _dtypes(in_dt) if in_dt else ()
+    for last in _LAST.get(split, ()):  # a ring buffer repeats each op's sizes, dtypes and stack: compared in C
+        if last[0] == ins and last[1] == outs and last[2] == in_dt and last[3] == out_dt and last[4] == frames:
+            in_sizes, in_types, out_sizes, out_types, stack = last[5]
+            break
+    else:
+        static = _static(ins, outs, in_dt, out_dt, frames, pname, frame_cache)
+        in_sizes, in_types, out_sizes, out_types, stack = static
+        if _plain_static(static, frames, pname, frame_cache) and len(_LAST) < _INTERN_MAX:
+            _LAST[split] = ((ins, outs, in_dt, out_dt, frames, static), *_LAST.get(split, ())[: _RECENT - 1])
     return new_entry(
         FREntry,
         (
@@ -266,10 +280,41 @@ def entry(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
             tmo,
             in_sizes,
             in_types,
-            in_sizes if outs == ins else shapes(outs) if outs else (),  # equal lists: one conversion
-            in_types if out_dt == in_dt else _dtypes(out_dt) if out_dt else (),
-            _frames(frames, frame_cache, pname) if frames else (),
+            out_sizes,
+            out_types,
+            stack,
         ),
+    )
+
+
+_Shapes = tuple[tuple[int, ...], ...]
+_Static = tuple[_Shapes, tuple[str, ...], _Shapes, tuple[str, ...], tuple[Frame, ...]]
+
+
+def _static(ins: Any, outs: Any, in_dt: Any, out_dt: Any, frames: Any, pname: str, frame_cache: FrameCache) -> _Static:
+    """A record's sizes, dtypes and stack, checked and interned."""
+    in_sizes = shapes(ins) if ins else ()
+    in_types = _dtypes(in_dt) if in_dt else ()
+    return (
+        in_sizes,
+        in_types,
+        in_sizes if outs == ins else shapes(outs) if outs else (),  # equal lists: one conversion
+        in_types if out_dt == in_dt else _dtypes(out_dt) if out_dt else (),
+        _frames(frames, frame_cache, pname) if frames else (),
+    )
+
+
+def _plain_static(static: _Static, frames: Any, pname: str, frame_cache: FrameCache) -> bool:
+    """Whether the raw values behind ``static`` are as PyTorch writes them (lists of ints, of strings, of
+    3-key frame dicts): only those are kept to compare the next records with, as a comparison with them
+    never recurses past their own depth (a nested value is unequal at once)."""
+    in_sizes, in_types, out_sizes, out_types, stack = static
+    return (
+        (not in_sizes or _SHAPES.get(in_sizes) is in_sizes)
+        and (not out_sizes or _SHAPES.get(out_sizes) is out_sizes)
+        and (not in_types or _DTYPES.get(in_types) is in_types)
+        and (not out_types or _DTYPES.get(out_types) is out_types)
+        and (not frames or (frame_cache.get(pname) or (None,))[0] is frames)
     )
 
 

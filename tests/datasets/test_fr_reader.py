@@ -274,3 +274,38 @@ def test_frames_of_repeated_ops_are_shared_and_never_confused() -> None:
     assert got == [[10, 20], [10, 20], [10, 30], [1], [10, 30], [10, 20], [1], [1]]
     assert entries[0].frames is entries[1].frames is entries[5].frames and entries[2].frames is entries[4].frames
     assert entries[3].frames[0].function == "['f']"
+
+
+def test_sizes_dtypes_and_stacks_repeated_across_records_and_dumps_are_read_as_written() -> None:
+    """A record whose sizes, dtypes and stack equal one of the last few of its op name's is not converted again
+    (compared in C with the raw values already checked, across dumps): what comes out is still what each record
+    says, with more distinct sizes than are remembered, and a value that only looks like a remembered one (a
+    nested list, a dtype that is no string) still goes the careful way."""
+    from rankscope.datasets.readers.flight_recorder import parse_dump
+
+    def row(i: int, sizes: object, dtypes: object = ("Float",), line: int = 10) -> dict[str, object]:
+        return {
+            "record_id": i, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": i + 1,
+            "p2p_seq_id": 0, "op_id": i + 1, "profiling_name": "nccl:all_reduce", "time_created_ns": 10**18 + i,
+            "input_sizes": sizes, "input_dtypes": list(dtypes), "output_sizes": sizes, "output_dtypes": list(dtypes),
+            "state": "completed", "time_discovered_started_ns": None, "time_discovered_completed_ns": None,
+            "retired": True, "timeout_ms": 600000, "is_p2p": False,
+            "frames": [{"name": "step", "filename": "train.py", "line": line}],
+        }  # fmt: skip
+
+    sizes = [[[n, 4096]] for n in (1, 2, 3, 4, 5, 6)]  # more distinct sizes than an op name remembers
+    for rank in (0, 1):
+        rows = [row(i, sizes[i % 6], line=10 + i % 3) for i in range(24)]
+        rows.append(row(24, [[7, 4096]], dtypes=("Float", "BFloat16")))
+        got = parse_dump({"version": "2.10", "entries": rows}, rank=rank).entries
+        assert [e.input_sizes for e in got[:24]] == [((i % 6 + 1, 4096),) for i in range(24)]
+        assert [e.output_sizes for e in got[:24]] == [e.input_sizes for e in got[:24]]
+        assert [e.frames[0].line for e in got[:24]] == [10 + i % 3 for i in range(24)]
+        assert got[24].input_dtypes == ("Float", "BFloat16") and got[24].input_sizes == ((7, 4096),)
+    odd = parse_dump({"version": "2.10", "entries": [row(0, [[1, 4096]], dtypes=(7,))]}, rank=2).entries[0]
+    assert odd.input_dtypes == ("7",) and odd.input_sizes == ((1, 4096),)
+    deep: list[object] = [4096]
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ParseError, match="entry 0"):
+        parse_dump({"version": "2.10", "entries": [row(0, [[1, deep]])]}, rank=3)
