@@ -99,8 +99,8 @@ def _read_fr(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> list[FRDum
                 if "refused pickle" in str(exc):
                     raise  # code in a pickle: refuse the whole input, never skip past it
                 bad.append(str(exc))
-        folders = _capture_folders(read, src.notes)
-        not_hosts = _folders_not_hosts(read, folders, gpus_per_node, src.notes)
+        folders, machines = _capture_folders(read, src.notes)
+        not_hosts = _folders_not_hosts(read, folders, machines, gpus_per_node, src.notes)
         out: dict[tuple[int, int], FRDump] = {}
         for d, ident in read:
             folder = os.path.dirname(d.source_file)
@@ -112,7 +112,7 @@ def _read_fr(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> list[FRDum
             out[key] = replace(d, capture=key[0])
             if ident is not None and ident.node is not None:
                 how = ident.sources.get("node", "host-folder")
-                if how == "host-folder" and (folder in folders or ident.node in not_hosts):
+                if how == "host-folder" and ((folder in folders and folder not in machines) or ident.node in not_hosts):
                     # the folder is a capture (the same ranks in each) or the dump folder, not a machine; a
                     # capture folder each host holds a share of (``<host>/fr-dump-1/``): the folder above is
                     up = _host_above(dd.root, folder) if folder in folders else None
@@ -132,46 +132,52 @@ def _read_fr(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> list[FRDum
 
 
 def _folders_not_hosts(
-    read: Sequence[tuple[FRDump, Any]], captures: dict[str, int], gpus_per_node: int | None, notes: list[str]
+    read: Sequence[tuple[FRDump, Any]],
+    captures: dict[str, int],
+    machines: set[str],
+    gpus_per_node: int | None,
+    notes: list[str],
 ) -> set[str]:
     """Host-folder names of the dumps that name no machine (:func:`folders_not_machines`: the one folder
-    holding every dump, one holding more ranks than a machine has GPUs); capture folders are not counted."""
+    holding every dump, one holding more ranks than a machine has GPUs); capture folders are not counted, the
+    machine folders inside captures are, per capture."""
     per: dict[str, Counter[int]] = defaultdict(Counter)
     for d, ident in read:
         folder = os.path.dirname(d.source_file)
-        hosted = ident is not None and ident.node is not None and folder not in captures
+        hosted = ident is not None and ident.node is not None and (folder not in captures or folder in machines)
         if hosted and ident.sources.get("node", "host-folder") == "host-folder":
-            per[ident.node][ident.snapshot] += 1
+            per[ident.node][captures.get(folder, ident.snapshot)] += 1
     bad, why = folders_not_machines(per, gpus_per_node)
     if bad:
         notes.append(f"Flight Recorder: {folders_note(bad, why)}")
     return bad
 
 
-def _capture_folders(read: Sequence[tuple[FRDump, Any]], notes: list[str]) -> dict[str, int]:
+def _capture_folders(read: Sequence[tuple[FRDump, Any]], notes: list[str]) -> tuple[dict[str, int], set[str]]:
     """Folders that are captures, not machines: sibling folders holding dumps of the same rank (a watchdog's
     dumps in ``wd/``, later ones in ``on-error/``; ``step-10/`` and ``step-20/``), none of them a
     ``snapshot-N/`` folder or manifest snapshot. Host folders split the ranks; capture folders repeat them.
     Each gets a capture number in the order of its newest recorded time (the dump's own time, else its
     entries' newest; then the files' modification time), so the latest is diagnosed and the one before
-    tells whether the job moved; {} when no rank was dumped in two folders."""
+    tells whether the job moved; ({}, ...) when no rank was dumped in two folders. The set: the dump folders
+    that are machines inside a capture folder (``<stamp>/<host>/``)."""
     by_path: dict[str, set[int]] = {}
     for d, ident in read:
         if ident is not None and ident.snapshot:  # snapshot-N folders or a manifest column number the captures
-            return {}
+            return {}, set()
         by_path.setdefault(os.path.dirname(d.source_file), set()).add(d.rank)
     key_of = _capture_keys(by_path)
     by_folder: dict[str, set[int]] = {}
     for path, ranks in by_path.items():
         by_folder.setdefault(key_of[path], set()).update(ranks)
     if len(by_folder) < 2:
-        return {}
+        return {}, set()
     seen: dict[int, int] = {}
     for ranks in by_folder.values():
         for r in ranks:
             seen[r] = seen.get(r, 0) + 1
     if not any(n > 1 for n in seen.values()):
-        return {}
+        return {}, set()
     common = set.intersection(*by_folder.values()) or set(seen)  # compare folders on the ranks they share
     newest: dict[str, tuple[int, float]] = {}
     for d, _ in read:
@@ -193,7 +199,8 @@ def _capture_folders(read: Sequence[tuple[FRDump, Any]], notes: list[str]) -> di
         "diagnosed"
     )
     index = {f: i for i, f in enumerate(order)}
-    return {path: index[key] for path, key in key_of.items()}
+    machines = {path for path, key in key_of.items() if key == os.path.dirname(path)}
+    return {path: index[key] for path, key in key_of.items()}, machines
 
 
 def _host_above(root: Path, folder: str) -> str | None:
@@ -205,16 +212,30 @@ def _host_above(root: Path, folder: str) -> str | None:
 
 def _capture_keys(by_path: Mapping[str, set[int]]) -> dict[str, str]:
     """Each dump folder's capture: folders of one name under several parents holding disjoint ranks
-    (``<host>/fr-dump-1/``: each host's share of one capture) are one capture, named by that name."""
+    (``<host>/fr-dump-1/``: each host's share of one capture) are one capture, named by that name; folders
+    under one parent holding disjoint ranks, the parent one of several holding the same folders and ranks
+    (``<stamp>/<host>/``: a capture with a folder per machine inside) are one capture, the parent."""
     by_name: dict[str, list[str]] = {}
+    by_parent: dict[str, dict[str, frozenset[int]]] = {}
     for path in by_path:
         by_name.setdefault(os.path.basename(path), []).append(path)
+        parent, _, name = path.rpartition(os.sep)
+        by_parent.setdefault(parent, {})[name] = frozenset(by_path[path])
     key_of = {}
     for name, paths in by_name.items():
         sets = [by_path[p] for p in paths]
         shared = len(paths) > 1 and sum(map(len, sets)) == len(set().union(*sets))
         for p in paths:
             key_of[p] = f"*/{name}" if shared else p
+    split = {  # parents whose folders split their ranks (machines), laid out alike under several parents
+        parent: kids
+        for parent, kids in by_parent.items()
+        if len(kids) > 1 and sum(map(len, kids.values())) == len(frozenset().union(*kids.values()))
+    }
+    for parent, kids in split.items():
+        if sum(other == kids for other in split.values()) > 1:
+            for name in kids:
+                key_of[os.path.join(parent, name)] = parent
     return key_of
 
 

@@ -114,6 +114,48 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
     )
 
 
+def rounds_from_outer_folders(found: list[Found], notes: list[str]) -> None:
+    """Capture folders above the machines' (``<stamp>/<host>/rank3.txt``: each capture written into a folder of
+    its own, a folder per machine inside): folders at one depth whose names are a numbered series of captures
+    (stamped, or capture words: ``2026-12-02T14-50-09``, ``capture-3``), each holding the same processes in the
+    same folders below it, are capture rounds in the natural order of their names (outermost first)."""
+    trainers = [f for f in found if f.role is None and _who(f) is not None and "snapshot" not in f.ident.sources]
+    below: defaultdict[tuple[int, str], defaultdict[str, set[tuple[object, int | None, str]]]] = defaultdict(
+        lambda: defaultdict(set)
+    )
+    for f in trainers:
+        parts = f.rel.split("/")[:-1]
+        for depth in range(len(parts) - 1):  # the nearest folder's series is rounds_from_sibling_folders'
+            below[(depth, "/".join(parts[:depth]))][parts[depth]].add(
+                (_who(f), f.ident.pid, "/".join(parts[depth + 1 :]))
+            )
+    chosen: dict[tuple[int, str], dict[str, int]] = {}
+    for where, kids in below.items():
+        sets = list(kids.values())
+        if (
+            len(kids) > 1
+            and _numbered(list(kids))
+            and all(is_capture_folder(k) or _STAMP.search(k) for k in kids)
+            and all(s == sets[0] for s in sets[1:])
+        ):
+            chosen[where] = {n: i for i, n in enumerate(sorted(kids, key=natural))}
+    if not chosen:
+        return
+    for f in trainers:
+        parts = f.rel.split("/")[:-1]
+        for depth in range(len(parts) - 1):
+            order = chosen.get((depth, "/".join(parts[:depth])))
+            if order is not None and parts[depth] in order:
+                sources = {**f.ident.sources, "snapshot": "path"}
+                f.ident = f.ident._replace(snapshot=order[parts[depth]], sources=sources)
+                break
+    names = sorted({n for order in chosen.values() for n in order}, key=natural)
+    notes.append(
+        "folders holding the same processes in the same folders below them read as capture rounds, in the order "
+        f"of their names: {', '.join(names[:5])}"
+    )
+
+
 def _who(f: Found) -> object:
     """A process's rank, else its local rank (``<host>/py-spy-1/local0.txt``), else its pid
     (``<pod>/py-spy-1/stack-<pid>.txt``), else None. A local rank or a pid only tells a process apart within

@@ -23,6 +23,7 @@ from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.capturefolders import (
     machines_above_recurring,
     older_incidents,
+    rounds_from_outer_folders,
     rounds_from_repeated_pids,
     rounds_from_sibling_folders,
 )
@@ -236,6 +237,7 @@ def identify(
     if loose:
         machines_above_recurring(loose, notes)
         rounds_from_sibling_folders(loose, notes)
+        rounds_from_outer_folders(loose, notes)
         rounds_from_repeated_pids(loose, notes, gpus_per_node)
     if any(f.ident.rank is None for f in found):  # the job-level steps, only when some rank is still unknown
         _children_follow_their_trainer(found)

@@ -628,3 +628,30 @@ def test_a_readme_with_log_words_beside_log_dir_trees_holds_no_machine_slot():
     v = diagnose(load_inputs(OUTSIDE / "logdir-trees-beside-readme"))
     assert v.verdict.value == "crash" and v.culprit_ranks == (3,), v.explain()
     assert v.culprit_nodes == ("gpu-st-p4d-24xlarge-18",) and v.world_size == 4
+
+
+def test_capture_folders_above_the_machine_folders_are_captures_of_both_sources():
+    """A fifth tester's deadlock (rank 1 skipped a world all_reduce and waits in its pair group's), captured
+    twice 9 s apart as ``<stamp>/<host>/{nccl_trace_rank_R, py-spy_rankR.json}``: the stacks of both captures
+    were one snapshot "dumped twice", and the Flight Recorder read each of the four host folders as a capture
+    ("2 of 4 ranks left a dump"). Stamped folders above the machines' are captures: two snapshots of 4 ranks,
+    the machines named by their folders, nobody evicted for a code fault."""
+    inputs = load_inputs(OUTSIDE / "stamp-first-capture-folders")
+    caps = sorted({d.capture for d in inputs.fr_dumps})
+    ranks = [sorted(d.rank for d in inputs.fr_dumps if d.capture == c) for c in caps]
+    assert ranks == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert inputs.topology is not None and inputs.topology.node_of(1) == "gpu-st-p4d-24xlarge-17"
+    assert inputs.topology.node_of(2) == "gpu-st-p4d-24xlarge-18"
+    v = diagnose(inputs)
+    assert v.n_snapshots == 2 and v.world_size == 4 and not v.culprit_nodes, v.explain()
+
+
+def test_capture_word_folders_above_the_machine_folders_are_captures_too(tmp_path):
+    """The same captures in ``capture-1/`` and ``capture-2/`` (an operator's numbering, no stamp)."""
+    root = tmp_path / "incident"
+    shutil.copytree(OUTSIDE / "stamp-first-capture-folders", root)
+    for k, stamp in enumerate(("2026-12-02T14-50-09", "2026-12-02T14-50-18"), start=1):
+        (root / stamp).rename(root / f"capture-{k}")
+    v = diagnose(load_inputs(root))
+    assert v.n_snapshots == 2 and v.world_size == 4 and not v.culprit_nodes, v.explain()
+    assert any("4 of 4 ranks left a Flight Recorder dump" in r for r in v.reasons), v.explain()
