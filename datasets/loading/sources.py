@@ -45,7 +45,8 @@ def read_sources(
 ) -> Sources:
     """Stacks, Flight Recorder dumps, logs, exits, metrics and timings of ``dd``, with machine names. Metric
     files are checked here (a bad one is a note) and streamed when analysed (:class:`MetricSet`)."""
-    src = Sources(from_dump_dir(dd), notes=list(dd.notes))
+    src = Sources([], notes=list(dd.notes))
+    src.procs = _rounds_with_trainers(from_dump_dir(dd), src.notes)
     for rank, (node, how) in dd.named_nodes.items():
         src.names.add(rank, node, how)
     src.fr = _read_fr(dd, src, gpus_per_node) + _read_hook_fr(dd.hook_fr_files, src.notes)
@@ -65,6 +66,22 @@ def read_sources(
     if bad_only and (src.logs is None or src.logs.empty) and not dd.log_files and _table_errors(src):
         raise InputError(_table_errors(src)[0])
     return src
+
+
+def _rounds_with_trainers(procs: list[ProcStacks], notes: list[str]) -> list[ProcStacks]:
+    """The stack snapshots that hold a trainer's dump: a round that reached only launchers and helpers (a
+    console whose capture was cut by ``scancel`` after the agents) shows nothing of the job and is left out,
+    with a note, when another round shows the trainers."""
+    snaps = {p.snapshot for p in procs}
+    with_trainers = {p.snapshot for p in procs if p.role == "trainer"}
+    empty = sorted(snaps - with_trainers)
+    if not with_trainers or not empty:
+        return procs
+    notes.append(
+        f"stack snapshot(s) {', '.join(map(str, empty[:5]))} left out: no trainer's dump in them (only launchers "
+        "or helpers: the capture did not reach the training processes)"
+    )
+    return [p for p in procs if p.snapshot in with_trainers]
 
 
 def _table_errors(src: Sources) -> list[str]:

@@ -275,3 +275,12 @@ def test_a_process_caught_exiting_in_a_console_stream_is_no_trainer(tmp_path):
     (tmp_path / "slurm-4412871.out").write_text(odd)  # a fifth numbered process in task 0: left out, never a refusal
     inputs = load_inputs(tmp_path)
     assert any("py-spy dumps inside consoles left out" in n for n in inputs.notes)
+
+
+def test_a_round_that_reached_no_trainer_is_left_out():
+    """The second round of a console's py-spy dumps was cut by ``scancel`` after the agents: a snapshot holding
+    no trainer made the verdict "no usable trainer stack dumps" (0.0) beside a complete first round."""
+    inputs = load_inputs(REVIEW / "s39")
+    assert any("no trainer's dump in them" in n for n in inputs.notes)
+    v = diagnose(inputs)
+    assert v.verdict.value == "hang" and v.culprit_ranks == (6,) and v.culprit_nodes == ("cn0418",), v.explain()
