@@ -242,7 +242,8 @@ def _widespread(f: CrashFacts, job: str) -> Verdict:
         job=job,
         confidence=0.8,
         suspect_ranks=tuple(sorted(e.rank for e in f.incident)),
-        culprit_ranks=ranks,
+        # the ranks whose check caught a mismatch are not the rank whose sequence went astray (unknown here)
+        culprit_ranks=() if severity == Severity.MISMATCH else ranks,
         reasons=reasons,
         evidence=evidence,
         sources=("events",),

@@ -29,9 +29,12 @@ def test_a_rank_that_only_timed_out_first_is_not_evicted(tmp_path: Path) -> None
 
 def test_a_gloo_collective_mismatch_abort_is_a_code_fault(tmp_path: Path) -> None:
     # std::terminate's report of gloo::EnforceNotMet ("collective mismatch") on rank 2, then SIGABRT
+    # gloo's size check fails on the rank whose buffer is the smaller: here the odd rank, in an outside tester's
+    # capture (fieldcases15/16) rank 0, whose peer rank 1 had skipped an all_reduce. The rank that caught the
+    # mismatch is said, never named a culprit: which rank went astray the error cannot tell.
     v = run_diagnose(load_inputs(_copy(tmp_path, "c08_size_mismatch_gloo_abort")))
-    assert v.verdict == "mismatch" and v.suspect_nodes == () and v.culprit_ranks == (2,), v.explain()
-    assert any("disagreed on a collective" in r for r in v.reasons), v.reasons
+    assert v.verdict == "mismatch" and v.suspect_nodes == () and v.culprit_ranks == (), v.explain()
+    assert any("Rank(s) 2 failed first" in r and "disagreed on a collective" in r for r in v.reasons), v.reasons
 
 
 def test_dumps_written_on_a_gloo_timeout_are_never_healthy(tmp_path: Path) -> None:
