@@ -166,7 +166,9 @@ def zone_offset(launcher: Sequence[Any], err_local: Sequence[tuple[str, Any, Any
 def lived_on(f: FileRead, st: Stream, ex: dict[str, Any]) -> str:
     """Why the exception ``ex`` (one of ``st.exits``) ended no process, as the end of a note ("" when it may
     have): a thread other than the main one died; the launcher later reported its group finished, or was itself
-    stopped from outside with no failure before; or the rank logged training steps after it."""
+    stopped from outside with no failure before; or the rank logged training steps after it (never after
+    faulthandler's "Fatal Python error": ``--tee`` tails stdout and stderr apart, so a step printed before the
+    crash can follow its block)."""
     line, kind, message = ex["line"], ex["kind"], ex["message"]
     if ex.pop("thread", ""):
         msg = " ".join(message.split())[:160]
@@ -174,8 +176,8 @@ def lived_on(f: FileRead, st: Stream, ex: dict[str, Any]) -> str:
     if f.lived_on(line):
         then = "the worker group finished" if line < f.finished_ok else "no failure before it was stopped from outside"
         why = f"its launcher then reported {then}"
-    elif line < st.last_step_at:
-        why = "it logged training steps after it"
+    elif line < st.last_step_at and kind != "Fatal Python error":  # (a fatal error ends its process: a step
+        why = "it logged training steps after it"  # line after it was printed before it, tailed from stdout later)
     else:
         return ""
     return f" logged {kind} at {ex['source']} and lived on ({why}): not a failure"

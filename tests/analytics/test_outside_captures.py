@@ -655,3 +655,14 @@ def test_capture_word_folders_above_the_machine_folders_are_captures_too(tmp_pat
     v = diagnose(load_inputs(root))
     assert v.n_snapshots == 2 and v.world_size == 4 and not v.culprit_nodes, v.explain()
     assert any("4 of 4 ranks left a Flight Recorder dump" in r for r in v.reasons), v.explain()
+
+
+def test_a_step_line_tailed_after_a_segfault_is_no_sign_the_rank_lived_on():
+    """``--tee`` tails a worker's stdout and stderr apart: a step line printed before the segfault followed
+    faulthandler's "Fatal Python error" block in the console, and a note said rank 3 "lived on (it logged
+    training steps after it)". A fatal error ends its process."""
+    inputs = load_inputs(OUTSIDE / "segfault-tee-step-after")
+    assert not any("lived on" in n for n in inputs.notes), inputs.notes
+    v = diagnose(inputs)
+    assert v.verdict.value == "crash" and v.culprit_ranks == (3,), v.explain()
+    assert v.culprit_nodes == ("gpu-st-p4d-24xlarge-18",)
