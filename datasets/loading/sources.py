@@ -95,27 +95,22 @@ def _read_fr(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> list[FRDum
     file's manifest row or host folder."""
     if not dd.fr_files:
         return []
-    from rankscope.datasets.readers.flight_recorder import read_fr_file
+    from rankscope.datasets.readers.flight_recorder import read_fr_each
     from rankscope.datasets.readers.fr_files import select_fr_files
 
-    chosen = select_fr_files(dd.fr_files)
+    chosen = [str(p) for p in select_fr_files(dd.fr_files)]
     if len(chosen) < len(dd.fr_files):
         src.notes.append(
             f"Flight Recorder: read {len(chosen)} of {len(dd.fr_files)} dump files (one per rank; the other "
             "files are the same ranks in another format)"
         )
-    read: list[tuple[FRDump, Any]] = []
-    bad: list[str] = []
+    idents = {p: dd.fr_identities.get(p) for p in chosen}
+    ranks = {  # a manifest's rank wins over the file's
+        p: i.rank for p, i in idents.items() if i is not None and i.source("rank") == "manifest" and i.rank is not None
+    }
+    dumps, bad = read_fr_each(chosen, ranks)  # corrupt, over a limit, not a regular file: a note each
+    read: list[tuple[FRDump, Any]] = [(d, dd.fr_identities.get(d.source_file)) for d in dumps]
     with paused_gc():
-        for p in chosen:
-            ident = dd.fr_identities.get(str(p))
-            manifest_rank = ident is not None and ident.source("rank") == "manifest"
-            try:
-                read.append((read_fr_file(p, rank=ident.rank if manifest_rank and ident is not None else None), ident))
-            except InputError as exc:  # corrupt, over a limit, not a regular file: a note
-                if "refused pickle" in str(exc):
-                    raise  # code in a pickle: refuse the whole input, never skip past it
-                bad.append(str(exc))
         folders, machines = _capture_folders(read, src.notes)
         not_hosts = _folders_not_hosts(read, folders, machines, gpus_per_node, src.notes)
         out: dict[tuple[int, int], FRDump] = {}

@@ -173,12 +173,35 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
     return sorted(dumps, key=lambda d: d.rank), skipped, bad
 
 
+def read_fr_each(paths: Sequence[str], ranks: Mapping[str, int] | None = None) -> tuple[list[FRDump], list[str]]:
+    """Each file of ``paths`` as one rank's dump (``ranks``: a file's rank where something else knows it, a
+    manifest), read by several processes when there are many (:mod:`.forked`): (the dumps in the order of
+    ``paths``, ``"FILE: why"`` of each file that is corrupt or no dump). The same rank may come twice (the
+    captures of a dump directory). A pickle that names code is raised: the input is refused, never skipped."""
+    label = "reading Flight Recorder dumps"
+    dumps: list[FRDump] = []
+    bad: list[str] = []
+    with paused_gc():
+        for part_dumps, skipped, part_bad in map_batches(
+            list(paths),
+            lambda part: _read_part(part, True, label, ranks),
+            workers=worker_count(len(paths), min_per_worker=FILES_PER_WORKER),
+            batch=BATCH,
+            encode=_encode_part,
+            decode=_decode_part,
+            label=label,
+        ):
+            dumps += [d for _, d in part_dumps]
+            bad += part_bad + [f"{p}: not a Flight Recorder dump" for p in skipped]
+    return dumps, bad
+
+
 FILES_PER_WORKER = 256  # below this a fork and the result's trip through a pipe cost more than they save
 BATCH = 16  # dumps a worker takes at a time: small enough that all finish together, large enough to amortise
 _Part = tuple[list[tuple[str, FRDump]], list[str], list[str]]
 
 
-def _read_part(paths: Sequence[str], skip_non_fr: bool, label: str) -> _Part:
+def _read_part(paths: Sequence[str], skip_non_fr: bool, label: str, ranks: Mapping[str, int] | None = None) -> _Part:
     dumps = []
     skipped = []
     bad: list[str] = []
@@ -189,7 +212,7 @@ def _read_part(paths: Sequence[str], skip_non_fr: bool, label: str) -> _Part:
                 skipped.append(p)
                 continue
             raw, fmt = load_raw(p, data)
-            d = parse_dump(raw, path=str(p), source_format=fmt)
+            d = parse_dump(raw, path=str(p), rank=ranks.get(p) if ranks else None, source_format=fmt)
         except InputError as exc:  # corrupt, over a limit, not a regular file
             if not skip_non_fr or "refused pickle" in str(exc):
                 raise  # code in a pickle: refuse the whole input
