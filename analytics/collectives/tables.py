@@ -90,9 +90,11 @@ def dedupe(dumps: Sequence[FRDump]) -> tuple[dict[int, FRDump], list[str]]:
 def world_from(dumps: Sequence[FRDump], memberships: Mapping[str, Sequence[int]] | None) -> int:
     """The world size the dumps and memberships imply (without a topology)."""
     hi = max(d.rank for d in dumps)
+    seen: set[int] = set()  # each member list once: the reader shares one tuple per group (the world's in every dump)
     for d in dumps:
         for cfg in d.pg_config.values():
-            if cfg.ranks:
+            if cfg.ranks and id(cfg.ranks) not in seen:
+                seen.add(id(cfg.ranks))
                 hi = max(hi, *cfg.ranks)
     for v in (memberships or {}).values():
         if v:

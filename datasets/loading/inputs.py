@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,14 @@ from rankscope.datasets.domain.inputs import Inputs
 from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import DIMS, Layout, Topology, parse_order
 from rankscope.datasets.loading.capture_times import file_capture_times, folder_capture_times, log_starts
-from rankscope.datasets.loading.names import check_ranks, infer_topology, inferred_nodes, inferred_note
+from rankscope.datasets.loading.names import (
+    check_ranks,
+    infer_topology,
+    inferred_nodes,
+    inferred_note,
+    pg_members,
+    rank_sources,
+)
 from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events
 from rankscope.datasets.readers.rundir_rounds import stack_rounds
@@ -66,7 +73,7 @@ def _from_dir(
         | {e.rank for e in src.exits}
         | (set(src.logs.ranks) if src.logs is not None else set())
     )
-    check_ranks(_rank_sources(procs, src), layout=layout, where=str(root))  # before any list sized by a rank
+    check_ranks(rank_sources(procs, src), layout=layout, where=str(root))  # before any list sized by a rank
     notes: list[str] = list(src.notes) + round_notes
     topo: Topology | None
     coords = _hook_coords(dd, world_ranks, notes) if layout is None else None
@@ -93,10 +100,8 @@ def _from_dir(
     if layout is not None:
         for r in range(layout.world_size):
             expected.setdefault(r, "the --layout world size")
-    for d in src.fr:
-        for pg in d.pg_config.values():
-            for r in pg.ranks or ():
-                expected.setdefault(r, "a Flight Recorder pg_config")
+    for r, _ in pg_members(src.fr):
+        expected.setdefault(r, "a Flight Recorder pg_config")
     if src.logs is not None:
         for r in src.logs.ranks:
             expected.setdefault(r, "the logs")
@@ -129,24 +134,6 @@ def _from_dir(
             )
         ),
     )
-
-
-def _rank_sources(procs: Sequence[ProcStacks], src: Any) -> Iterator[tuple[int, str]]:
-    """Every rank the evidence names, with the file that names it."""
-    for p in procs:
-        if p.rank is not None:
-            yield p.rank, p.source
-    for d in src.fr:
-        yield d.rank, d.source_file
-    for e in src.exits:
-        yield e.rank, e.source
-    if src.logs is not None:
-        for r in src.logs.ranks:
-            yield r, "the logs"
-    for d in src.fr:
-        for pg in d.pg_config.values():
-            for r in pg.ranks or ():
-                yield r, f"{d.source_file} (pg_config)"
 
 
 def _source_files(dd: DumpDir, procs: Sequence[ProcStacks], fr: Sequence[Any]) -> tuple[tuple[str, str], ...]:

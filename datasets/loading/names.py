@@ -9,9 +9,12 @@ are a note (the more trusted source wins).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from rankscope.datasets.domain.bounds import limits
+from rankscope.datasets.domain.flight_recorder import FRDump
+from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import Layout, Topology
 from rankscope.spine import InputError, LayoutError, LimitError
 
@@ -165,3 +168,32 @@ def inferred_note(inferred: Sequence[str], gpus_per_node: int) -> str:
         "manifest, hook identity, log, host folder or timings named them; add a manifest.csv (file,rank,node) "
         "before acting on this verdict"
     )
+
+
+def rank_sources(procs: Sequence[ProcStacks], src: Any) -> Iterator[tuple[int, str]]:
+    """Every rank the evidence names, with the file that names it."""
+    for p in procs:
+        if p.rank is not None:
+            yield p.rank, p.source
+    for d in src.fr:
+        yield d.rank, d.source_file
+    for e in src.exits:
+        yield e.rank, e.source
+    if src.logs is not None:
+        for r in src.logs.ranks:
+            yield r, "the logs"
+    yield from pg_members(src.fr)
+
+
+def pg_members(dumps: Sequence[FRDump]) -> Iterator[tuple[int, str]]:
+    """The members of every group the dumps' ``pg_config`` lists, with the file listing them: each list of
+    members once (every member lists the world's group; the reader shares one tuple per group), never ranks x
+    world (a million at 1,024 ranks)."""
+    seen: set[int] = set()
+    for d in dumps:
+        for pg in d.pg_config.values():
+            if pg.ranks and id(pg.ranks) not in seen:
+                seen.add(id(pg.ranks))
+                where = f"{d.source_file} (pg_config)"
+                for r in pg.ranks:
+                    yield r, where

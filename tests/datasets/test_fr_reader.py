@@ -309,3 +309,17 @@ def test_sizes_dtypes_and_stacks_repeated_across_records_and_dumps_are_read_as_w
         deep = [deep]
     with pytest.raises(ParseError, match="entry 0"):
         parse_dump({"version": "2.10", "entries": [row(0, [[1, deep]])]}, rank=3)
+
+
+def test_group_members_are_listed_once_per_group_not_once_per_dump(tmp_path: Path) -> None:
+    """Every dump lists the world's group in its pg_config: checking ranks once per dump and member made loading
+    1,024 ranks' dumps a million steps (0.8 s). Each group's members count once, each with the file listing it."""
+    from rankscope.datasets.loading.names import pg_members
+    from rankscope.datasets.readers.flight_recorder import read_fr_dir
+
+    generate_fr("tp=2,pp=2,dp=4", fault="clean").write(tmp_path / "fr")
+    dumps = read_fr_dir(tmp_path / "fr")
+    groups = {(n, cfg.ranks) for d in dumps for n, cfg in d.pg_config.items() if cfg.ranks}
+    listed = list(pg_members(dumps))
+    assert len(dumps) == 16 and len(listed) == sum(len(r) for _, r in groups) < 16 * 16
+    assert {r for r, _ in listed} == set(range(16)) and all(w.endswith("(pg_config)") for _, w in listed)
