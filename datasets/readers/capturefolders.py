@@ -280,20 +280,20 @@ def older_incidents(found: list[Found], notes: list[str]) -> list[Found]:
     stamps all come before the other's is an earlier incident kept beside the current one, and every dump
     under those folders is left out, with a note. Only when every such clash is settled the same way (one
     side older); otherwise nothing changes (the clash is refused)."""
-    first_pid: dict[tuple[int, int], int | None] = {}
+    first_pid: dict[tuple[int, object], int | None] = {}
     clash = False
     for f in found:  # the common case, no rank claimed twice, in one cheap pass
-        if f.role is None and f.ident.rank is not None:
-            pid = first_pid.setdefault((f.ident.snapshot, f.ident.rank), f.ident.pid)
+        if f.role is None and (who := _claim(f)) is not None:
+            pid = first_pid.setdefault((f.ident.snapshot, who), f.ident.pid)
             clash = clash or (pid is not None and f.ident.pid is not None and pid != f.ident.pid)
     if not clash:
         return found
-    by_key: defaultdict[tuple[int, int], defaultdict[int, list[tuple[str, tuple[int, ...]]]]] = defaultdict(
+    by_key: defaultdict[tuple[int, object], defaultdict[int, list[tuple[str, tuple[int, ...]]]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for f in found:
-        if f.role is None and f.ident.rank is not None and f.ident.pid is not None:
-            by_key[(f.ident.snapshot, f.ident.rank)][f.ident.pid].append(_outer_stamp(f.rel) or ("", ()))
+        if f.role is None and (who := _claim(f)) is not None and f.ident.pid is not None:
+            by_key[(f.ident.snapshot, who)][f.ident.pid].append(_outer_stamp(f.rel) or ("", ()))
     drop: set[str] = set()
     keep: set[str] = set()
     for pids in by_key.values():
@@ -317,6 +317,19 @@ def older_incidents(found: list[Found], notes: list[str]) -> list[Found]:
         "same ranks beside it (the latest incident is diagnosed)"
     )
     return kept
+
+
+def _claim(f: Found) -> object:
+    """What a process claims to be before capture rounds are numbered: its rank, else its local rank in its place
+    with the stamped folders left out (``<incident-20261201>/<host>/pyspy-<stamp>/local0.txt`` and
+    ``<capture-20261202>/<host>/pyspy-<stamp>/local0.txt`` claim one slot: two runs' processes if their pids
+    differ, where the same process's rounds repeat its pid)."""
+    if f.ident.rank is not None:
+        return f.ident.rank
+    if f.ident.local_rank is None:
+        return None
+    kept = [p for p in f.rel.split("/")[:-1] if not (_STAMP.search(p) or _DAY.search(p))]
+    return ("local", "/".join(kept), f.ident.local_rank)
 
 
 Stamp = tuple[int, ...]

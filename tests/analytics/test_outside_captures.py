@@ -666,3 +666,13 @@ def test_a_step_line_tailed_after_a_segfault_is_no_sign_the_rank_lived_on():
     v = diagnose(inputs)
     assert v.verdict.value == "crash" and v.culprit_ranks == (3,), v.explain()
     assert v.culprit_nodes == ("gpu-st-p4d-24xlarge-18",)
+
+
+def test_an_older_incident_beside_today_s_capture_is_left_out_by_local_rank_too():
+    """Yesterday's hang (rank 2 on ``a100-r3-n2``) and today's healthy relaunch, laid out alike under dated
+    folders with local-rank file names: both were read as five rounds of one job and ``a100-r3-n2`` evicted as
+    fail-slow. The same host and local rank with another pid, in folders dated a day apart, is another run."""
+    inputs = load_inputs(OUTSIDE / "older-incident-local-ranks" / "job-77120", gpus_per_node=2)
+    assert any("under incident-20261201-1637 left out" in n for n in inputs.notes), inputs.notes
+    v = diagnose(inputs)
+    assert v.n_snapshots == 2 and not v.suspect_nodes and v.verdict.value == "healthy", v.explain()
