@@ -334,7 +334,8 @@ def gumbel_fit(values: np.ndarray, *, min_scale: float, bulk_only: bool = False)
     q90): the upper tail is what a threshold extrapolates, and the lower half is shaped by the
     away-from-the-pack rule (machines with offsets sit far below zero), not by chance. Up to 10 % of the
     machines may be faulty without moving it; the larger of the two scale estimates is kept. With fewer than
-    11 machines q90 would lean on the strongest machine (one faulty machine setting its own threshold): q75 only.
+    11 machines q90 would lean on the strongest machine (one faulty machine setting its own threshold): q75 only,
+    and with 4 machines the quantile of the second strongest (q67: q75 would lean on the strongest too).
 
     ``bulk_only`` uses q25 and q50 instead: the law of the unchanged machines even when a large share of
     the job changed (used to recognise shared changes, never to name a machine)."""
@@ -344,7 +345,10 @@ def gumbel_fit(values: np.ndarray, *, min_scale: float, bulk_only: bool = False)
         scale = (q50 - q25) / (GUMBEL_Q[0.5] - GUMBEL_Q[0.25])
     elif 0.9 * (v.size - 1) <= v.size - 2:
         scale = max((q75 - q50) / (GUMBEL_Q[0.75] - GUMBEL_Q[0.5]), (q90 - q50) / (GUMBEL_Q[0.9] - GUMBEL_Q[0.5]))
-    else:  # fewer than 11 machines: q90 would interpolate towards the strongest one (which may be the fault)
+    elif v.size >= 4:  # fewer than 11 machines: q90 would interpolate towards the strongest one (the fault?);
+        p = min(0.75, (v.size - 2) / (v.size - 1))  # and with 4, q75 would too: the second strongest at most
+        scale = (float(np.quantile(v, p)) - q50) / (-math.log(-math.log(p)) - GUMBEL_Q[0.5])
+    else:
         scale = (q75 - q50) / (GUMBEL_Q[0.75] - GUMBEL_Q[0.5])
     floored = scale < min_scale
     scale = max(float(scale), min_scale)

@@ -139,3 +139,19 @@ def test_small_healthy_job_names_nobody():
         g, n = _healthy(np.random.default_rng(100 + seed), m=6)
         f, _ = _decide(_cube(g, n))
         assert f.named == (), (seed, f.reasons)
+
+
+def test_four_machines_name_a_throttled_gpu_and_a_healthy_four_names_nobody():
+    """With 4 machines q75 of the per-machine maxima lies between the second strongest and the strongest: a
+    faulty machine set its own threshold, and an outside tester's 4-host DCGM scrapes with one GPU at 1350 MHz
+    (or a whole host) were `healthy` (best score 3.9 against 11.1). The second strongest bounds the fit now."""
+    for seed in range(5):
+        g, n = _healthy(np.random.default_rng(200 + seed), m=4)
+        f, _ = _decide(_cube(g, n))
+        assert f.named == (), (seed, f.reasons)
+        g[2, 5, 40:, 1] -= 600  # one GPU of m2 throttles for the rest of the job
+        f, _ = _decide(_cube(g, n))
+        assert f.named == ("m2",), (seed, f.reasons)
+        g[2, :, 40:, 1] -= 600  # its whole machine
+        f, _ = _decide(_cube(g, n))
+        assert f.named == ("m2",), (seed, f.reasons)
