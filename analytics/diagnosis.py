@@ -196,10 +196,13 @@ def _logged_steps(inputs: Inputs, log_facts: LogFacts | None, f: stacks.StackFac
     ended += [x.time for x in inputs.logs.launcher if x.time is not None] + list(inputs.logs.stopped)
     if any(bound - 1.0 <= t <= first for t in ended):  # the captured processes ended before that step
         return None
-    from rankscope.analytics.performance.failslow import StepEvidence
+    from rankscope.analytics.performance.failslow import StepEvidence, logged_slowdown
 
-    words = f"the logs show a step completed {first - bound:.0f} s after the last snapshot's time"
-    return StepEvidence(first, 0.0, 0, True, False, None, (words,))
+    words = [f"the logs show a step completed {first - bound:.0f} s after the last snapshot's time"]
+    slow = logged_slowdown(inputs.logs.steps)  # and, where they time each step, whether the steps slowed
+    if slow is not None:
+        words.append(f"the logged step time rose from {slow[0]:.2f} s to {slow[1]:.2f} s at step {slow[2]}")
+    return StepEvidence(first, 0.0, 0, True, False, slow, tuple(words))
 
 
 def _kept_stepping(fr_v: Verdict, steps: Any) -> Verdict:

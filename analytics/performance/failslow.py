@@ -310,6 +310,25 @@ def _slowdown(steps: np.ndarray, dur: np.ndarray) -> tuple[float, float, int] | 
     return None if best is None else (best[1], best[2], best[3])
 
 
+def logged_slowdown(records: Sequence[Any]) -> tuple[float, float, int] | None:
+    """:func:`_slowdown` of the step lines the logs hold (Megatron's "elapsed time per iteration (ms)"): each
+    step's longest time over the ranks that logged it, in the latest run of the console (a step number that
+    goes back, a requeued job appending to the same file, starts a new run)."""
+    runs: dict[object, list[Any]] = {}
+    for r in records:  # each logging stream in its order
+        if r.elapsed_ms is not None and r.elapsed_ms > 0:
+            runs.setdefault((r.node, r.rank), []).append(r)
+    per: dict[int, float] = {}
+    for recs in runs.values():
+        start = max((i for i in range(1, len(recs)) if recs[i].step <= recs[i - 1].step), default=0)
+        for r in recs[start:]:
+            per[r.step] = max(per.get(r.step, 0.0), r.elapsed_ms / 1000.0)
+    if not per:
+        return None
+    steps = np.array(sorted(per))
+    return _slowdown(steps, np.array([per[k] for k in steps.tolist()]))
+
+
 def step_evidence(
     timings: Any,
     snapshot_times: Mapping[int, float],

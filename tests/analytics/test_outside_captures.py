@@ -676,3 +676,19 @@ def test_an_older_incident_beside_today_s_capture_is_left_out_by_local_rank_too(
     assert any("under incident-20261201-1637 left out" in n for n in inputs.notes), inputs.notes
     v = diagnose(inputs)
     assert v.n_snapshots == 2 and not v.suspect_nodes and v.verdict.value == "healthy", v.explain()
+
+
+def test_steps_the_logs_time_show_a_slowed_job_so_rank_0_is_no_duty(tmp_path):
+    """Rank 0's machine throttled: rank 0 stood out in 4 of 5 rounds in model code, and was taken for the main
+    process's duties because "no step record shows the job slowing down", while the consoles' "elapsed time per
+    iteration (ms)" rose from ~240 to ~900. Step times the logs write are step records too."""
+    root = tmp_path / "job-5521"
+    shutil.copytree(OUTSIDE / "rank0-throttled-logged-steps" / "job-5521", root)
+    for p in root.rglob("*"):  # the capture's own file times (a clone has its checkout time): rounds 3.2 s apart
+        if p.is_file():
+            k = int(p.parent.name.rsplit("-", 1)[1]) - 1 if p.parent.name.startswith("py-spy-") else 13.5
+            t = 1796230092.2 + 3.2 * k
+            os.utime(p, (t, t))
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.verdict.value == "fail-slow" and v.culprit_ranks == (0,), v.explain()
+    assert v.culprit_nodes == ("sxm5-gpu-n101",) and any("logged step time rose" in r for r in v.reasons)
