@@ -50,6 +50,11 @@ class Progress:
     """Per pair: the ranks at the same place (state and call site) in both snapshots, waiting or not."""
     peer_waiters: tuple[int, ...] = ()
     """Per pair: the ranks waiting on peers (a collective, a transfer) at its first snapshot."""
+    rejoined: tuple[frozenset[int], ...] = ()
+    """Per pair: ranks of :attr:`same` in a shared wait one of its members left (a collective completes for
+    every member: they are in the next one, at the same call site)."""
+    leavers: tuple[frozenset[int], ...] = ()
+    """Per pair: the ranks that left such a shared wait."""
 
     @property
     def still(self) -> tuple[frozenset[int], ...]:
@@ -135,7 +140,12 @@ class Progress:
         or its waiters, unmoved through all three."""
         if not self.frozen or self.pairs < 2 or self.frozen_since != self.pairs - 1 or len(self.same) != self.pairs:
             return False
-        return not (self.same[-1] & self.same[-2])
+        sat = self.same[-1] & self.same[-2]
+        if len(self.rejoined) == self.pairs and not self.leavers[-2] & self.still[-1]:
+            # a rank left the wait its peers sat in and moved on through the last pair (a slow rank, not one stuck
+            # after it): the peers seen in that wait again are in a later step's (a collective completes for all)
+            sat -= self.rejoined[-2]
+        return not sat
 
     @property
     def frozen_since(self) -> int:
@@ -188,6 +198,8 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
     same: list[frozenset[int]] = []
     peer_w: list[int] = []
     still_where: list[frozenset[tuple[int, object]]] = []
+    rejoined: list[frozenset[int]] = []
+    leavers: list[frozenset[int]] = []
     world = 0
     for s in snaps:
         cur = {
@@ -199,6 +211,8 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
         if prev is not None:
             w = n = back = moved = pw = 0
             shared = Counter(prev.values())
+            done: set[tuple[str, tuple[str, ...]]] = set()  # shared waits a member left: completed for everyone
+            left_them: set[int] = set()
             for r, (state, key) in prev.items():
                 if state not in WAIT_STATES or r not in cur:
                     continue
@@ -208,12 +222,18 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                     n += 1
                     # DDP waits for its gradient all-reduce inside the autograd engine: ranks leaving a backward
                     # that others sat in at the same site were released by peers too (a lone one: its own work)
-                    moved += state in PEER_WAIT_STATES or (state == "backward" and shared[(state, key)] >= 2)
+                    left = state in PEER_WAIT_STATES or (state == "backward" and shared[(state, key)] >= 2)
+                    moved += left
                     back += _returned(state, shared[(state, key)], cur[r], before[r])
+                    if left and shared[(state, key)] >= 3:
+                        done.add((state, key))
+                        left_them.add(r)
             still_where.append(
                 frozenset((r, k) for r, k in prev.items() if k[0] not in WAIT_STATES and cur.get(r) == k)
             )
             same.append(frozenset(r for r, k in prev.items() if cur.get(r) == k))
+            rejoined.append(frozenset(r for r, k in prev.items() if cur.get(r) == k and k in done))
+            leavers.append(frozenset(left_them))
             waiters.append(w)
             released.append(n)
             peer.append(moved)
@@ -223,7 +243,15 @@ def progress(by_snapshot: Mapping[int, Sequence[ProcStacks]], *, guard: int | No
                 before[r].add(k)
         prev = cur
     g = guard if guard is not None else (NOISE_GUARD if world >= 8 else 1)
-    pairs = (tuple(returned), tuple(still_where), tuple(peer), tuple(same), tuple(peer_w))
+    pairs = (
+        tuple(returned),
+        tuple(still_where),
+        tuple(peer),
+        tuple(same),
+        tuple(peer_w),
+        tuple(rejoined),
+        tuple(leavers),
+    )
     return Progress(len(snaps), tuple(waiters), tuple(released), g, *pairs)
 
 

@@ -692,3 +692,12 @@ def test_steps_the_logs_time_show_a_slowed_job_so_rank_0_is_no_duty(tmp_path):
     v = diagnose(load_inputs(root, gpus_per_node=2))
     assert v.verdict.value == "fail-slow" and v.culprit_ranks == (0,), v.explain()
     assert v.culprit_nodes == ("sxm5-gpu-n101",) and any("logged step time rose" in r for r in v.reasons)
+
+
+def test_peers_back_in_the_wait_a_slow_rank_left_are_in_a_later_step():
+    """A throttled rank left DDP's backward its 7 peers sat in (the all-reduce completed for all) and ran on at
+    other stacks; the peers, back in backward in the next rounds, were counted as sitting still through three
+    snapshots: a hang at 0.91. Without step times the rounds cannot prove the job moved either."""
+    v = diagnose(load_inputs(OUTSIDE / "slow-pod-rounds-json" / "captures", gpus_per_node=2))
+    assert v.verdict.value != "hang", v.explain()
+    assert set(v.suspect_nodes) <= {"llm-pretrain-worker-3"}
