@@ -201,7 +201,8 @@ def _logged_steps(inputs: Inputs, log_facts: LogFacts | None, f: stacks.StackFac
     words = [f"the logs show a step completed {first - bound:.0f} s after the last snapshot's time"]
     slow = logged_slowdown(inputs.logs.steps)  # and, where they time each step, whether the steps slowed
     if slow is not None:
-        words.append(f"the logged step time rose from {slow[0]:.2f} s to {slow[1]:.2f} s at step {slow[2]}")
+        per = " per sample" if any(r.batch for r in inputs.logs.steps) else ""
+        words.append(f"the logged step time{per} rose {slow[1] / slow[0]:.1f}x at step {slow[2]}")
     return StepEvidence(first, 0.0, 0, True, False, slow, tuple(words))
 
 

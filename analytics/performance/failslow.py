@@ -313,7 +313,8 @@ def _slowdown(steps: np.ndarray, dur: np.ndarray) -> tuple[float, float, int] | 
 def logged_slowdown(records: Sequence[Any]) -> tuple[float, float, int] | None:
     """:func:`_slowdown` of the step lines the logs hold (Megatron's "elapsed time per iteration (ms)"): each
     step's longest time over the ranks that logged it, in the latest run of the console (a step number that
-    goes back, a requeued job appending to the same file, starts a new run)."""
+    goes back, a requeued job appending to the same file, starts a new run). Where the lines state the global
+    batch size, the time per sample is compared (a batch-size ramp-up makes every step longer by design)."""
     runs: dict[object, list[Any]] = {}
     for r in records:  # each logging stream in its order
         if r.elapsed_ms is not None and r.elapsed_ms > 0:
@@ -322,7 +323,8 @@ def logged_slowdown(records: Sequence[Any]) -> tuple[float, float, int] | None:
     for recs in runs.values():
         start = max((i for i in range(1, len(recs)) if recs[i].step <= recs[i - 1].step), default=0)
         for r in recs[start:]:
-            per[r.step] = max(per.get(r.step, 0.0), r.elapsed_ms / 1000.0)
+            t = r.elapsed_ms / 1000.0 / (r.batch if r.batch else 1)
+            per[r.step] = max(per.get(r.step, 0.0), t)
     if not per:
         return None
     steps = np.array(sorted(per))

@@ -78,6 +78,7 @@ class StepRecord:
     step: int
     elapsed_ms: float | None = None
     source: str = ""
+    batch: int | None = None  # the global batch size the line states (Megatron's ramp-up changes it)
 
 
 @dataclass(frozen=True)

@@ -328,8 +328,17 @@ def _claim(f: Found) -> object:
         return f.ident.rank
     if f.ident.local_rank is None:
         return None
-    kept = [p for p in f.rel.split("/")[:-1] if not (_STAMP.search(p) or _DAY.search(p))]
-    return ("local", "/".join(kept), f.ident.local_rank)
+    return ("local", "/".join(_unstamped(p) for p in f.rel.split("/")[:-1]), f.ident.local_rank)
+
+
+def _unstamped(part: str) -> str:
+    """A folder name without its stamp: what comes before the stamp when it names a machine (``<host>-<stamp>``,
+    a sidecar's ``$(hostname)-$(date ...)``), else nothing (``incident-20261201``, ``pyspy-<stamp>``)."""
+    m = _STAMP.search(part) or _DAY.search(part)
+    if m is None:
+        return part
+    before = part[: m.start()].rstrip("-_. ")
+    return before if before and _dir_facts(before)[3] else ""
 
 
 Stamp = tuple[int, ...]

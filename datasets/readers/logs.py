@@ -59,7 +59,10 @@ _PERIODIC = re.compile(
 _NCCL_HOST = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,252}):\d+:\d+ \[\d+\] NCCL (?:INFO|WARN|TRACE) ")
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (?P<ms>\d+)ms for (?P<op>\w+) operation to complete")
 _GLOO_CLOSED = re.compile(r"(?:Connection closed by peer|Connection reset by peer) \[(?P<addr>[^\]]+)\]:(?P<port>\d+)")
-_ITERATION = re.compile(r"iteration\s+(?P<it>\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*(?P<ms>[\d.]+)")
+_ITERATION = re.compile(  # and Megatron's global batch size, which its ramp-up changes (time per sample compares)
+    r"iteration\s+(?P<it>\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*(?P<ms>[\d.]+)"
+    r"(?:.*?global batch size:\s*(?P<gbs>\d+))?"
+)
 _FH_HEAD = re.compile(r"^(?:Current thread|Thread) 0[xX][0-9a-fA-F]+(?: \[.*?\])? \(most recent call first\):")
 _FATAL = re.compile(r"^Fatal Python error: (.*)$")
 _TB_HEAD = re.compile(r"^(?:Traceback|Stack) \(most recent call last\):")
@@ -395,15 +398,8 @@ def _records(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
     m = _ITERATION.search(text)
     if m:
         st.last_step_at = st.at
-        st.records.append(
-            {
-                "type": "step",
-                "step": int(m.group("it")),
-                "elapsed_ms": float(m.group("ms")),
-                "stamp": stamp,
-                "source": where,
-            }
-        )
+        step = {"type": "step", "step": int(m.group("it")), "elapsed_ms": float(m.group("ms")), "stamp": stamp}
+        st.records.append({**step, "batch": int(m.group("gbs")) if m.group("gbs") else None, "source": where})
 
 
 def _watchdog(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:

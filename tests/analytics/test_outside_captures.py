@@ -691,7 +691,7 @@ def test_steps_the_logs_time_show_a_slowed_job_so_rank_0_is_no_duty(tmp_path):
             os.utime(p, (t, t))
     v = diagnose(load_inputs(root, gpus_per_node=2))
     assert v.verdict.value == "fail-slow" and v.culprit_ranks == (0,), v.explain()
-    assert v.culprit_nodes == ("sxm5-gpu-n101",) and any("logged step time rose" in r for r in v.reasons)
+    assert v.culprit_nodes == ("sxm5-gpu-n101",) and any("logged step time per sample rose" in r for r in v.reasons)
 
 
 def test_peers_back_in_the_wait_a_slow_rank_left_are_in_a_later_step():

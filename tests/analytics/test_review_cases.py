@@ -284,3 +284,19 @@ def test_a_round_that_reached_no_trainer_is_left_out():
     assert any("no trainer's dump in them" in n for n in inputs.notes)
     v = diagnose(inputs)
     assert v.verdict.value == "hang" and v.culprit_ranks == (6,) and v.culprit_nodes == ("cn0418",), v.explain()
+
+
+def test_a_batch_size_ramp_up_is_no_slowdown():
+    """Megatron's batch-size ramp-up doubles the step time by design; read as the job slowing down it turned off
+    the rank-0 duty rule and evicted rank 0's machine as fail-slow. The time per sample did not change."""
+    v = diagnose(load_inputs(REVIEW / "s40"))
+    assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
+
+
+def test_hosts_stamped_in_their_folder_names_are_no_older_incident():
+    """``<host>-<stamp>/local0.txt``: with the stamped folders stripped, every host's local rank 0 claimed one
+    slot, the hosts captured first were dropped as an older incident and the job called healthy at 0.90."""
+    inputs = load_inputs(REVIEW / "s41")
+    assert not any("older incident" in n for n in inputs.notes), inputs.notes
+    v = diagnose(inputs)
+    assert v.verdict.value != "healthy" and all(n.startswith("a100-r3-n2") for n in v.suspect_nodes), v.explain()
