@@ -83,8 +83,8 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         parent, _, name = folder.rpartition("/")
         if name:  # rounds of one capture are the same processes: same ranks (or local ranks), same pids
             by_parent[parent][name].add((_who(f), f.ident.pid))
-    names: set[str] = set()
-    for parent, kids in by_parent.items():
+    order: dict[tuple[str, str], int] = {}  # (parent, name) -> round: numbered within each machine's folder (each
+    for parent, kids in by_parent.items():  # host's sidecar stamps its own rounds, a second or two apart)
         if len(kids) < 2:
             continue
         sets = list(kids.values())
@@ -95,22 +95,23 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         ):
             continue  # pods of one job (``<job>/<job>-worker-0/``) repeat pids too: pids alone need capture names
         if all(s == sets[0] for s in sets[1:]) and _numbered(list(kids)):  # the same ranks: rounds of a capture
-            names |= set(kids)
-    if not names:
+            order.update({(parent, n): i for i, n in enumerate(sorted(kids, key=natural))})
+    if not order:
         return
-    order = {n: i for i, n in enumerate(sorted(names, key=natural))}
     for f in trainers:
         parent, _, name = f.rel.rpartition("/")[0].rpartition("/")
-        if name in order:
-            f.ident = f.ident._replace(snapshot=order[name], sources={**f.ident.sources, "snapshot": "path"})
+        if (parent, name) in order:
+            sources = {**f.ident.sources, "snapshot": "path"}
+            f.ident = f.ident._replace(snapshot=order[(parent, name)], sources=sources)
             if f.ident.node == name and f.ident.sources.get("node") == "host-folder":  # a round, not a machine
                 up = _dir_facts(parent)[3] if parent else None
                 sources = {k: v for k, v in f.ident.sources.items() if k != "node" or up}
                 f.ident = f.ident._replace(node=up, sources=sources)
                 f.host = up or f.host
+    names = sorted({n for _, n in order}, key=natural)
     notes.append(
-        f"sibling folders holding the same ranks read as capture rounds, in the order of their names: "
-        f"{', '.join(sorted(names, key=natural)[:5])}"
+        f"sibling folders holding the same ranks read as capture rounds, in the order of their names (within each "
+        f"machine's folder): {', '.join(names[:5])}"
     )
 
 

@@ -701,3 +701,16 @@ def test_peers_back_in_the_wait_a_slow_rank_left_are_in_a_later_step():
     v = diagnose(load_inputs(OUTSIDE / "slow-pod-rounds-json" / "captures", gpus_per_node=2))
     assert v.verdict.value != "hang", v.explain()
     assert set(v.suspect_nodes) <= {"llm-pretrain-worker-3"}
+
+
+def test_rounds_stamped_by_each_host_s_own_clock_line_up_by_their_order(tmp_path):
+    """Each host's sidecar stamps its rounds on its own clock: one host's five ``pyspy-<stamp>`` folders a second
+    after the others' were numbered among all hosts' names together (ten snapshots of half the job each).
+    Rounds are numbered within each machine's folder."""
+    root = tmp_path / "skew"
+    shutil.copytree(OUTSIDE / "failslow-stamped-rounds", root)
+    for d in sorted((root / "hpc-gpu0116").glob("pyspy-*")):
+        day, hms = d.name.rsplit("-", 1)
+        d.rename(d.with_name(f"{day}-{int(hms) + 1:06d}"))
+    v = diagnose(load_inputs(root, gpus_per_node=2))
+    assert v.n_snapshots == 5 and v.world_size == 8 and "hpc-gpu0115" not in v.suspect_nodes, v.explain()
