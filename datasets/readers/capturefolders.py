@@ -16,7 +16,7 @@ from __future__ import annotations
 import calendar
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rankscope.datasets.readers.identity import _dir_facts, is_capture_folder, natural
@@ -90,9 +90,7 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         sets = list(kids.values())
         if any(isinstance(w, tuple) for s in sets for w, _ in s) and not (parent and _dir_facts(parent)[3]):
             continue  # local ranks (and containers' pids) repeat on every machine: rounds only inside one's folder
-        if any(w[0] == "pid" for s in sets for w, _ in s if isinstance(w, tuple)) and not all(
-            is_capture_folder(k) or _STAMP.search(k) for k in kids
-        ):
+        if any(w[0] == "pid" for s in sets for w, _ in s if isinstance(w, tuple)) and not _capture_names(kids):
             continue  # pods of one job (``<job>/<job>-worker-0/``) repeat pids too: pids alone need capture names
         if all(s == sets[0] for s in sets[1:]) and _numbered(list(kids)):  # the same ranks: rounds of a capture
             order.update({(parent, n): i for i, n in enumerate(sorted(kids, key=natural))})
@@ -133,12 +131,7 @@ def rounds_from_outer_folders(found: list[Found], notes: list[str]) -> None:
     chosen: dict[tuple[int, str], dict[str, int]] = {}
     for where, kids in below.items():
         sets = list(kids.values())
-        if (
-            len(kids) > 1
-            and _numbered(list(kids))
-            and all(is_capture_folder(k) or _STAMP.search(k) for k in kids)
-            and all(s == sets[0] for s in sets[1:])
-        ):
+        if len(kids) > 1 and _numbered(list(kids)) and _capture_names(kids) and all(s == sets[0] for s in sets[1:]):
             chosen[where] = {n: i for i, n in enumerate(sorted(kids, key=natural))}
     if not chosen:
         return
@@ -155,6 +148,11 @@ def rounds_from_outer_folders(found: list[Found], notes: list[str]) -> None:
         "folders holding the same processes in the same folders below them read as capture rounds, in the order "
         f"of their names: {', '.join(names[:5])}"
     )
+
+
+def _capture_names(names: Iterable[str]) -> bool:
+    """Whether every name is a capture's: stamped with its time, or a capture word (``py-spy-1``, ``capture-3``)."""
+    return all(is_capture_folder(n) or _STAMP.search(n) for n in names)
 
 
 def _who(f: Found) -> object:

@@ -148,16 +148,7 @@ def _read(paths: Sequence[str], *, freeze: bool, skip_non_fr: bool) -> tuple[lis
     skipped: list[str] = []
     bad: list[str] = []
     with paused_gc():
-        label = "reading Flight Recorder dumps"
-        for part_dumps, part_skipped, part_bad in map_batches(
-            paths,
-            lambda part: _read_part(part, skip_non_fr, label),
-            workers=worker_count(len(paths), min_per_worker=FILES_PER_WORKER),
-            batch=BATCH,
-            encode=_encode_part,
-            decode=_decode_part,
-            label=label,
-        ):
+        for part_dumps, part_skipped, part_bad in _parts(paths, skip_non_fr):
             skipped += part_skipped
             bad += part_bad
             for p, d in part_dumps:
@@ -178,22 +169,27 @@ def read_fr_each(paths: Sequence[str], ranks: Mapping[str, int] | None = None) -
     manifest), read by several processes when there are many (:mod:`.forked`): (the dumps in the order of
     ``paths``, ``"FILE: why"`` of each file that is corrupt or no dump). The same rank may come twice (the
     captures of a dump directory). A pickle that names code is raised: the input is refused, never skipped."""
-    label = "reading Flight Recorder dumps"
     dumps: list[FRDump] = []
     bad: list[str] = []
     with paused_gc():
-        for part_dumps, skipped, part_bad in map_batches(
-            list(paths),
-            lambda part: _read_part(part, True, label, ranks),
-            workers=worker_count(len(paths), min_per_worker=FILES_PER_WORKER),
-            batch=BATCH,
-            encode=_encode_part,
-            decode=_decode_part,
-            label=label,
-        ):
+        for part_dumps, skipped, part_bad in _parts(paths, True, ranks):
             dumps += [d for _, d in part_dumps]
             bad += part_bad + [f"{p}: not a Flight Recorder dump" for p in skipped]
     return dumps, bad
+
+
+def _parts(paths: Sequence[str], skip_non_fr: bool, ranks: Mapping[str, int] | None = None) -> list[_Part]:
+    """:func:`_read_part` of ``paths`` in batches, shared by this process and forked workers, in order."""
+    label = "reading Flight Recorder dumps"
+    return map_batches(
+        list(paths),
+        lambda part: _read_part(part, skip_non_fr, label, ranks),
+        workers=worker_count(len(paths), min_per_worker=FILES_PER_WORKER),
+        batch=BATCH,
+        encode=_encode_part,
+        decode=_decode_part,
+        label=label,
+    )
 
 
 FILES_PER_WORKER = 256  # below this a fork and the result's trip through a pipe cost more than they save
