@@ -19,6 +19,7 @@ import numpy as np
 from rankscope.analytics.faultdomain import cover, related_mask, smallest_group
 from rankscope.analytics.stacks.collection import CaptureProblem
 from rankscope.analytics.stacks.culprits import STRONG, culprits
+from rankscope.analytics.stacks.duties import DUTY_STATES, main_process_duty, stuck_duty_words
 from rankscope.analytics.stacks.facts import StackFacts
 from rankscope.analytics.stacks.frames import PEER_WAIT_STATES
 from rankscope.analytics.stacks.motion import Motion
@@ -62,6 +63,8 @@ class _Hang:
     common: dict[str, Any]
     problems: list[CaptureProblem]
     frozen: bool = False  # time evidence says the job was stuck (frozen rounds, or long after the last step)
+    duty: str = ""  # a frame rank 0 ran that no other rank ran in any snapshot (see :mod:`.duties`)
+    rounds: int = 1
 
     def verdict(self, kind: Severity, confidence: float, **fields: Any) -> Verdict:
         reasons = list(self.reasons)
@@ -118,6 +121,8 @@ def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> 
         common_fields(facts, topology, job, a),
         problems_of(facts),
         m.kind == "stuck",
+        main_process_duty(facts, (0,), {a.snapshot}),  # rank 0 in its own code now, not only once
+        len(facts.analyses),
     )
     return _too_little(h) or _no_outlier(h) or _localized(h)
 
@@ -222,6 +227,16 @@ def _stopped(h: _Hang, ranks: Sequence[int]) -> Verdict:
     return h.verdict(Severity.INCONCLUSIVE, 0.5, suspect_ranks=tuple(ranks), evidence=h.evidence(ranks))
 
 
+def _main_duty(h: _Hang) -> Verdict:
+    """Rank 0 alone stands out, in code no other rank ran: its own duties, which the job waits on by design."""
+    f = h.a.best().get(0)
+    if f is not None:
+        h.reasons.append(f"Rank 0 on {h.topology.node_of(0)}: {f.detail}.")
+    h.reasons.append(stuck_duty_words(h.rounds, h.duty, h.a.state_of(0) or "compute"))
+    suspects = tuple(sorted(set(h.a.outlier_ranks) | {0}))
+    return h.verdict(Severity.INCONCLUSIVE, 0.4, suspect_ranks=suspects, evidence=h.evidence((0,)))
+
+
 def _localized(h: _Hang) -> Verdict:
     """Outliers mapped onto a fault domain (hang) with their likeliest culprits, or inconclusive."""
     a, topology = h.a, h.topology
@@ -233,6 +248,10 @@ def _localized(h: _Hang) -> Verdict:
     stopped = {p.rank for p in h.problems if p.kind == "stopped"}
     if strong and culprit_ranks and set(culprit_ranks) <= stopped:
         return _stopped(h, culprit_ranks)
+    finding = a.best().get(0)
+    own_code = finding is not None and finding.kind == "not-in-collective"  # not a stuck child or a missing dump
+    if strong and tuple(culprit_ranks) == (0,) and h.duty and a.state_of(0) in DUTY_STATES and own_code:
+        return _main_duty(h)
     if strong:
         victims, unexplained = _victims(h, culprit_ranks)
         if not unexplained:

@@ -8,7 +8,7 @@ every snapshot do. Otherwise the job is healthy.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from rankscope.analytics.performance.failslow import (
     flag_round,
     vote,
 )
+from rankscope.analytics.stacks.duties import duty_words, main_process_duty
 from rankscope.analytics.stacks.facts import StackFacts
 from rankscope.analytics.stacks.motion import Motion
 from rankscope.analytics.stacks.report import (
@@ -62,9 +63,9 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
         else None
     )
     d = v.degrader if v is not None else None
-    duty = _main_process_duty(facts, d.culprit_ranks, {s for s, f in d.per_round if 0 in f}) if d and not slowed else ""
+    duty = main_process_duty(facts, d.culprit_ranks, {s for s, f in d.per_round if 0 in f}) if d and not slowed else ""
     if duty and d is not None:
-        reasons.append(_duty_words(f"stood out in {d.flags} of {len(rounds)} rounds", duty))
+        reasons.append(duty_words(f"stood out in {d.flags} of {len(rounds)} rounds", duty))
         v, few = None, True
     if v is not None and v.degrader is not None and (len(rounds) >= VOTE_ROUNDS or slowed):
         return _failslow(facts, topology, v.degrader, reasons, common, v.others)
@@ -109,38 +110,6 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
     )
 
 
-_MODEL_CODE = frozenset({"forward", "_call_impl", "_wrapped_call_impl", "backward", "_engine_run_backward"})
-"""Frames of model compute (every rank runs them; the others may just never be caught there)."""
-
-
-def _main_process_duty(facts: StackFacts, culprits: Sequence[int], flagged: Collection[int]) -> str:
-    """A frame rank 0 ran when flagged that no other rank ran in any round, when rank 0 alone is the culprit
-    ("" otherwise): the main process has duties of its own (``if rank == 0:`` logging, metrics, checkpoints,
-    data preparation) that the others wait on, and lags in its common work too because of them."""
-    if tuple(culprits) != (0,):
-        return ""
-    own: set[str] = set()
-    others: set[str] = set()
-    for a in facts.analyses:
-        for c in a.clusters:
-            if c.role != "trainer":
-                continue
-            if 0 in c.ranks and a.snapshot in flagged and not any(k.split("@")[0] in _MODEL_CODE for k in c.signature):
-                own |= set(c.signature)  # model compute (forward, backward) every rank runs: never a duty
-            if any(r != 0 for r in c.ranks):
-                others |= set(c.signature)
-    return min(own - others, default="")
-
-
-def _duty_words(how: str, duty: str) -> str:
-    return (
-        f"Rank 0 {how}, running code no other rank ran in any round ({duty}): the main process's own duties "
-        "(logging, metrics, checkpoints, data preparation: `if rank == 0:`) that the job waits on by design, not a "
-        "slower machine, and no step record shows the job slowing down. Nothing evicted; if the steps are slower "
-        "than they should be, look there first."
-    )
-
-
 def _hint(a: SnapshotAnalysis, topology: Topology) -> str:
     """Words for a progressing job whose last snapshot shows a few ranks running their own code while most
     wait: one snapshot cannot tell a slow rank from the last one to finish its step."""
@@ -180,9 +149,9 @@ def _steps_and_stacks(
         return None
     culprit_ranks = tuple(int(x) for x in flagged)
     n = len(rounds)
-    duty = "" if steps.slowdown else _main_process_duty(facts, culprit_ranks, {r.snapshot for r in rounds})
+    duty = "" if steps.slowdown else main_process_duty(facts, culprit_ranks, {r.snapshot for r in rounds})
     if duty:
-        reasons.append(_duty_words(f"ran its own code while most ranks waited in all {n} snapshot(s)", duty))
+        reasons.append(duty_words(f"ran its own code while most ranks waited in all {n} snapshot(s)", duty))
         return None
     culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in group.nodes)
     for rk in culprit_ranks[:5]:

@@ -265,14 +265,16 @@ def test_one_frozen_pair_after_progress_is_no_hang_when_nobody_sat_still_through
     assert not v.suspect_nodes and not v.culprit_ranks and v.verdict.value != "hang", v.explain()
 
 
-def test_the_same_rounds_with_the_checkpoint_already_running_in_the_first_stay_a_hang(tmp_path):
+def test_the_same_rounds_with_the_checkpoint_already_running_in_the_first_name_rank_0_but_no_machine(tmp_path):
     """Round 1 taken in place of round 0 too: rank 0 in its checkpoint and the others in the barrier through
-    three snapshots is frozen from the start."""
+    three snapshots is frozen from the start. Rank 0 alone in code no other rank ran is its own duty (a long
+    save and a stuck one look alike): it was a hang isolating rank 0's machine; now rank 0 is named in words."""
     root = tmp_path / "job"
     for k, src in enumerate(("round-1", "round-1", "round-2")):
         shutil.copytree(OUTSIDE / "checkpoint-caught-twice" / src, root / f"round-{k}")
     v = diagnose(load_inputs(root, gpus_per_node=2))
-    assert v.verdict.value == "hang" and v.suspect_nodes == ("gpu-node-a",), v.explain()
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes and 0 in v.suspect_ranks, v.explain()
+    assert "own duties" in v.explain() and "save_checkpoint" in v.explain()
 
 
 def test_round_folders_on_one_host_are_never_machine_names(tmp_path):
@@ -443,9 +445,11 @@ def test_one_round_whose_files_predate_logged_steps_is_a_moving_job(tmp_path):
 def test_modification_times_after_the_last_step_prove_nothing(tmp_path):
     """Copied without keeping times (a checkout, `cp` without -p), the files are newer than every logged step
     (and the logs' own times no longer follow their last lines): no progress is read from them and the single
-    round is judged on its stacks as before."""
+    round is judged on its stacks alone: rank 0 alone in its checkpoint, code no other rank ran, names no
+    machine (it was a hang isolating llm-train-master-0)."""
     v = diagnose(load_inputs(_k8s_checkpoint(tmp_path, time.time(), time.time()), gpus_per_node=2))
-    assert v.verdict.value == "hang" and v.culprit_nodes == ("llm-train-master-0",), v.explain()
+    assert "after the last snapshot" not in v.explain()
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes and 0 in v.suspect_ranks, v.explain()
 
 
 def test_pod_names_in_front_of_the_rank_name_the_machines():

@@ -135,6 +135,28 @@ def test_a_culprit_looping_through_its_own_code_is_no_return(tmp_path: Path) -> 
 # -- fail-slow from rounds -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("capture", ["rank0_eval_loop_3rounds", "rank0_eval_sleep_3rounds"])
+def test_rank_0_s_own_evaluation_caught_in_three_frozen_rounds_evicts_nobody(capture: str) -> None:
+    """A healthy 4-rank gloo job whose rank 0 evaluates for 16 s (``if rank == 0: evaluate()``, then a barrier),
+    three py-spy rounds 3 s apart: the others sit in the barrier throughout, rank 0 in ``evaluate`` (its stack
+    moving through forward and scoring, or one sleep). It was a hang isolating rank 0's machine at 0.88."""
+    v = run_diagnose(load_inputs(DATA / capture))
+    assert v.verdict.value == "inconclusive" and no_suspect(v) and v.suspect_ranks == (0,), v.explain()
+    assert "own duties" in v.explain() and "evaluate" in v.explain()
+
+
+def test_the_same_evaluation_on_another_rank_than_0_stays_a_hang(tmp_path: Path) -> None:
+    """Only rank 0 has duties of its own: the same rounds with the files of ranks 0 and 2 swapped (rank 2 alone
+    in ``evaluate``, the rest in the barrier) are a hang on rank 2."""
+    swap = {0: 2, 2: 0}
+    for rnd in sorted((DATA / "rank0_eval_sleep_3rounds").iterdir()):
+        (tmp_path / rnd.name).mkdir()
+        for r in range(4):
+            shutil.copy(rnd / f"rank{r}.txt", tmp_path / rnd.name / f"rank{swap.get(r, r)}.txt")
+    v = run_diagnose(load_inputs(tmp_path))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (2,), v.explain()
+
+
 def _throttled(tmp_path: Path, *, prefixes: bool) -> Path:
     """The real throttled job's 5 rounds with one manifest (hosts gpu-node-q..t, rank 6 on gpu-node-t);
     with ``prefixes`` the odd hosts' install prefix is rewritten, as nodes of one job differ."""
