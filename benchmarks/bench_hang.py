@@ -6,7 +6,7 @@ same run, so the machine's load affects all figures alike:
 - ``in_memory``: clustering + localization on already-parsed stacks (target: < 1 s at 100k ranks).
 - ``dump_dir``: reading and parsing every dump file + clustering + localization, beside a *floor*
   that only reads and hashes the same files (target: < 3x the floor). Both are run ``--repeat`` times
-  (one fewer at 100k) and the fastest of each counts: on a shared machine one floor run right after the
+  (one fewer at 100k; 5 by default) and the fastest of each counts: on a shared machine one floor run right after the
   files were written varied 0.28-0.37 s at 10k ranks. From 1,000 files the reader splits them between
   forked workers (``read_workers``; ``RANKSCOPE_READ_WORKERS=1`` reads in one process): ``cpu_total_s``
   counts the workers' CPU too, so ``cpu_ratio_to_floor`` is the work done, ``ratio_to_floor`` the wait.
@@ -20,6 +20,7 @@ Prints one JSON object. Usage: ``python benchmarks/bench_hang.py [--scales 1024,
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -109,6 +110,9 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
     t = time.perf_counter()
     job.write_dir(dump, fmt=fmt)
     res["write_dir_s"] = round(time.perf_counter() - t, 2)
+    truth = job.truth
+    del job, procs, v  # read as `rankscope diagnose` reads: a process that does not hold the generated job
+    gc.collect()  # (a large heap makes the reader's forked workers slower: page tables, copy-on-write)
     reps = repeat if world < 100_000 else max(1, repeat - 1)
     floors = [floor(dump) for _ in range(reps)]
     floor_s, n_files, n_bytes = min(floors)
@@ -137,7 +141,7 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
         "cpu_total_s": round(min(cpus), 3),
         "cpu_ratio_to_floor": round(min(cpus) / cpu_floor, 2),
         "read_workers": worker_count(n_files, min_per_worker=FILES_PER_WORKER),
-        "correct": correct(v, job.truth),
+        "correct": correct(v, truth),
     }
 
     store_root = workdir / f"store-{world}"
@@ -161,7 +165,7 @@ def run_scale(world: int, workdir: Path, *, fmt: str, dataloader_workers: int, s
         "load_s": round(t_load, 3),
         "total_s": round(total, 3),
         "ratio_to_floor": round(total / sfloor, 2),
-        "correct": correct(v, job.truth),
+        "correct": correct(v, truth),
     }
     shutil.rmtree(store_root)
     return res
@@ -173,7 +177,7 @@ def main() -> None:
     ap.add_argument("--format", default="mixed", choices=["pyspy-text", "pyspy-json", "faulthandler", "mixed"])
     ap.add_argument("--dataloader-workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=3, help="floor and reader runs per scale (one fewer at 100k)")
+    ap.add_argument("--repeat", type=int, default=5, help="floor and reader runs per scale (one fewer at 100k)")
     ap.add_argument("--workdir", default=None, help="Scratch directory (default: a temporary one).")
     args = ap.parse_args()
     scratch = Path(args.workdir or tempfile.mkdtemp(prefix="rankscope-bench-"))

@@ -51,7 +51,7 @@ def from_dump(
     main = dump.main_thread
     others = threads[1:] if threads and threads[0] is main else tuple(t for t in threads if t is not main)
     status, error, kind = dump.status, dump.error, dump.failure_kind
-    if status == "ok" and threads and not any(t.frames for t in threads):
+    if status == "ok" and threads and (main is None or not main.frames) and not any(t.frames for t in threads):
         # a header and threads without a frame: py-spy caught the process exiting (SIGKILL, teardown); no state
         status, error, kind = "cut", "no frame in any thread (the process was exiting or gone when captured)", "cut"
     return ProcStacks(

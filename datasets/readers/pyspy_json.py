@@ -93,17 +93,17 @@ def parse_pyspy_json(text: str | bytes, source_file: str = "") -> list[ProcessDu
     if not raw.strip():
         return [failed_dump(source_file, FORMAT, "empty dump file")]
     status, error = "ok", None
-    depth = limits().max_json_depth
-    if json_too_deep(raw, depth):
-        return [
-            failed_dump(source_file, FORMAT, f"invalid JSON (nested deeper than {depth} levels)", kind="unreadable")
-        ]
-    try:
+    try:  # orjson stops at 1,024 levels without recursing in Python, and _processes never recurses either
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         data = None
     if data is not None:
         return _processes(data, source_file, status, error)
+    depth = limits().max_json_depth  # the standard library recurses: its input is checked first
+    if json_too_deep(raw, depth):
+        return [
+            failed_dump(source_file, FORMAT, f"invalid JSON (nested deeper than {depth} levels)", kind="unreadable")
+        ]
     if not isinstance(text, str):
         text = text.decode("utf-8", errors="replace")
     try:
