@@ -142,16 +142,51 @@ def iter_chunks(ms: MetricSet) -> Iterator[tuple[pa.Table, dict[str, str], list[
         for off in range(0, table.num_rows, CHUNK_ROWS):
             yield conform_long(Path("metrics"), table.slice(off, CHUNK_ROWS), ms.node_label, scale), {}, []
     failed: list[InputError] = []
-    for path, fmt in ms.files:
-        try:
-            yield from _file_chunks(path, fmt, ms.node_label)
-        except InputError as exc:  # one bad file (cut mid-line, an interrupted copy) loses only itself
-            if len(ms.files) == 1 and ms.frame is None:
-                raise
-            failed.append(exc)
-            yield _EMPTY, {}, [f"{exc}: skipped (the other metric files are read)"]
+    for run in _scrape_runs(ms.files):
+        if len(run) > 1:  # small scrape files: read as one, unless one of them is not the plain case
+            from rankscope.datasets.readers.prometheus_batch import read_exposition_batch
+
+            chunk = read_exposition_batch([p for p, _ in run], node_label=ms.node_label)
+            if chunk is not None:
+                yield chunk
+                continue
+        for path, fmt in run:
+            try:
+                yield from _file_chunks(path, fmt, ms.node_label)
+            except InputError as exc:  # one bad file (cut mid-line, an interrupted copy) loses only itself
+                if len(ms.files) == 1 and ms.frame is None:
+                    raise
+                failed.append(exc)
+                yield _EMPTY, {}, [f"{exc}: skipped (the other metric files are read)"]
     if failed and len(failed) == len(ms.files) and (ms.frame is None or not ms.frame.height):
         raise failed[0]
+
+
+def _scrape_runs(files: Iterable[tuple[Path, str]]) -> Iterator[list[tuple[Path, str]]]:
+    """``files`` in order, consecutive small Prometheus text files grouped (up to
+    :data:`~.prometheus_batch.BATCH_FILES` files and ``BATCH_BYTES`` bytes), every other file alone."""
+    from rankscope.datasets.readers.prometheus_batch import BATCH_BYTES, BATCH_FILES, SMALL_FILE
+
+    run: list[tuple[Path, str]] = []
+    size = 0
+    for path, fmt in files:
+        try:
+            n = os.stat(path).st_size if fmt == "prometheus-text" else -1
+        except OSError:
+            n = -1
+        if not 0 < n <= SMALL_FILE:
+            if run:
+                yield run
+                run, size = [], 0
+            yield [(path, fmt)]
+            continue
+        if run and (len(run) >= BATCH_FILES or size + n > BATCH_BYTES):
+            yield run
+            run, size = [], 0
+        run.append((path, fmt))
+        size += n
+    if run:
+        yield run
 
 
 def _file_chunks(path: Path, fmt: str, node_label: str | None) -> Iterator[tuple[pa.Table, dict[str, str], list[str]]]:
