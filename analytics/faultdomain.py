@@ -110,11 +110,14 @@ def smallest_group(
     )
 
 
-def related_mask(ranks: Sequence[int], others: np.ndarray, topology: Topology) -> np.ndarray:
-    """For each rank of ``others``: whether it shares a node or a parallel group (TP, CP, EP, PP, DP, or its
-    model-parallel replica) with one of ``ranks``."""
+def related_mask(ranks: Sequence[int], others: np.ndarray, topology: Topology, *, nodes: bool = True) -> np.ndarray:
+    """For each rank of ``others``: whether it shares a node (unless ``nodes`` is False) or a parallel group
+    (TP, CP, EP, PP, DP, or its model-parallel replica) with one of ``ranks``."""
     culprits = np.asarray(ranks, dtype=np.int64)
-    out = np.isin(topology.node_index[others], topology.node_index[culprits])
+    if nodes:
+        out = np.isin(topology.node_index[others], topology.node_index[culprits])
+    else:
+        out = np.zeros(len(others), dtype=bool)
     for kind in topology.kinds():
         gid = topology.group_ids(kind)
         out |= np.isin(gid[others], gid[culprits])

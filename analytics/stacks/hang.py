@@ -212,7 +212,14 @@ def _victims(h: _Hang, culprit_ranks: Sequence[int]) -> tuple[list[int], list[in
         return [], []
     waiting = np.asarray([best[int(r)].score < STRONG and h.a.state_of(int(r)) in PEER_WAIT_STATES for r in others])
     related = related_mask(culprit_ranks, others, h.topology)
-    ok = waiting & related
+    while True:  # a waiter in a group with a victim waits behind the culprit too (a chain of waits)
+        more = waiting & ~related & related_mask(others[waiting & related], others, h.topology, nodes=False)
+        if not more.any():
+            break
+        related |= more
+    # no dump, its peers waiting where every rank waits: where it would wait too, behind the culprit
+    shared = np.asarray([best[int(r)].kind == "missing-shared-wait" for r in others])
+    ok = (waiting & related) | shared
     return [int(r) for r in others[ok]], [int(r) for r in others[~ok]]
 
 
@@ -339,10 +346,19 @@ def _strong(h: _Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> V
     culprit_nodes = topology.nodes_of(culprit_ranks)
     h.reasons.append(cover_words(group, "The culprits are" if len(culprit_ranks) > 1 else "The culprit is"))
     _culprit_words(h, culprit_ranks)
+    best = a.best()
+    gaps = [r for r in victims if best[r].kind == "missing-shared-wait"]
+    victims = [r for r in victims if r not in gaps]
     if victims:
         h.reasons.append(
             f"{len(victims)} other outlier rank(s) wait in a group shared with the culprit(s): its victims, named "
             f"here, not evicted: {rank_ranges(victims)[:200]}."
+        )
+    if gaps:
+        h.reasons.append(
+            f"Rank(s) {rank_ranges(gaps)[:200]} left no dump, and their peers wait where the healthy majority "
+            "waits, behind the culprit: where they would wait too. A gap in the collection, not evicted; check "
+            "them if the culprit's machine is not the cause."
         )
     conf = 0.55 + 0.3 * a.dominant_fraction + (0.1 if len(group.nodes) == 1 else 0.05)
     suspects = set(group.nodes)

@@ -33,6 +33,7 @@ _RUNNING_CODES = np.array([STATE_CODE[s] for s in ("compute", "io", "idle")], dt
 # How strongly each observation points at a rank being the root cause (1 = certain).
 SCORES = {
     "missing-dump": 1.0,
+    "missing-shared-wait": 0.85,  # no file, its peers waiting where every rank waits: maybe a collection gap
     "child-stuck": 0.95,
     "not-in-collective": 0.9,
     "local-wait": 0.8,
@@ -294,6 +295,44 @@ def _states(clusters: Sequence[Cluster], world: int) -> tuple[np.ndarray, np.nda
     return states, healthy
 
 
+def _missing_findings(
+    missing: np.ndarray,
+    states: np.ndarray,
+    healthy: np.ndarray,
+    topology: Topology,
+    findings: _Findings,
+    *,
+    stopped: set[int],
+    absent: set[int],
+    gone: set[int],
+) -> None:
+    """A finding for each rank without a live process whose parallel group waits for it.
+
+    With no file at all, the absence may be the collection's (py-spy timed out, a node's copy was lost): when
+    the peers that wait for it wait where the healthy majority waits (the job-wide collective every rank
+    reaches behind any laggard), they would wait there with it too, so that absence is weaker evidence
+    (``missing-shared-wait``) than a process seen gone or stopped, or peers held in a wait of their own."""
+    has, coll, p2p = states >= 0, states == STATE_CODE["collective"], states == STATE_CODE["p2p"]
+    waits = waited_for(missing, has, coll, p2p, topology)
+    own = waited_for(missing, has, coll & ~healthy, p2p & ~healthy, topology) if healthy.any() else waits
+    for r, why, own_why in zip(missing.tolist(), waits, own):
+        if not why:
+            continue
+        if r in stopped:
+            what = "its process is stopped (SIGSTOP, state T: py-spy could not sample it; it runs no code)"
+        elif r in absent:
+            what = "its dump is listed in the manifest but absent (its machine unreachable, or it crashed)"
+        elif r in gone:
+            what = "its process was gone when captured (crashed, exited, or unreachable)"
+        else:
+            what = "no stack dump for this rank (crashed, exited, or unreachable)"
+        if own_why or r in stopped or (r in gone and r not in absent):
+            findings.add(Finding(int(r), "missing-dump", f"{what}, and {own_why or why}"))
+        else:
+            where = "where the healthy majority waits"
+            findings.add(Finding(int(r), "missing-shared-wait", f"{what}, and {why}, {where}"))
+
+
 def analyze_snapshot(
     procs: Sequence[ProcStacks],
     topology: Topology,
@@ -319,7 +358,7 @@ def analyze_snapshot(
     states, healthy_rank = _states(clusters, world)
     known = topology.ranks if expected is None else np.asarray(expected, dtype=np.int64)
     stopped = {p.rank for p in roles.problems if p.kind == "stopped" and p.rank is not None}  # in state T
-    absent = {p.rank for p in roles.problems if p.kind == "absent"}
+    absent = {p.rank for p in roles.problems if p.kind == "absent" and p.rank is not None}
     gone = set(roles.gone)
     known = np.union1d(known, np.fromiter(stopped, dtype=np.int64, count=len(stopped)))  # its own capture says so
     known = known[(known >= 0) & (known < world)]
@@ -327,20 +366,7 @@ def analyze_snapshot(
     dumped = np.fromiter((r for r in roles.seen if r not in gone), dtype=np.int64, count=len(roles.seen) - len(gone))
     missing = np.setdiff1d(known, dumped)
     if missing.size:
-        waits = waited_for(
-            missing, states >= 0, states == STATE_CODE["collective"], states == STATE_CODE["p2p"], topology
-        )
-        for r, why in zip(missing.tolist(), waits):
-            if why:
-                if r in stopped:
-                    what = "its process is stopped (SIGSTOP, state T: py-spy could not sample it; it runs no code)"
-                elif r in absent:
-                    what = "its dump is listed in the manifest but absent (its machine unreachable, or it crashed)"
-                elif r in gone:
-                    what = "its process was gone when captured (crashed, exited, or unreachable)"
-                else:
-                    what = "no stack dump for this rank (crashed, exited, or unreachable)"
-                findings.add(Finding(int(r), "missing-dump", f"{what}, and {why}"))
+        _missing_findings(missing, states, healthy_rank, topology, findings, stopped=stopped, absent=absent, gone=gone)
     clusters.extend(
         _child_findings(
             roles.children,

@@ -421,3 +421,39 @@ def test_one_snapshot_of_a_real_compute_hang_still_names_the_stuck_rank(snap: st
     v = run_diagnose(load_inputs(DATA / "hang_compute_mp8" / snap, layout="tp=2,pp=2,dp=2", gpus_per_node=2))
     assert v.verdict == "hang" and v.culprit_ranks == (5,), v.explain()
     assert v.suspect_nodes[0] == "node-2", v.suspect_nodes
+
+
+@pytest.mark.parametrize("gap", [1, 3])
+def test_a_rank_without_a_dump_whose_peers_wait_with_everyone_is_a_collection_gap(tmp_path: Path, gap: int) -> None:
+    # the real compute hang (rank 5 spins) with one healthy rank's dump lost in both rounds: its peers wait where
+    # the healthy majority waits (or behind the culprit's victims), where it would wait too. It named the gap's
+    # machine beside the culprit's (rank 1) or, as a rival culprit, nobody (rank 3).
+    root = tmp_path / "hang"
+    shutil.copytree(DATA / "hang_compute_mp8", root)
+    for f in root.glob(f"round-*/rank{gap}.txt"):
+        f.unlink()
+    v = run_diagnose(load_inputs(root, layout="tp=2,pp=2,dp=2", gpus_per_node=2))
+    assert v.verdict == "hang" and v.culprit_ranks == (5,) and v.suspect_nodes == ("node-2",), v.explain()
+    assert any(r.startswith(f"Rank(s) {gap} left no dump") for r in v.reasons), v.explain()
+
+
+def test_a_rank_without_a_dump_whose_peer_waits_apart_from_everyone_stays_a_rival_culprit(tmp_path: Path) -> None:
+    # rank 6's TP peer (7) sits in a wait of its own: rank 6 may have crashed as well as rank 5 be stuck; two
+    # unrelated culprits evict nobody
+    root = tmp_path / "hang"
+    shutil.copytree(DATA / "hang_compute_mp8", root)
+    for f in root.glob("round-*/rank6.txt"):
+        f.unlink()
+    v = run_diagnose(load_inputs(root, layout="tp=2,pp=2,dp=2", gpus_per_node=2))
+    assert v.verdict == "inconclusive" and not v.suspect_nodes, v.explain()
+    assert "Culprit rank 6" in v.explain() and "Culprit rank 5" in v.explain()
+
+
+def test_the_probe_with_a_healthy_rank_s_dump_lost_still_names_the_stuck_rank(tmp_path: Path, probe_dir: Path) -> None:
+    # the real 4-rank gloo hang (rank 3 never joins the all_reduce) with rank 1's dump lost: ranks 0 and 2 wait
+    # in the all_reduce rank 1 would be in too; it was inconclusive (two rival culprits)
+    for r in (0, 2, 3):
+        shutil.copy(probe_dir / "pyspy" / "text" / f"rank{r}.txt", tmp_path / f"rank{r}.txt")
+    v = run_diagnose(load_inputs(tmp_path, layout="dp=4", gpus_per_node=1))
+    assert v.verdict == "hang" and v.culprit_ranks == (3,) and v.suspect_nodes == ("node-3",), v.explain()
+    assert any(r.startswith("Rank(s) 1 left no dump") for r in v.reasons), v.explain()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,11 +51,23 @@ def test_batches_keep_order_and_cover_everything() -> None:
     assert forked.batches([], 4) == []
 
 
-def test_map_batches_equals_the_loop_and_shares_batches_with_children() -> None:
-    out = forked.map_batches(list(range(50)), _slow, workers=4, batch=3)
+def test_map_batches_equals_the_loop_and_shares_batches_with_children(tmp_path) -> None:
+    marker = tmp_path / "a-child-took-a-batch"
+
+    def work(part):  # this process waits (10 s at most) until a child has a batch: a loaded machine forks slowly
+        if os.getpid() != PARENT:
+            marker.touch()
+        else:
+            deadline = time.monotonic() + 10
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return _slow(part)
+
+    out = forked.map_batches(list(range(50)), work, workers=4, batch=3)
     assert [x for xs, _ in out for x in xs] == list(range(50)) and len(out) == 17
     pids = {pid for _, pid in out}
-    assert os.getpid() in pids and len(pids) >= 2  # this process and at least one child took batches
+    # this process and at least one child took batches
+    assert os.getpid() in pids and len(pids) >= 2, (pids, threading.active_count(), marker.exists())
     assert forked.map_batches(list(range(5)), _slow, workers=1, batch=2) == [(list(range(5)), os.getpid())]
 
 
