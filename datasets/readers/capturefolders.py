@@ -131,8 +131,9 @@ def rounds_from_outer_folders(found: list[Found], notes: list[str]) -> None:
     chosen: dict[tuple[int, str], dict[str, int]] = {}
     for where, kids in below.items():
         sets = list(kids.values())
-        if len(kids) > 1 and _numbered(list(kids)) and _capture_names(kids) and all(s == sets[0] for s in sets[1:]):
-            chosen[where] = {n: i for i, n in enumerate(sorted(kids, key=natural))}
+        if len(kids) > 1 and _numbered(list(kids)) and all(s == sets[0] for s in sets[1:]):
+            if _capture_names(kids) or _same_ranked_processes(sets[0]):
+                chosen[where] = {n: i for i, n in enumerate(sorted(kids, key=natural))}
     if not chosen:
         return
     for f in trainers:
@@ -153,6 +154,13 @@ def rounds_from_outer_folders(found: list[Found], notes: list[str]) -> None:
 def _capture_names(names: Iterable[str]) -> bool:
     """Whether every name is a capture's: stamped with its time, or a capture word (``py-spy-1``, ``capture-3``)."""
     return all(is_capture_folder(n) or _STAMP.search(n) for n in names)
+
+
+def _same_ranked_processes(below: set[tuple[object, int | None, str]]) -> bool:
+    """Whether one folder's processes are told by their global rank and pid: the same set under each numbered
+    folder (``t0/``, ``10-00-00/``) is then the same processes captured again, whatever the names say (a rank
+    runs on one machine only, and another job or pod would not repeat every pid)."""
+    return all(isinstance(who, int) and pid is not None for who, pid, _ in below)
 
 
 def _who(f: Found) -> object:

@@ -120,9 +120,10 @@ def _frames_role(frames: Sequence[Any], first: bool) -> str | None:
 
 _ROW_SOURCES = {
     (snap, pid): MappingProxyType(
-        {"rank": "manifest", "node": "manifest", "local_rank": "manifest", "snapshot": snap, "pid": pid}
+        {"rank": "manifest", "node": "manifest", "local_rank": "manifest", "pid": pid}
+        | ({"snapshot": snap} if snap else {})  # no snapshot column nor snapshot-N folder: capture folders may say
     )
-    for snap in ("manifest", "path")
+    for snap in ("manifest", "path", "")
     for pid in ("manifest", "content")
 }
 
@@ -133,7 +134,8 @@ def _from_row(f: Found, row: ManifestRow) -> bool:
         return False
     snap = row.snapshot if row.snapshot is not None else path_facts(f.rel).snapshot
     pid = row.pid if row.pid is not None else f.dump.pid
-    how = ("manifest" if row.snapshot is not None else "path", "manifest" if row.pid is not None else "content")
+    told = "manifest" if row.snapshot is not None else "path" if snap is not None else ""
+    how = (told, "manifest" if row.pid is not None else "content")
     src = _ROW_SOURCES[how]
     f.ident = Identity(snap or 0, row.rank, row.local_rank, row.node, None, pid, src)
     if row.role:

@@ -193,6 +193,30 @@ def test_real_throttled_rank_over_five_rounds_is_fail_slow_on_its_node(tmp_path:
     assert len({frozenset(s) for s in per_round}) > 1  # the flagged set shifts between rounds
 
 
+@pytest.mark.parametrize("folder", ["2026-12-01T10-0{k}-00", "10-0{k}-00", "t{k}", "{k}"])
+def test_rounds_each_with_its_own_manifest_in_folders_named_any_way(tmp_path: Path, folder: str) -> None:
+    # the real throttled job, each round in a folder of its own with its own manifest.csv (no snapshot column):
+    # named by time or by hand, not snapshot-N. The manifest's rows took snapshot 0 "from the path": the five
+    # rounds were read as one snapshot dumped five times (608 dumps dropped) and the verdict was inconclusive.
+    out = tmp_path / "incident"
+    for rnd in sorted((DATA / "throttled_mp8").iterdir()):
+        k = int(rnd.name.split("-")[1])
+        where = out / folder.format(k=k)
+        rows = ["file,rank,node,role,pid"]
+        for f in sorted(rnd.iterdir()):
+            r = int(re.search(r"rank(\d+)", f.name).group(1))
+            host = "gpu-node-" + "qrst"[r // 2]
+            pid = re.search(r'(?:Process |"pid": )(\d+)', f.read_text()).group(1)
+            (where / f"rank_{r:04d}").mkdir(parents=True)
+            name = f"rank_{r:04d}/trainer-{pid}{f.suffix}"
+            shutil.copy(f, where / name)
+            rows.append(f"{name},{r},{host},trainer,{pid}")
+        (where / "manifest.csv").write_text("\n".join(rows) + "\n")
+    v = stack_verdict(load_inputs(out, layout="tp=2,pp=2,dp=2", gpus_per_node=2))
+    assert v.verdict == "fail-slow" and v.n_snapshots == 5, v.explain()
+    assert v.culprit_ranks == (6,) and v.suspect_nodes == ("gpu-node-t",), v.explain()
+
+
 def test_healthy_rounds_flag_nobody_more_than_once(tmp_path: Path) -> None:
     root = DATA / "healthy_gloo_pyspy_3rounds"
     inp = load_inputs(root, gpus_per_node=1)
