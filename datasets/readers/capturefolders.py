@@ -131,9 +131,9 @@ def rounds_from_outer_folders(found: list[Found], notes: list[str]) -> None:
     chosen: dict[tuple[int, str], dict[str, int]] = {}
     for where, kids in below.items():
         sets = list(kids.values())
-        if len(kids) > 1 and _numbered(list(kids)) and all(s == sets[0] for s in sets[1:]):
-            if _capture_names(kids) or _same_ranked_processes(sets[0]):
-                chosen[where] = {n: i for i, n in enumerate(sorted(kids, key=natural))}
+        same = len(kids) > 1 and _numbered(list(kids)) and all(s == sets[0] for s in sets[1:])
+        if same and (_capture_names(kids) or _same_ranked_processes(sets[0])):
+            chosen[where] = {n: i for i, n in enumerate(sorted(kids, key=natural))}
     if not chosen:
         return
     for f in trainers:
