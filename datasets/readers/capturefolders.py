@@ -174,6 +174,9 @@ def _who(f: Found) -> object:
     return ("pid", f.ident.pid) if f.ident.pid is not None else None
 
 
+_CAPTURE_WORD = re.compile(r"py-?spy|dump|stacks?\b|stack[-_]|traces?\b|capture|round|snap", re.I)
+
+
 def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_node: int | None) -> None:
     """Files of one host that hold the same processes (the same pids, each once per file: ``py-spy dump`` of a
     node's processes run again into ``<host>/pyspy-all-<k>.txt``) are capture rounds, in the natural order of
@@ -206,8 +209,11 @@ def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_nod
         stamps = {m.group(0) for rel in files if (m := _STAMP.search(rel.rsplit("/", 1)[-1]))}
         # the very same processes dumped again, or the same pids at the times the names give, as many times on
         # every host (a capture round covers every machine; a sidecar dumping each pod at its own second does not)
+        named = all(_CAPTURE_WORD.search(re.sub(r"\d+", "", rel.rsplit("/", 1)[-1])) for rel in files)
         if all(t[2] is not None for t in sets[0]) or (len(stamps) == len(files) and len(stamped_counts) == 1):
             ok = n > 0
+        elif named:  # named for what they hold, a capture (pyspy-all-2.txt), not a pod (worker-2.txt)
+            ok = n > 0 and len(sets[0]) >= 2
         else:  # a node's dump holds several processes; one process per file (pods) repeats pids across containers
             ok = gpus_per_node is not None and 0 < n <= gpus_per_node < n * len(files) and len(sets[0]) >= 2
         if ok:
@@ -355,3 +361,51 @@ def _span(pid: int, stamps: list[Stamp]) -> tuple[Stamp, Stamp, set[Stamp], set[
     """(earliest, latest, the days stamped with a date alone, every day stamped, pid) of one process's folders."""
     full = [t + (0,) * (6 - len(t)) for t in stamps]  # a date alone as the first second of its day
     return min(full), max(full), {t[:3] for t in stamps if len(t) < 6}, {t[:3] for t in stamps}, pid
+
+
+def rounds_from_repeated_files(found: list[Found], notes: list[str]) -> None:
+    """One file per process and round in a machine's folder (``<host>/pyspy_round2_local0.txt``,
+    ``<host>/pyspy_<pid>_<epoch>.txt``: a loop of ``py-spy dump --pid`` per trainer): the files of one process
+    (its pid, local rank or rank, and the same command line) are its captures, numbered in the natural order
+    of their names, where nothing else numbers them. Only where every process in the folder has as many such
+    files, at least two, and the names differ only in their digits; py-spy JSON's process instances (see
+    ``ProcessDump.instance``) must agree, so two pods' pid 1 in one folder stay two processes."""
+    files: defaultdict[str, defaultdict[object, list[Found]]] = defaultdict(lambda: defaultdict(list))
+    per_file: defaultdict[str, int] = defaultdict(int)
+    for f in found:
+        per_file[f.rel] += 1
+    for f in found:
+        if f.host is None or f.role is not None or "snapshot" in f.ident.sources or per_file[f.rel] != 1:
+            continue
+        key = _who(f)
+        if key is not None:
+            files[f.rel.rpartition("/")[0]][key].append(f)
+    order: dict[str, int] = {}
+    for procs in files.values():
+        counts = {len(fs) for fs in procs.values()}
+        names = [f.rel.rsplit("/", 1)[-1] for fs in procs.values() for f in fs]
+        if len(counts) != 1 or min(counts) < 2 or len(set(names)) != len(names) or not _numbered(names):
+            continue
+        if not all(_one_process(fs) for fs in procs.values()):
+            continue
+        for fs in procs.values():
+            order.update({f.rel: i for i, f in enumerate(sorted(fs, key=lambda f: natural(f.rel)))})
+    if not order:
+        return
+    for f in found:
+        if f.rel in order:
+            f.ident = f.ident._replace(snapshot=order[f.rel], sources={**f.ident.sources, "snapshot": "path"})
+    shown = sorted({rel.rsplit("/", 1)[-1] for rel in order}, key=natural)
+    notes.append(
+        "files of one process in its machine's folder read as its capture rounds, in name order: "
+        f"{', '.join(shown[:4])}"
+    )
+
+
+def _one_process(fs: Sequence[Found]) -> bool:
+    """Whether dumps keyed alike are one process: one pid, one command line, one instance where py-spy gave
+    them (a pid alone repeats across containers)."""
+    pids = {f.ident.pid for f in fs}
+    cmds = {f.dump.cmdline for f in fs if f.dump.cmdline}
+    inst = {f.dump.instance for f in fs if f.dump.instance is not None}
+    return len(pids) == 1 and None not in pids and len(cmds) <= 1 and len(inst) <= 1

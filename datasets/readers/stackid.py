@@ -24,6 +24,7 @@ from rankscope.datasets.readers.capturefolders import (
     machines_above_recurring,
     older_incidents,
     rounds_from_outer_folders,
+    rounds_from_repeated_files,
     rounds_from_repeated_pids,
     rounds_from_sibling_folders,
 )
@@ -241,6 +242,7 @@ def identify(
         rounds_from_sibling_folders(loose, notes)
         rounds_from_outer_folders(loose, notes)
         rounds_from_repeated_pids(loose, notes, gpus_per_node)
+        rounds_from_repeated_files(loose, notes)
     if any(f.ident.rank is None for f in found):  # the job-level steps, only when some rank is still unknown
         _children_follow_their_trainer(found)
         _siblings_by_pid(found, gpus_per_node, notes)

@@ -718,3 +718,21 @@ def test_rounds_stamped_by_each_host_s_own_clock_line_up_by_their_order(tmp_path
         d.rename(d.with_name(f"{day}-{int(hms) + 1:06d}"))
     v = diagnose(load_inputs(root, gpus_per_node=2))
     assert v.n_snapshots == 5 and v.world_size == 8 and "hpc-gpu0115" not in v.suspect_nodes, v.explain()
+
+
+@pytest.mark.parametrize("case", ["host-round-named-files", "host-pid-epoch-files"])
+def test_one_file_per_process_and_round_in_a_host_folder_is_rounds(case):
+    """``<host>/pyspy_round{N}_local{L}.txt`` and ``<host>/pyspy_<pid>_<epoch>.txt``: a healthy job's three
+    rounds were one snapshot dumped three times (round 0 kept: a hang on the premise, gpu-02 evicted) or, with
+    pid names, three times as many ranks (a 12-rank job, rank 6 on gpu-02 evicted)."""
+    v = diagnose(load_inputs(OUTSIDE / case))
+    assert v.n_snapshots == 3 and len({p.rank for p in load_inputs(OUTSIDE / case).procs}) == 4, v.explain()
+    assert not v.suspect_nodes and v.verdict.value in ("healthy", "inconclusive"), v.explain()
+
+
+def test_whole_host_dumps_named_for_the_capture_are_rounds_without_gpus_per_node():
+    """``<host>/pyspy-all-<k>.txt`` (the agent and its 4 trainers, the same pids each time): without
+    ``--gpus-per-node`` the three rounds were read as one snapshot of 24 trainers, the culprit as ranks 18-20."""
+    v = diagnose(load_inputs(OUTSIDE / "host-pyspy-all-rounds"))
+    assert v.verdict.value == "hang" and v.n_snapshots == 3, v.explain()
+    assert v.culprit_ranks == (6,) and v.suspect_nodes == ("dgx-b200-08",), v.explain()
