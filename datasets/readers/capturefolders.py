@@ -177,6 +177,10 @@ def _who(f: Found) -> object:
 _CAPTURE_WORD = re.compile(r"py-?spy|dump|stacks?\b|stack[-_]|traces?\b|capture|round|snap", re.I)
 
 
+def _capture_named(files: Iterable[str]) -> bool:
+    return all(_CAPTURE_WORD.search(re.sub(r"\d+", "", rel.rsplit("/", 1)[-1])) for rel in files)
+
+
 def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_node: int | None) -> None:
     """Files of one host that hold the same processes (the same pids, each once per file: ``py-spy dump`` of a
     node's processes run again into ``<host>/pyspy-all-<k>.txt``) are capture rounds, in the natural order of
@@ -199,6 +203,7 @@ def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_nod
     stamped_counts = {
         len(files) for files in pids.values() if all(_STAMP.search(rel.rsplit("/", 1)[-1]) for rel in files)
     }
+    named_counts = {len(files) for files in pids.values() if _capture_named(files)}
     for files in pids.values():
         sets = [sorted(p, key=lambda t: (t[0], -1 if t[1] is None else t[1], t[2] or 0)) for p in files.values()]
         n = trainers[next(iter(files))]
@@ -209,10 +214,11 @@ def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_nod
         stamps = {m.group(0) for rel in files if (m := _STAMP.search(rel.rsplit("/", 1)[-1]))}
         # the very same processes dumped again, or the same pids at the times the names give, as many times on
         # every host (a capture round covers every machine; a sidecar dumping each pod at its own second does not)
-        named = all(_CAPTURE_WORD.search(re.sub(r"\d+", "", rel.rsplit("/", 1)[-1])) for rel in files)
+        named = _capture_named(files) and len(named_counts) == 1
         if all(t[2] is not None for t in sets[0]) or (len(stamps) == len(files) and len(stamped_counts) == 1):
             ok = n > 0
-        elif named:  # named for what they hold, a capture (pyspy-all-2.txt), not a pod (worker-2.txt)
+        elif named:  # named for what they hold, a capture (pyspy-all-2.txt), not a pod (worker-2.txt), and as many
+            # on every host (a node sidecar's file per pod, named for py-spy too, is not)
             ok = n > 0 and len(sets[0]) >= 2
         else:  # a node's dump holds several processes; one process per file (pods) repeats pids across containers
             ok = gpus_per_node is not None and 0 < n <= gpus_per_node < n * len(files) and len(sets[0]) >= 2

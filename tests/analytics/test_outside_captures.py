@@ -736,3 +736,12 @@ def test_whole_host_dumps_named_for_the_capture_are_rounds_without_gpus_per_node
     v = diagnose(load_inputs(OUTSIDE / "host-pyspy-all-rounds"))
     assert v.verdict.value == "hang" and v.n_snapshots == 3, v.explain()
     assert v.culprit_ranks == (6,) and v.suspect_nodes == ("dgx-b200-08",), v.explain()
+
+
+def test_a_rank_alone_in_a_collective_its_peers_are_not_in_evicts_nobody():
+    """A stray ``dist.barrier()`` on rank 1 while the others run DDP's all_reduce (both on the world group), two
+    frozen py-spy rounds and the gloo timeouts in the logs: collectives that can never match, a code fault.
+    The barrier was "a collective the healthy ranks are not in" and rank 1's machine was evicted (0.68)."""
+    v = diagnose(load_inputs(OUTSIDE / "stray-barrier-stacks-logs"))
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes and v.suspect_ranks == (1,), v.explain()
+    assert any("can never match" in r for r in v.reasons), v.explain()
