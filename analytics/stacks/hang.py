@@ -21,7 +21,8 @@ from rankscope.analytics.stacks.collection import CaptureProblem
 from rankscope.analytics.stacks.culprits import STRONG, culprits
 from rankscope.analytics.stacks.duties import DUTY_STATES, main_process_duty, stuck_duty_words
 from rankscope.analytics.stacks.facts import StackFacts
-from rankscope.analytics.stacks.frames import PEER_WAIT_STATES, WAIT_STATES
+from rankscope.analytics.stacks.frames import PEER_WAIT_STATES
+from rankscope.analytics.stacks.mismatch import lone_collectives, mismatch_words
 from rankscope.analytics.stacks.motion import Motion
 from rankscope.analytics.stacks.prefix_tree import build
 from rankscope.analytics.stacks.report import (
@@ -277,7 +278,7 @@ def _localized(h: _Hang) -> Verdict:
             )
         )
         return h.verdict(Severity.INCONCLUSIVE, 0.2, evidence=h.evidence())
-    if not strong and _lone_collectives(h):
+    if not strong and lone_collectives(a, topology):
         return _mismatch_like(h)
     if h.premise:  # no time evidence: only one group holding every outlier is a fault domain
         group = smallest_group(a.outlier_ranks, topology, max_fraction=h.cfg.max_cover_fraction)
@@ -317,30 +318,9 @@ def _localized(h: _Hang) -> Verdict:
     )
 
 
-def _lone_collectives(h: _Hang) -> bool:
-    """Every outlier waits in a collective that no member of its parallel groups is in (no two outliers share a
-    group), and every other rank waits too: collectives that can never complete on either side."""
-    a, topology = h.a, h.topology
-    out = np.asarray(a.outlier_ranks, dtype=np.int64)
-    if out.size == 0 or any(a.state_of(int(r)) != "collective" for r in out):
-        return False
-    if out.size > 1 and any(related_mask([int(r)], out[out != r], topology, nodes=False).any() for r in out):
-        return False
-    others = [c for c in a.clusters if c.role == "trainer" and c.healthy and c.ranks]
-    return bool(others) and all(c.state in WAIT_STATES for c in others)
-
-
 def _mismatch_like(h: _Hang) -> Verdict:
+    h.reasons.append(mismatch_words(h.a))
     a = h.a
-    best = a.best()
-    where = "; ".join(f"rank {r}: {best[r].detail}" for r in a.outlier_ranks[:3] if r in best)
-    h.reasons.append(
-        f"Rank(s) {rank_ranges(a.outlier_ranks)[:100]} wait alone in a collective that no member of their parallel "
-        f"groups is in ({where[:300]}), while every other rank waits in another: collectives that can never match. "
-        "That is a code or configuration fault (a collective called on some ranks only, a desync) or a message "
-        "lost after the lone rank left the collective the others are in; no machine is evicted on stacks alone "
-        "(Flight Recorder dumps tell a mismatch by its sequence numbers)."
-    )
     return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=a.outlier_ranks, evidence=h.evidence(a.outlier_ranks))
 
 
