@@ -77,6 +77,11 @@ class Progress:
     def pairs(self) -> int:
         return len(self.released)
 
+    def all_still(self, n_trainers: int) -> bool:
+        """Three snapshots or more in which every one of ``n_trainers`` ranks sat at the very same place (state
+        and call site, with lines) each time: nothing was seen to move, waiting or not."""
+        return self.pairs >= 2 and len(self.same) == self.pairs and all(len(s) >= n_trainers > 0 for s in self.same)
+
     def _moving(self, i: int) -> bool:
         return self.released[i] >= self.guard or (i < len(self.returned) and self.returned[i] > 0)
 

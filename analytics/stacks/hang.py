@@ -116,12 +116,12 @@ def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> 
         topology,
         facts.config,
         facts.limits,
-        {"premise": PREMISE, "stuck-weak": PREMISE_ROUNDS}.get(m.kind, ""),
+        {"premise": PREMISE, "stuck-weak": PREMISE_ROUNDS, "still": PREMISE_ROUNDS}.get(m.kind, ""),
         list(m.reasons),
         details(facts, {"prefix_tree": tree.to_dict()[:200], "dominant_fraction": round(a.dominant_fraction, 4)}),
         common_fields(facts, topology, job, a),
         problems_of(facts),
-        m.kind == "stuck",
+        m.kind in ("stuck", "still"),
         main_process_duty(facts, (0,), {a.snapshot}),  # rank 0 in its own code now, not only once
         len(facts.analyses),
     )

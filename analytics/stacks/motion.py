@@ -22,7 +22,9 @@ from rankscope.analytics.stacks.report import dominant_words
 class Motion:
     """Whether the job was moving when captured: ``progressing`` (waiters released, or steps completing),
     ``running`` (a majority running its own code), ``stuck`` (frozen across snapshots, or a capture long
-    after the last step) or ``premise`` (one snapshot of a blocked majority: stuck if the user says so)."""
+    after the last step), ``still`` (every rank at the very same line through three snapshots or more, none
+    waiting on peers: not seen to move, stuck alike) or ``premise`` (one snapshot of a blocked majority: stuck if
+    the user says so)."""
 
     kind: str
     reasons: list[str] = field(default_factory=list)
@@ -70,6 +72,16 @@ def motion(facts: StackFacts, steps: StepEvidence | None = None, *, max_running_
             [
                 f"{prog.words()}: no rank ever left a wait on its peers (only waits of a rank's own, a device sync "
                 "or a sleep, came and went): the collectives never completed, so the job is not progressing."
+            ]
+            + _also(step_words),
+        )
+    if prog is not None and prog.all_still(last.n_trainers):  # no wait on peers (that is frozen, above)
+        return Motion(
+            "still",
+            [
+                f"{prog.words()}: every rank sat at the very same line through the {prog.n_snapshots} snapshots "
+                f"({dominant_words(last)}), none waiting on its peers: the job was not seen to move (a stalled file "
+                "system, a lock or a sleep-poll on every rank look alike), so it is not called running."
             ]
             + _also(step_words),
         )

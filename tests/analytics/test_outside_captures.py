@@ -745,3 +745,11 @@ def test_a_rank_alone_in_a_collective_its_peers_are_not_in_evicts_nobody():
     v = diagnose(load_inputs(OUTSIDE / "stray-barrier-stacks-logs"))
     assert v.verdict.value == "inconclusive" and not v.suspect_nodes and v.suspect_ranks == (1,), v.explain()
     assert any("can never match" in r for r in v.reasons), v.explain()
+
+
+def test_every_rank_at_the_same_line_through_three_rounds_is_never_running():
+    """Every rank sleep-polls shared storage for a file that never comes (py-spy: idle, the same line in all three
+    rounds), no collective pending: "6 of the 6 ranks were running their own code ... not stuck", healthy."""
+    v = diagnose(load_inputs(OUTSIDE / "shared-fs-poll-3rounds"))
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes and v.n_snapshots == 3, v.explain()
+    assert any("not seen to move" in r for r in v.reasons), v.explain()
