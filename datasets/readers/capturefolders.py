@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from rankscope.datasets.readers.identity import _dir_facts, is_capture_folder, natural
+from rankscope.datasets.readers.identity import SNAPSHOT_DIR, _dir_facts, is_capture_folder, natural
 
 if TYPE_CHECKING:
     from rankscope.datasets.domain.stacks import ProcStacks
@@ -347,7 +347,8 @@ def _claim(f: Found) -> object:
         return f.ident.rank
     if f.ident.local_rank is None:
         return None
-    return ("local", "/".join(_unstamped(p) for p in f.rel.split("/")[:-1]), f.ident.local_rank)
+    place = [q for p in f.rel.split("/")[:-1] if (q := _unstamped(p)) and not SNAPSHOT_DIR.match(q)]
+    return ("local", "/".join(place), f.ident.local_rank)  # (round-N/ folders number rounds, not places)
 
 
 def _unstamped(part: str) -> str:

@@ -753,3 +753,13 @@ def test_every_rank_at_the_same_line_through_three_rounds_is_never_running():
     v = diagnose(load_inputs(OUTSIDE / "shared-fs-poll-3rounds"))
     assert v.verdict.value == "inconclusive" and not v.suspect_nodes and v.n_snapshots == 3, v.explain()
     assert any("not seen to move" in r for r in v.reasons), v.explain()
+
+
+def test_an_older_incident_in_round_folders_with_local_rank_names_is_left_out():
+    """``incident-20261201/<host>/round-N/local_rankK.txt`` beside the current ``<host>/pyspy-<stamp>/local_rankK.txt``:
+    the older incident's ``round-0/`` folder made its local ranks claim another place than the current dumps, so
+    the clash surfaced only as a refusal ("rank 0 (snapshot 0) is claimed by two processes")."""
+    inputs = load_inputs(OUTSIDE / "older-incident-round-folders-local-ranks")
+    assert any("under incident-20261201 left out" in n for n in inputs.notes), inputs.notes
+    v = diagnose(inputs)
+    assert v.verdict.value == "healthy" and not v.suspect_nodes and v.n_snapshots == 3, v.explain()
