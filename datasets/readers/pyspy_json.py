@@ -47,9 +47,10 @@ def _salvage(text: str) -> list[Any]:
     return out
 
 
-def _concatenated(text: str) -> list[Any] | None:
-    """The threads of several complete JSON arrays written one after another, or None when ``text``
-    is not that (one array cut short, or not JSON at all)."""
+def _concatenated(text: str) -> list[list[Any]] | None:
+    """Several complete JSON arrays written one after another (``py-spy dump --json`` appended to one file, one
+    array per dump), each a list of threads, or None when ``text`` is not that (one array cut short, or not
+    JSON at all)."""
     dec = json.JSONDecoder()
     i, n, out, arrays = 0, len(text), [], 0
     while True:
@@ -63,7 +64,7 @@ def _concatenated(text: str) -> list[Any] | None:
             return None
         if not isinstance(obj, list):
             return None
-        out.extend(obj)
+        out.append(obj)
         arrays += 1
     return out if arrays > 1 else None
 
@@ -113,17 +114,18 @@ def parse_pyspy_json(text: str | bytes, source_file: str = "") -> list[ProcessDu
     except ValueError as exc:
         if not isinstance(exc, json.JSONDecodeError):  # a number over Python's 4,300-digit limit
             return [failed_dump(source_file, FORMAT, f"invalid JSON ({str(exc)[:80]})", kind="unreadable")]
-        data = _concatenated(text) if exc.msg == "Extra data" else None
-        if data is None:
-            data = _salvage(text)
-            if not data:
-                first = text.strip().splitlines()[0][:200]
-                if text.lstrip().startswith("["):
-                    return [failed_dump(source_file, FORMAT, f"invalid JSON ({exc.msg} at line {exc.lineno})")]
-                if first.startswith(("Error", "Permission Denied", "Process ")):  # py-spy's error text
-                    return parse_pyspy_text(text, source_file)
-                return [failed_dump(source_file, FORMAT, first)]
-            status, error = "partial", f"truncated JSON: kept {len(data)} complete thread(s)"
+        dumps = _concatenated(text) if exc.msg == "Extra data" else None
+        if dumps is not None:  # one dump after another: the same pid again is that process captured again
+            return [p for d in dumps for p in _processes(d, source_file, status, error)]
+        data = _salvage(text)
+        if not data:
+            first = text.strip().splitlines()[0][:200]
+            if text.lstrip().startswith("["):
+                return [failed_dump(source_file, FORMAT, f"invalid JSON ({exc.msg} at line {exc.lineno})")]
+            if first.startswith(("Error", "Permission Denied", "Process ")):  # py-spy's error text
+                return parse_pyspy_text(text, source_file)
+            return [failed_dump(source_file, FORMAT, first)]
+        status, error = "partial", f"truncated JSON: kept {len(data)} complete thread(s)"
     return _processes(data, source_file, status, error)
 
 

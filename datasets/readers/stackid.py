@@ -199,6 +199,24 @@ def _base(f: Found, n_in_file: int, n_trainers: int, hook_ids: Mapping[int, Mapp
         f.host = f"file:{f.rel}" if f.hint is None else f"stream:{f.hint[2]}"
 
 
+def _rounds_in_file(group: list[Found]) -> None:
+    """One file holding the same processes again (``py-spy dump`` appended to one file per host, round after
+    round): a pid's k-th dump is its capture round k, where nothing else numbers the file's rounds. Only when
+    every pid of the file is there as many times, in the order of the first round."""
+    pids = [f.ident.pid for f in group]
+    if None in pids or len(set(pids)) == len(pids) or any("snapshot" in f.ident.sources for f in group):
+        return
+    first = list(dict.fromkeys(pids))
+    k, rest = divmod(len(pids), len(first))
+    if rest or any(pids[r * len(first) : (r + 1) * len(first)] != first for r in range(k)):
+        return
+    for n, f in enumerate(group):
+        f.ident = f.ident._replace(snapshot=n // len(first), sources={**f.ident.sources, "snapshot": "content"})
+    trainers = sum(g.role is None for g in group[: len(first)])  # in one round
+    for f in group:
+        f.siblings = trainers
+
+
 def identify(
     found: list[Found],
     *,
@@ -233,6 +251,7 @@ def identify(
         for f in group:
             f.siblings = trainers
             _base(f, size, trainers, hooks)
+        _rounds_in_file(group)
         i = j
     found = older_incidents(found, notes)  # before capture rounds are numbered: an older incident's are no rounds
     # the path rules for capture folders concern only what no manifest numbered or named (one pass at 100k ranks)

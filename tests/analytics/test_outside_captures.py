@@ -763,3 +763,26 @@ def test_an_older_incident_in_round_folders_with_local_rank_names_is_left_out():
     assert any("under incident-20261201 left out" in n for n in inputs.notes), inputs.notes
     v = diagnose(inputs)
     assert v.verdict.value == "healthy" and not v.suspect_nodes and v.n_snapshots == 3, v.explain()
+
+
+def test_py_spy_json_appended_per_host_round_after_round_is_rounds():
+    """``py-spy dump --json`` of both trainers appended to one file per host, six times: the arrays were merged
+    into one thread list per pid, one snapshot (confidence 0.6)."""
+    inputs = load_inputs(OUTSIDE / "json-appended-per-host")
+    assert len({p.snapshot for p in inputs.procs}) == 6 and len({p.rank for p in inputs.procs}) == 4
+    v = diagnose(inputs)  # fail-slow with the capture's file times, a hang on the rounds alone: rank 1 either way
+    assert v.verdict.value in ("fail-slow", "hang") and v.culprit_ranks == (1,), v.explain()
+    assert v.suspect_nodes == ("gpu-h100-017",), v.explain()
+
+
+def test_py_spy_text_appended_per_host_round_after_round_is_rounds(tmp_path):
+    """The five text rounds of ``failslow-5rounds`` appended per host (``<host>/<host>-pyspy.txt``)."""
+    for k in range(5):
+        for host in ("trn-a01", "trn-a02"):
+            out = tmp_path / host / f"{host}-pyspy.txt"
+            out.parent.mkdir(exist_ok=True)
+            with out.open("a") as fh:
+                for f in sorted((OUTSIDE / "failslow-5rounds" / f"round-{k}" / host).iterdir()):
+                    fh.write(f.read_text())
+    v = diagnose(load_inputs(tmp_path, gpus_per_node=2))
+    assert v.verdict.value == "fail-slow" and v.n_snapshots == 5 and v.culprit_ranks == (3,), v.explain()
