@@ -19,7 +19,15 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from rankscope.datasets.readers.identity import SNAPSHOT_DIR, _dir_facts, is_capture_folder, natural
+from rankscope.datasets.readers.identity import (
+    DATE,
+    SNAPSHOT_DIR,
+    STAMP,
+    _dir_facts,
+    host_and_stamp,
+    is_capture_folder,
+    natural,
+)
 
 if TYPE_CHECKING:
     from rankscope.datasets.domain.stacks import ProcStacks
@@ -79,8 +87,7 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         lambda: defaultdict(set)
     )
     for f in trainers:
-        folder = f.rel.rpartition("/")[0]
-        parent, _, name = folder.rpartition("/")
+        parent, name = _round_parent(f.rel)
         if name:  # rounds of one capture are the same processes: same ranks (or local ranks), same pids
             by_parent[parent][name].add((_who(f), f.ident.pid))
     order: dict[tuple[str, str], int] = {}  # (parent, name) -> round: numbered within each machine's folder (each
@@ -97,7 +104,7 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
     if not order:
         return
     for f in trainers:
-        parent, _, name = f.rel.rpartition("/")[0].rpartition("/")
+        parent, name = _round_parent(f.rel)
         if (parent, name) in order:
             sources = {**f.ident.sources, "snapshot": "path"}
             f.ident = f.ident._replace(snapshot=order[(parent, name)], sources=sources)
@@ -111,6 +118,16 @@ def rounds_from_sibling_folders(found: list[Found], notes: list[str]) -> None:
         f"sibling folders holding the same ranks read as capture rounds, in the order of their names (within each "
         f"machine's folder): {', '.join(names[:5])}"
     )
+
+
+def _round_parent(rel: str) -> tuple[str, str]:
+    """(the folder holding a file's folder, the name of its folder); a ``<host>-<stamp>`` folder counts as the
+    ``<stamp>`` folder inside ``<host>`` (a sidecar's ``$(hostname)-$(date ...)``, one per machine and round)."""
+    parent, _, name = rel.rpartition("/")[0].rpartition("/")
+    split = host_and_stamp(name)
+    if split is not None:
+        parent, name = f"{parent}/{split[0]}" if parent else split[0], split[1]
+    return parent, name
 
 
 def rounds_from_outer_folders(found: list[Found], notes: list[str]) -> None:
@@ -241,9 +258,8 @@ def _numbered(names: list[str]) -> bool:
     return len({re.sub(r"\d+", "#", n) for n in names}) == 1
 
 
-_DATE = r"(?<!\d)(20\d\d)-?(0[1-9]|1[0-2])-?(0[1-9]|[12]\d|3[01])"
-_STAMP = re.compile(_DATE + r"[-_T. ]?([01]\d|2[0-3])[-_:.]?([0-5]\d)[-_:.]?([0-5]\d)(?!\d)")  # to the second
-_DAY = re.compile(_DATE + r"(?!\d)")
+_STAMP = STAMP
+_DAY = re.compile(DATE + r"(?!\d)")
 
 
 def folder_times(

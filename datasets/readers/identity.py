@@ -37,6 +37,20 @@ from rankscope.spine import InputError, ParseError
 
 MANIFEST = "manifest.csv"
 
+DATE = r"(?<!\d)(20\d\d)-?(0[1-9]|1[0-2])-?(0[1-9]|[12]\d|3[01])"
+STAMP = re.compile(DATE + r"[-_T. ]?([01]\d|2[0-3])[-_:.]?([0-5]\d)[-_:.]?([0-5]\d)(?!\d)")  # to the second
+_HOST_STAMP = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*?)[-_.]" + STAMP.pattern + r"(?:[-_.]?\d+|Z)?$")
+"""A machine's folder stamped with its capture time: a sidecar's ``$(hostname)-$(date +%Y%m%d-%H%M%S)``."""
+
+
+def host_and_stamp(part: str) -> tuple[str, str] | None:
+    """(machine, stamp) of a ``<host>-<date>-<time>`` folder name whose host part names a machine, else None."""
+    m = _HOST_STAMP.match(part)
+    if m is None or not m.group("host") or _CONTAINER.match(m.group("host")) or m.group("host").isdigit():
+        return None
+    return m.group("host"), part[m.end("host") + 1 :]
+
+
 # a space separates too ("round 0/", "rank 3.json": names typed by hand)
 SNAPSHOT_DIR = re.compile(r"^(?:snap(?:shot)?|round)[-_ ]?(\d+)$", re.I)
 _RANK = re.compile(r"(?<![A-Za-z])(?<!local_)(?<!local-)(?<!local )(?<!local)rank[-_ ]?(\d+)", re.I)
@@ -113,14 +127,16 @@ def _dir_facts(dirpart: str) -> tuple[int | None, int | None, int | None, str | 
                 rank = int(m.group(1))
         if i == run_id or (i + 1 < len(parts) and _ATTEMPT.match(parts[i + 1])):
             continue  # a --log-dir run id ("none_ml68s5ij", "<uuid>_<random>")
+        stamped = host_and_stamp(part)
+        name = stamped[0] if stamped else part  # $(hostname)-$(date ...): the machine is the host part
         if (
             host is None
-            and not _CONTAINER.match(part)
-            and _HOSTNAME.match(part)
-            and not _RANK.search(part)
-            and not (_GENERIC_DIR_TOKENS & set(re.split(r"[-_.]+", part.lower())))
+            and not _CONTAINER.match(name)
+            and _HOSTNAME.match(name)
+            and not _RANK.search(name)
+            and not (_GENERIC_DIR_TOKENS & set(re.split(r"[-_.]+", name.lower())))
         ):
-            host = part
+            host = name
             break
     return snap, rank, local, host, log_dir
 

@@ -786,3 +786,16 @@ def test_py_spy_text_appended_per_host_round_after_round_is_rounds(tmp_path):
                     fh.write(f.read_text())
     v = diagnose(load_inputs(tmp_path, gpus_per_node=2))
     assert v.verdict.value == "fail-slow" and v.n_snapshots == 5 and v.culprit_ranks == (3,), v.explain()
+
+
+@pytest.mark.parametrize("stamp", ["20261203-03021{k}", "2026-12-03T03-02-1{k}"])
+def test_hostname_date_folders_are_the_machine_s_rounds(tmp_path, stamp):
+    """A sidecar's ``$(hostname)-$(date ...)`` folder per machine and round: each folder was a machine (the verdict
+    named ``trn-a02-20261203-030210``, a machine no scheduler knows) and the five rounds one snapshot."""
+    for k in range(5):
+        for host in ("trn-a01", "trn-a02"):
+            src = OUTSIDE / "failslow-5rounds" / f"round-{k}" / host
+            shutil.copytree(src, tmp_path / f"{host}-{stamp.format(k=k)}")
+    v = diagnose(load_inputs(tmp_path))
+    assert v.verdict.value == "fail-slow" and v.n_snapshots == 5, v.explain()
+    assert v.culprit_ranks == (3,) and v.suspect_nodes == ("trn-a02",), v.explain()
