@@ -16,6 +16,7 @@ from rankscope.analytics.performance.failslow import StepEvidence
 from rankscope.analytics.stacks.facts import Progress, StackFacts
 from rankscope.analytics.stacks.frames import WAIT_STATES
 from rankscope.analytics.stacks.report import dominant_words
+from rankscope.analytics.stacks.snapshot import SnapshotAnalysis
 
 
 @dataclass
@@ -76,15 +77,7 @@ def motion(facts: StackFacts, steps: StepEvidence | None = None, *, max_running_
             + _also(step_words),
         )
     if prog is not None and prog.all_still(last.n_trainers):  # no wait on peers (that is frozen, above)
-        return Motion(
-            "still",
-            [
-                f"{prog.words()}: every rank sat at the very same line through the {prog.n_snapshots} snapshots "
-                f"({dominant_words(last)}), none waiting on its peers: the job was not seen to move (a stalled file "
-                "system, a lock or a sleep-poll on every rank look alike), so it is not called running."
-            ]
-            + _also(step_words),
-        )
+        return _still(prog, last, step_words)
     if last.blocked_fraction < 0.5:
         dom = last.dominant_states()
         running = sum(n for st, n in dom.items() if st not in WAIT_STATES)
@@ -115,6 +108,18 @@ def motion(facts: StackFacts, steps: StepEvidence | None = None, *, max_running_
         else []
     )
     return Motion("premise" if prog is None else "stuck-weak", words + _also(step_words))
+
+
+def _still(prog: Progress, last: SnapshotAnalysis, step_words: Sequence[str]) -> Motion:
+    return Motion(
+        "still",
+        [
+            f"{prog.words()}: every rank sat at the very same line through the {prog.n_snapshots} snapshots "
+            f"({dominant_words(last)}), none waiting on its peers: the job was not seen to move (a stalled file "
+            "system, a lock or a sleep-poll on every rank look alike), so it is not called running."
+        ]
+        + _also(step_words),
+    )
 
 
 def _also(step_words: Sequence[str]) -> list[str]:
