@@ -89,20 +89,27 @@ def _lines(path: Path) -> Any:
     return raw.select(pl.col("line").str.strip_chars()).filter(pl.col("line") != "")
 
 
-def _types(path: Path, lines: Any) -> dict[str, str]:
+def type_declarations(lines: Any) -> tuple[dict[str, str], Any]:
+    """The ``# TYPE`` declarations of a frame of lines (later ones winning), and the malformed ones (a frame of
+    ``n``, ``t``; None when there is none)."""
     import polars as pl
 
     tl = lines.filter(pl.col("line").str.starts_with("# TYPE "))
     if tl.height == 0:
-        return {}
+        return {}, None
     parts = tl.select(
         pl.col("line").str.split(" ").list.get(2, null_on_oob=True).alias("n"),
         pl.col("line").str.split(" ").list.get(3, null_on_oob=True).str.to_lowercase().alias("t"),
     )
     bad = parts.filter(~pl.col("t").is_in(list(PROM_TYPES)) | pl.col("n").is_null())
-    if bad.height:
+    return dict(zip(parts["n"].to_list(), parts["t"].to_list())), bad if bad.height else None
+
+
+def _types(path: Path, lines: Any) -> dict[str, str]:
+    types, bad = type_declarations(lines)
+    if bad is not None:
         raise ParseError(path, f"malformed '# TYPE' line for {bad['n'][0]!r} (type {bad['t'][0]!r})")
-    return dict(zip(parts["n"].to_list(), parts["t"].to_list()))
+    return types
 
 
 def _label_columns(samples: Any) -> Any:
@@ -354,7 +361,7 @@ def assign_machine(path: Path, frame: Any, node_label: str | None, notes: list[s
     else:
         node = pl.col(mcol).cast(pl.Utf8)
         if mcol == "instance":
-            node = node.str.replace(r"^\[(.*)\]:\d+$", "$1").str.replace(r"^([^:\[\]]+):\d+$", "$1")
+            node = instance_host(node)
         missing = frame.filter(pl.col(mcol).is_null())
         if missing.height:
             names = frame[mcol].drop_nulls().unique()
@@ -375,14 +382,27 @@ def assign_machine(path: Path, frame: Any, node_label: str | None, notes: list[s
         if "node" in frame.columns:
             frame = frame.rename({"node": "node_column"})
         frame = frame.rename({"_node": "node"})
+    return as_chunk(frame)
+
+
+def as_chunk(frame: Any) -> pa.Table:
+    """A frame with ``ts``, ``value``, ``node`` and labels as a chunk: floats, a ``gpu`` column (null where none),
+    the labels dictionary-encoded."""
+    import polars as pl
+
+    from rankscope.datasets.readers.metric_long import as_dictionary
+
     if "gpu" not in frame.columns:
         frame = frame.with_columns(pl.lit(None, pl.Utf8).alias("gpu"))
     rest = [c for c in frame.columns if c not in ("ts", "value")]
     out = frame.select(
         pl.col("ts").cast(pl.Float64), pl.col("value").cast(pl.Float64), *[pl.col(c).cast(pl.Utf8) for c in rest]
     ).to_arrow()
-    from rankscope.datasets.readers.metric_long import as_dictionary
-
     return pa.table(
         {c: (out.column(c) if c in ("ts", "value") else as_dictionary(out.column(c))) for c in out.column_names}
     )
+
+
+def instance_host(node: Any) -> Any:
+    """An ``instance`` label's host: ``10.0.0.7:9100`` -> ``10.0.0.7``, ``[::1]:9100`` -> ``::1``."""
+    return node.str.replace(r"^\[(.*)\]:\d+$", "$1").str.replace(r"^([^:\[\]]+):\d+$", "$1")

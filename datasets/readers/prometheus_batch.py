@@ -22,13 +22,15 @@ from typing import Any
 import pyarrow as pa
 
 from rankscope.datasets.domain.bounds import read_bounded
-from rankscope.datasets.readers.metric_long import MACHINE_LABELS, as_dictionary
+from rankscope.datasets.readers.metric_long import MACHINE_LABELS
 from rankscope.datasets.readers.prometheus import (
     _SAMPLE,
-    PROM_TYPES,
     _label_columns,
     _machine_from_name,
     _scrape_time,
+    as_chunk,
+    instance_host,
+    type_declarations,
 )
 from rankscope.spine import RankscopeError
 
@@ -81,18 +83,8 @@ def read_exposition_batch(
 
 
 def _types(lines: Any) -> dict[str, str] | None:
-    import polars as pl
-
-    tl = lines.filter(pl.col("line").str.starts_with("# TYPE "))
-    if tl.height == 0:
-        return {}
-    parts = tl.select(
-        pl.col("line").str.split(" ").list.get(2, null_on_oob=True).alias("n"),
-        pl.col("line").str.split(" ").list.get(3, null_on_oob=True).str.to_lowercase().alias("t"),
-    )
-    if parts.filter(~pl.col("t").is_in(list(PROM_TYPES)) | pl.col("n").is_null()).height:
-        return None
-    return dict(zip(parts["n"].to_list(), parts["t"].to_list()))
+    types, bad = type_declarations(lines)
+    return None if bad is not None else types
 
 
 def _samples(lines: Any) -> Any:
@@ -159,7 +151,7 @@ def _machines(frame: Any, paths: list[Path], node_label: str | None, notes: list
         frame = _fill_within_file(frame, mcol, [i for i, c in chosen.items() if c == mcol], paths, notes)
         node = pl.col(mcol).cast(pl.Utf8)
         if mcol == "instance":
-            node = node.str.replace(r"^\[(.*)\]:\d+$", "$1").str.replace(r"^([^:\[\]]+):\d+$", "$1")
+            node = instance_host(node)
     if names:
         by_file = pl.DataFrame({"_file": pl.Series(list(names), dtype=pl.UInt32), "_name": list(names.values())})
         frame = frame.join(by_file, on="_file", how="left")
@@ -169,16 +161,7 @@ def _machines(frame: Any, paths: list[Path], node_label: str | None, notes: list
     frame = frame.drop(drop)
     if "node" in frame.columns:
         frame = frame.rename({"node": "node_column"})
-    frame = frame.rename({"_node": "node"}).sort("_row").drop("_file", "_row")  # in the files' order
-    if "gpu" not in frame.columns:
-        frame = frame.with_columns(pl.lit(None, pl.Utf8).alias("gpu"))
-    rest = [c for c in frame.columns if c not in ("ts", "value")]
-    out = frame.select(
-        pl.col("ts").cast(pl.Float64), pl.col("value").cast(pl.Float64), *[pl.col(c).cast(pl.Utf8) for c in rest]
-    ).to_arrow()
-    return pa.table(
-        {c: (out.column(c) if c in ("ts", "value") else as_dictionary(out.column(c))) for c in out.column_names}
-    )
+    return as_chunk(frame.rename({"_node": "node"}).sort("_row").drop("_file", "_row"))  # in the files' order
 
 
 def _fill_within_file(frame: Any, mcol: str, files: list[int], paths: list[Path], notes: list[str]) -> Any:
