@@ -799,3 +799,17 @@ def test_hostname_date_folders_are_the_machine_s_rounds(tmp_path, stamp):
     v = diagnose(load_inputs(tmp_path))
     assert v.verdict.value == "fail-slow" and v.n_snapshots == 5, v.explain()
     assert v.culprit_ranks == (3,) and v.suspect_nodes == ("trn-a02",), v.explain()
+
+
+def test_steps_a_training_loop_logs_itself_after_the_rounds_mean_the_job_was_moving():
+    """A healthy DDP job doing gradient accumulation (0.8 s steps), rank 1 caught in its forward in three rounds
+    1.2 s apart; the console logs every rank's ``step N loss ... step_time ...`` (Python logging) for 6 s after
+    the last round. Only Megatron's ``iteration N/M`` lines counted as steps: a hang, rank 1's machine evicted."""
+    v = diagnose(load_inputs(OUTSIDE / "grad-accum-stamped-rounds-console"))
+    assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
+
+
+def test_consoles_of_a_job_stepping_until_the_scheduler_s_sigterm_are_no_fault():
+    v = diagnose(load_inputs(OUTSIDE / "sigterm-consoles-plain-steps"))
+    assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
+    assert v.verdict.value == "healthy", v.explain()  # its steps are read: "no evidence" (0.0) before
