@@ -813,3 +813,12 @@ def test_consoles_of_a_job_stepping_until_the_scheduler_s_sigterm_are_no_fault()
     v = diagnose(load_inputs(OUTSIDE / "sigterm-consoles-plain-steps"))
     assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
     assert v.verdict.value == "healthy", v.explain()  # its steps are read: "no evidence" (0.0) before
+
+
+def test_torchrun_s_own_error_file_folders_are_no_machines():
+    """Each host's console beside the error files its failure summary points to, kept as
+    ``<host>/torchelastic_<random>/<run_id>_<random>/attempt_0/<local>/error.json``: ``torchelastic_vnzjghi8`` was
+    taken for a machine, rank 3's error file for a rank 13 of an 8-rank job, and both evicted."""
+    v = diagnose(load_inputs(OUTSIDE / "consoles-and-torchelastic-error-files"))
+    assert v.verdict.value == "crash" and v.culprit_ranks == (3,), v.explain()
+    assert v.suspect_nodes == ("sjc-a100-1105",) and v.world_size == 8, v.explain()
