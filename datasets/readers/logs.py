@@ -30,6 +30,7 @@ from typing import Any
 from rankscope.datasets.domain.bounds import open_regular
 from rankscope.datasets.readers.identity import host_from_log_name, path_facts
 from rankscope.datasets.readers.logprefix import TaskHosts, demux, line_of, name_tasks, prefix_kind
+from rankscope.datasets.readers.logsteps import step_record
 from rankscope.datasets.readers.sniff import C10_LOG, GLOG, RAY, STAMP, WORKER_PREFIX
 from rankscope.datasets.readers.torchelastic import SummaryParser, split_exception
 
@@ -59,18 +60,6 @@ _PERIODIC = re.compile(
 _NCCL_HOST = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,252}):\d+:\d+ \[\d+\] NCCL (?:INFO|WARN|TRACE) ")
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (?P<ms>\d+)ms for (?P<op>\w+) operation to complete")
 _GLOO_CLOSED = re.compile(r"(?:Connection closed by peer|Connection reset by peer) \[(?P<addr>[^\]]+)\]:(?P<port>\d+)")
-_ITERATION = re.compile(  # and Megatron's global batch size, which its ramp-up changes (time per sample compares)
-    r"iteration\s+(?P<it>\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*(?P<ms>[\d.]+)"
-    r"(?:.*?global batch size:\s*(?P<gbs>\d+))?"
-)
-_STEP_LINE = re.compile(  # a training loop's own step line, which logs the loss (torchtitan, DeepSpeed, scripts)
-    r"(?<![\w.])(?:global[_ ])?steps?\s*[:=]?\s*(?P<it>\d{1,12})(?:\s*/\s*\d+)?(?![\w.])(?=.*\bloss\b)", re.I
-)
-_STEP_TIME = re.compile(
-    r"(?:step[_ ]time|iter(?:ation)?[_ ]time(?: ?\(s\))?|time/step|train_step_timing in s)\s*[:=]?\s*"
-    r"(?P<t>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)?\b",
-    re.I,
-)
 _FH_HEAD = re.compile(r"^(?:Current thread|Thread) 0[xX][0-9a-fA-F]+(?: \[.*?\])? \(most recent call first\):")
 _FATAL = re.compile(r"^Fatal Python error: (.*)$")
 _TB_HEAD = re.compile(r"^(?:Traceback|Stack) \(most recent call last\):")
@@ -403,19 +392,10 @@ def _records(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:
         rec = {"type": "gloo", "kind": "closed", "peer": f"{m.group('addr')}:{m.group('port')}"}
         st.records.append({**rec, "stamp": stamp, "source": where})
         return
-    m = _ITERATION.search(text)
-    if m:
+    step = step_record(text)
+    if step is not None:
         st.last_step_at = st.at
-        step = {"type": "step", "step": int(m.group("it")), "elapsed_ms": float(m.group("ms")), "stamp": stamp}
-        st.records.append({**step, "batch": int(m.group("gbs")) if m.group("gbs") else None, "source": where})
-        return
-    m = _STEP_LINE.search(text) if "loss" in text.lower() else None
-    if m:
-        st.last_step_at = st.at
-        t = _STEP_TIME.search(text)
-        ms = None if t is None else float(t.group("t")) * (1.0 if (t.group("unit") or "s").lower() == "ms" else 1e3)
-        step = {"type": "step", "step": int(m.group("it")), "elapsed_ms": ms, "stamp": stamp}
-        st.records.append({**step, "batch": None, "source": where})
+        st.records.append({**step, "stamp": stamp, "source": where})
 
 
 def _watchdog(st: Stream, text: str, stamp: Stamp | None, where: str) -> None:

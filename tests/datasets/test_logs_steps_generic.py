@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rankscope.datasets.readers.logs import _STEP_LINE, _STEP_TIME
+from rankscope.datasets.readers.logsteps import step_record
 
 
 @pytest.mark.parametrize(
@@ -19,11 +19,17 @@ from rankscope.datasets.readers.logs import _STEP_LINE, _STEP_TIME
     ],
 )
 def test_a_loop_s_own_step_lines_are_steps(line: str, step: int, ms: float | None) -> None:
-    m = _STEP_LINE.search(line)
-    assert m is not None and int(m.group("it")) == step
-    t = _STEP_TIME.search(line)
-    got = None if t is None else float(t.group("t")) * (1.0 if (t.group("unit") or "s") == "ms" else 1e3)
-    assert got == pytest.approx(ms) if ms is not None else got is None
+    rec = step_record(line)
+    assert rec is not None and rec["step"] == step
+    assert rec["elapsed_ms"] == pytest.approx(ms) if ms is not None else rec["elapsed_ms"] is None
+
+
+def test_megatron_s_iteration_lines_keep_their_batch_size() -> None:
+    line = (
+        " [2026-12-03 02:28:21] iteration       83/    5000 | consumed samples:      10624 | elapsed time per "
+        "iteration (ms): 339.7 | learning rate: 1.000E-03 | global batch size:   128 | lm loss: 2.320244E+00 |"
+    )
+    assert step_record(line) == {"type": "step", "step": 83, "elapsed_ms": 339.7, "batch": 128}
 
 
 @pytest.mark.parametrize(
@@ -31,4 +37,4 @@ def test_a_loop_s_own_step_lines_are_steps(line: str, step: int, ms: float | Non
     ["[Rank 0] step=10, skipped=0, lr=[0.1]", "Saving checkpoint at step 100", "data prep step 3 of 5", "lossy step 5"],
 )
 def test_lines_that_only_mention_a_step_are_not_steps(line: str) -> None:
-    assert not ("loss" in line.lower() and _STEP_LINE.search(line))
+    assert step_record(line) is None
