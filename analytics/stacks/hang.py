@@ -22,6 +22,7 @@ from rankscope.analytics.stacks.culprits import STRONG, culprits
 from rankscope.analytics.stacks.duties import DUTY_STATES, main_process_duty, stuck_duty_words
 from rankscope.analytics.stacks.facts import StackFacts
 from rankscope.analytics.stacks.frames import PEER_WAIT_STATES
+from rankscope.analytics.stacks.frozen import frozen_runner_words, frozen_runners
 from rankscope.analytics.stacks.mismatch import lone_collectives, mismatch_words
 from rankscope.analytics.stacks.motion import Motion
 from rankscope.analytics.stacks.prefix_tree import build
@@ -189,6 +190,12 @@ def _stuck_alike(h: _Hang) -> Verdict:
     """A job the time evidence shows stuck, with no rank apart from its peers: never healthy. The waits other
     than the largest one are where to look (a stage pair waiting on each other, one replica's transfer)."""
     a = h.a
+    runners = frozen_runners(a)
+    if runners:
+        if runners == (0,) and h.duty:
+            return _main_duty(h)
+        h.reasons.append(frozen_runner_words(runners))
+        return _strong(h, runners, [])
     trainer = [c for c in a.clusters if c.role == "trainer"]
     others = sorted({r for c in trainer[1:] for r in c.ranks})
     words = (
@@ -356,7 +363,7 @@ def _strong(h: _Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> V
     h.reasons.append(cover_words(group, "The culprits are" if len(culprit_ranks) > 1 else "The culprit is"))
     _culprit_words(h, culprit_ranks)
     best = a.best()
-    gaps = [r for r in victims if best[r].kind == "missing-shared-wait"]
+    gaps = [r for r in victims if r in best and best[r].kind == "missing-shared-wait"]
     victims = [r for r in victims if r not in gaps]
     if victims:
         h.reasons.append(

@@ -822,3 +822,13 @@ def test_torchrun_s_own_error_file_folders_are_no_machines():
     v = diagnose(load_inputs(OUTSIDE / "consoles-and-torchelastic-error-files"))
     assert v.verdict.value == "crash" and v.culprit_ranks == (3,), v.explain()
     assert v.suspect_nodes == ("sjc-a100-1105",) and v.world_size == 8, v.explain()
+
+
+def test_a_stuck_stage_of_a_pipeline_without_replicas_is_named():
+    """pp=4, dp=1: stage 2 stuck in its own code before its send, stages 0-1 blocked sending, stage 3 receiving,
+    three frozen rounds. Each stage's stack is its own, so every cluster counted as common and nobody was named
+    ("no rank stands apart"); without ``--layout`` (read as data parallel) it was named."""
+    v = diagnose(load_inputs(OUTSIDE / "pp4-stage-stuck-3rounds", layout="pp=4"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (2,) and v.suspect_nodes == ("g2-pp-018",), v.explain()
+    healthy = diagnose(load_inputs(OUTSIDE / "pp4-healthy-3rounds", layout="pp=4"))
+    assert healthy.verdict.value == "healthy" and not healthy.suspect_nodes, healthy.explain()
