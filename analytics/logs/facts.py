@@ -196,8 +196,10 @@ def sinks(
     first = min((s.first_time for s in found if s.first_time is not None), default=None)
     leads = {r for r in silent if _leads_everywhere(found, r)}
     ok = [r for r in leads if first is None or alive_after.get(r, float("-inf")) >= first - 1.0 or r in stuck_watchdog]
-    if len(ok) == 1 and len(silent) == 1:
-        r = ok[0]
+    # several silent (its machine's other ranks torn down with it), one whose heartbeat monitor aborted it
+    beats = [r for r in leads if r in stuck_watchdog]
+    if (len(ok) == 1 and len(silent) == 1) or len(beats) == 1:
+        r = beats[0] if len(beats) == 1 else ok[0]
         how = (
             "its heartbeat monitor aborted it (its own watchdog thread was stuck)"
             if r in stuck_watchdog
@@ -211,7 +213,7 @@ def sinks(
                 False,
                 tuple(silent[r]),
             )
-        ], []
+        ], sorted(q for q in silent if q != r)
     return [], sorted(silent)
 
 

@@ -832,3 +832,11 @@ def test_a_stuck_stage_of_a_pipeline_without_replicas_is_named():
     assert v.verdict.value == "hang" and v.culprit_ranks == (2,) and v.suspect_nodes == ("g2-pp-018",), v.explain()
     healthy = diagnose(load_inputs(OUTSIDE / "pp4-healthy-3rounds", layout="pp=4"))
     assert healthy.verdict.value == "healthy" and not healthy.suspect_nodes, healthy.explain()
+
+
+def test_the_rank_its_heartbeat_monitor_aborted_is_the_laggard_among_its_machine_s_silent_ranks():
+    """NCCL consoles of a 16-rank job on 4 hosts (written from PyTorch's own wording): rank 9's heartbeat monitor
+    aborted it at 480 s, its agent tore down ranks 8, 10, 11, the rest timed out at 600 s in one all_reduce. Four
+    silent ranks left no laggard, and the abort was called a crash."""
+    v = diagnose(load_inputs(OUTSIDE / "nccl-heartbeat-abort-consoles"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (9,) and v.suspect_nodes == ("hgx-h200-03",), v.explain()
