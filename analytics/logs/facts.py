@@ -204,6 +204,8 @@ def sinks(
             "its heartbeat monitor aborted it (its own watchdog thread was stuck)"
             if r in stuck_watchdog
             else "was still logging after them"
+            if first is not None
+            else "these logs carry no time to show it gone before them"
         )
         return [
             Laggard(
