@@ -230,3 +230,15 @@ def test_hook_identities_name_the_processes_of_concatenated_dumps_by_pid(tmp_pat
     inputs, v = _verdict(tmp_path, gpus_per_node=2)
     assert sorted((p.rank, p.pid) for p in inputs.procs if p.status == "ok") == sorted(PIDS.items())
     _hang_on_host_b(v)
+
+
+def test_compressed_dumps_are_named_with_how_to_read_them(tmp_path, probe_dir):
+    """A collection script's ``rankN.txt.gz``: skipped with one line saying to unpack it (it read "a gz file that is
+    neither metrics* nor timings*"), and a folder of nothing else is refused with the same words."""
+    import gzip
+
+    for r in range(4):
+        data = (probe_dir / "pyspy" / "text" / f"rank{r}.txt").read_bytes()
+        (tmp_path / f"rank{r}.txt.gz").write_bytes(gzip.compress(data))
+    with pytest.raises(InputError, match=r"rank0\.txt\.gz \(compressed or an archive: unpack it first"):
+        load_inputs(tmp_path, gpus_per_node=1)
