@@ -8,6 +8,7 @@ stack is its own, so a stuck stage is one cluster among the stages' (every stage
 
 from __future__ import annotations
 
+from rankscope.analytics.stacks.facts import Progress
 from rankscope.analytics.stacks.frames import WAIT_STATES
 from rankscope.analytics.stacks.snapshot import SnapshotAnalysis
 from rankscope.analytics.verdict import rank_ranges
@@ -15,15 +16,18 @@ from rankscope.analytics.verdict import rank_ranges
 _NOT_RUNNING = WAIT_STATES | {"startup", "empty", "failed"}
 
 
-def frozen_runners(a: SnapshotAnalysis, max_fraction: float = 0.25) -> tuple[int, ...]:
+def frozen_runners(a: SnapshotAnalysis, progress: Progress | None, max_fraction: float = 0.25) -> tuple[int, ...]:
     """The trainers running their own code while every other trainer waits, when they are a few (at most
-    ``max_fraction`` of the trainers with a stack, one at least); () otherwise."""
+    ``max_fraction`` of the trainers with a stack, one at least) and sat at one place through the last pair of
+    snapshots (a rank that moved on, a rank 0 preparing data or a node's local rank 0 at its own chores, is no
+    stuck rank); () otherwise."""
     trainer = [c for c in a.clusters if c.role == "trainer" and c.ranks]
     runners = sorted({r for c in trainer if c.state not in _NOT_RUNNING for r in c.ranks})
     waiting = sum(len(c.ranks) for c in trainer if c.state in WAIT_STATES)
     if not runners or len(runners) > max(1, max_fraction * a.n_trainers) or waiting + len(runners) < a.n_trainers:
         return ()
-    return tuple(runners)
+    still = progress.still[-1] if progress is not None and progress.still else frozenset()
+    return tuple(runners) if set(runners) <= still else ()
 
 
 def frozen_runner_words(runners: tuple[int, ...]) -> str:

@@ -66,7 +66,7 @@ class _Hang:
     problems: list[CaptureProblem]
     frozen: bool = False  # time evidence says the job was stuck (frozen rounds, or long after the last step)
     duty: str = ""  # a frame rank 0 ran that no other rank ran in any snapshot (see :mod:`.duties`)
-    rounds: int = 1
+    facts: StackFacts | None = None
 
     def verdict(self, kind: Severity, confidence: float, **fields: Any) -> Verdict:
         reasons = list(self.reasons)
@@ -124,7 +124,7 @@ def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> 
         problems_of(facts),
         m.kind in ("stuck", "still"),
         main_process_duty(facts, (0,), {a.snapshot}),  # rank 0 in its own code now, not only once
-        len(facts.analyses),
+        facts,
     )
     return _too_little(h) or _no_outlier(h) or _localized(h)
 
@@ -190,7 +190,7 @@ def _stuck_alike(h: _Hang) -> Verdict:
     """A job the time evidence shows stuck, with no rank apart from its peers: never healthy. The waits other
     than the largest one are where to look (a stage pair waiting on each other, one replica's transfer)."""
     a = h.a
-    runners = frozen_runners(a)
+    runners = frozen_runners(a, h.facts.progress if h.facts is not None else None)
     if runners:
         if runners == (0,) and h.duty:
             return _main_duty(h)
@@ -247,7 +247,8 @@ def _main_duty(h: _Hang) -> Verdict:
     f = h.a.best().get(0)
     if f is not None:
         h.reasons.append(f"Rank 0 on {h.topology.node_of(0)}: {f.detail}.")
-    h.reasons.append(stuck_duty_words(h.rounds, h.duty, h.a.state_of(0) or "compute"))
+    rounds = len(h.facts.analyses) if h.facts is not None else 1
+    h.reasons.append(stuck_duty_words(rounds, h.duty, h.a.state_of(0) or "compute"))
     suspects = tuple(sorted(set(h.a.outlier_ranks) | {0}))
     return h.verdict(Severity.INCONCLUSIVE, 0.4, suspect_ranks=suspects, evidence=h.evidence((0,)))
 

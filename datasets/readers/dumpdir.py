@@ -60,8 +60,9 @@ _ONE_READ = 1 << 20  # files smaller than this are read whole at once (their kin
 _COMMON_SUFFIXES = frozenset((".txt", ".json"))  # stack dumps: go straight to the content
 _TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
 _EXPOSITION_SUFFIXES = (".prom", ".metrics", ".openmetrics")  # Prometheus text exposition by name
-_NOT_EVIDENCE = frozenset((".csv", ".parquet", ".pq", ".png", ".jpg", ".svg", ".html", ".md"))
 _PACKED = frozenset((".gz", ".tgz", ".zip", ".tar", ".xz", ".bz2", ".zst", ".7z"))
+_PACKED_WHY = "compressed or an archive: unpack it first, e.g. gunzip -r or tar xf, and point rankscope at the folder"
+_NOT_EVIDENCE = frozenset((".csv", ".parquet", ".pq", ".png", ".jpg", ".svg", ".html", ".md")) | _PACKED
 _WANDB = re.compile(r"(?:^|/)wandb/(?:(?:offline-)?run-[^/]*/|latest-run/|debug[^/]*\.log$)")
 """A Weights & Biases run folder (``wandb/run-<date>_<time>-<id>/files/output.log``, ``wandb/debug.log``): copies
 of one process's console and W&B's own metadata, with no rank or machine of their own."""
@@ -318,14 +319,9 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         if low.endswith(_EXPOSITION_SUFFIXES):
             sc.metrics.append(Path(abs_path))
             return
-        if suffix in _PACKED:
-            sc.skipped.append(
-                f"{rel} (compressed or an archive: unpack it first, e.g. gunzip -r or tar xf, and point "
-                "rankscope at the folder)"
-            )
-            return
         if suffix in _NOT_EVIDENCE:
-            sc.skipped.append(f"{rel} (a {suffix[1:]} file that is neither metrics* nor timings*)")
+            why = _PACKED_WHY if suffix in _PACKED else f"a {suffix[1:]} file that is neither metrics* nor timings*"
+            sc.skipped.append(f"{rel} ({why})")
             return
     elif low.endswith(".exit.json"):
         sc.exits.append(Path(abs_path))
