@@ -328,8 +328,8 @@ def _localized(h: _Hang) -> Verdict:
 
 def _mismatch_like(h: _Hang) -> Verdict:
     h.reasons.append(mismatch_words(h.a))
-    a = h.a
-    return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=a.outlier_ranks, evidence=h.evidence(a.outlier_ranks))
+    out = h.a.outlier_ranks
+    return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=out, evidence=h.evidence(out))
 
 
 def _largest_share(a: SnapshotAnalysis) -> float:

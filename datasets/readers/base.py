@@ -48,6 +48,21 @@ class Interner:
         return frames
 
 
+def occurrence_rounds(pids: Sequence[int | None]) -> list[int]:
+    """Per process of a file or console stream, in order, its capture round: how many dumps of the same pid came
+    before it (a pid seen again starts the next round); a process without a pid joins the latest round so far."""
+    seen: dict[int, int] = {}
+    out: list[int] = []
+    top = 0
+    for pid in pids:
+        k = top if pid is None else seen.get(pid, 0)
+        if pid is not None:
+            seen[pid] = k + 1
+        top = max(top, k)
+        out.append(k)
+    return out
+
+
 def cut_dump(source: str, pid: int | None, why: str) -> ProcessDump:
     """A dump with no usable stack, ``why`` says how (status ``cut``: no evidence either way)."""
     return ProcessDump((), pid=pid, status="cut", error=why, source_format="faulthandler", source_file=source)

@@ -170,7 +170,7 @@ def rounds_from_outer_folders(found: list[Found], notes: list[str]) -> None:
 
 def _capture_names(names: Iterable[str]) -> bool:
     """Whether every name is a capture's: stamped with its time, or a capture word (``py-spy-1``, ``capture-3``)."""
-    return all(is_capture_folder(n) or _STAMP.search(n) for n in names)
+    return all(is_capture_folder(n) or STAMP.search(n) for n in names)
 
 
 def _same_ranked_processes(below: set[tuple[object, int | None, str]]) -> bool:
@@ -218,7 +218,7 @@ def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_nod
         trainers[f.rel] += f.role is None
     order: dict[str, int] = {}
     stamped_counts = {
-        len(files) for files in pids.values() if all(_STAMP.search(rel.rsplit("/", 1)[-1]) for rel in files)
+        len(files) for files in pids.values() if all(STAMP.search(rel.rsplit("/", 1)[-1]) for rel in files)
     }
     named_counts = {len(files) for files in pids.values() if _capture_named(files)}
     for files in pids.values():
@@ -228,7 +228,7 @@ def rounds_from_repeated_pids(found: list[Found], notes: list[str], gpus_per_nod
             continue
         if not all(len(set(s)) == len(s) and s == sets[0] for s in sets):
             continue
-        stamps = {m.group(0) for rel in files if (m := _STAMP.search(rel.rsplit("/", 1)[-1]))}
+        stamps = {m.group(0) for rel in files if (m := STAMP.search(rel.rsplit("/", 1)[-1]))}
         # the very same processes dumped again, or the same pids at the times the names give, as many times on
         # every host (a capture round covers every machine; a sidecar dumping each pod at its own second does not)
         named = _capture_named(files) and len(named_counts) == 1
@@ -258,7 +258,6 @@ def _numbered(names: list[str]) -> bool:
     return len({re.sub(r"\d+", "#", n) for n in names}) == 1
 
 
-_STAMP = STAMP
 _DAY = re.compile(DATE + r"(?!\d)")
 
 
@@ -279,7 +278,7 @@ def folder_times(
         if p.role != "trainer":
             continue
         parts = p.source.split("/")  # folders, and the file's own name (``<host>/pyspy-20261202-063504.txt``)
-        found = {(m.groups(), "/".join(parts[: i + 1])) for i, part in enumerate(parts) for m in _STAMP.finditer(part)}
+        found = {(m.groups(), "/".join(parts[: i + 1])) for i, part in enumerate(parts) for m in STAMP.finditer(part)}
         if len({g for g, _ in found}) != 1 or len(found) != 1:
             return {}
         groups, folder = found.pop()
@@ -303,7 +302,7 @@ def _outer_stamp(rel: str) -> tuple[str, tuple[int, ...]] | None:
     """The outermost folder of ``rel`` whose name carries a date (and time): (its path, the stamp's fields)."""
     parts = rel.split("/")[:-1]
     for i, part in enumerate(parts):
-        m = _STAMP.search(part) or _DAY.search(part)
+        m = STAMP.search(part) or _DAY.search(part)
         if m:
             return "/".join(parts[: i + 1]), tuple(int(x) for x in m.groups())
     return None
@@ -370,7 +369,7 @@ def _claim(f: Found) -> object:
 def _unstamped(part: str) -> str:
     """A folder name without its stamp: what comes before the stamp when it names a machine (``<host>-<stamp>``,
     a sidecar's ``$(hostname)-$(date ...)``), else nothing (``incident-20261201``, ``pyspy-<stamp>``)."""
-    m = _STAMP.search(part) or _DAY.search(part)
+    m = STAMP.search(part) or _DAY.search(part)
     if m is None:
         return part
     before = part[: m.start()].rstrip("-_. ")

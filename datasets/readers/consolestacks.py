@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from rankscope.datasets.domain.bounds import MAX_LINE_CHARS, read_bounded
 from rankscope.datasets.domain.stacks import ProcessDump
+from rankscope.datasets.readers.base import occurrence_rounds
 from rankscope.datasets.readers.logprefix import TaskHosts, demux, prefix_kind
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 from rankscope.datasets.readers.stackid import Found
@@ -78,11 +79,7 @@ def console_dumps(text: str, rel: str, kind: str) -> list[StreamDump]:
         if not procs:
             continue
         rounds: list[list[ProcessDump]] = []
-        seen: defaultdict[int | None, int] = defaultdict(int)
-        for p in procs:  # a pid seen again in its stream: the next capture round
-            k = seen[p.pid] if p.pid is not None else max(len(rounds) - 1, 0)
-            if p.pid is not None:
-                seen[p.pid] += 1
+        for p, k in zip(procs, occurrence_rounds([p.pid for p in procs])):  # a pid seen again: the next round
             while len(rounds) <= k:
                 rounds.append([])
             rounds[k].append(p)

@@ -20,6 +20,7 @@ from typing import Any
 
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump
+from rankscope.datasets.readers.base import occurrence_rounds
 from rankscope.datasets.readers.capturefolders import (
     machines_above_recurring,
     older_incidents,
@@ -201,18 +202,18 @@ def _base(f: Found, n_in_file: int, n_trainers: int, hook_ids: Mapping[int, Mapp
 
 def _rounds_in_file(group: list[Found]) -> None:
     """One file holding the same processes again (``py-spy dump`` appended to one file per host, round after
-    round): a pid's k-th dump is its capture round k, where nothing else numbers the file's rounds. Only when
-    every pid of the file is there as many times, in the order of the first round."""
+    round): a pid's k-th dump is its capture round k (as in a console, :func:`.base.occurrence_rounds`), where
+    nothing else numbers the file's rounds. Only when every pid of the file is there as many times, round after
+    round."""
     pids = [f.ident.pid for f in group]
     if None in pids or len(set(pids)) == len(pids) or any("snapshot" in f.ident.sources for f in group):
         return
-    first = list(dict.fromkeys(pids))
-    k, rest = divmod(len(pids), len(first))
-    if rest or any(pids[r * len(first) : (r + 1) * len(first)] != first for r in range(k)):
+    rounds = occurrence_rounds(pids)
+    if len(set(Counter(pids).values())) != 1 or rounds != sorted(rounds):
         return
-    for n, f in enumerate(group):
-        f.ident = f.ident._replace(snapshot=n // len(first), sources={**f.ident.sources, "snapshot": "content"})
-    trainers = sum(g.role is None for g in group[: len(first)])  # in one round
+    for f, k in zip(group, rounds):
+        f.ident = f.ident._replace(snapshot=k, sources={**f.ident.sources, "snapshot": "content"})
+    trainers = sum(g.role is None for g, k in zip(group, rounds) if k == 0)  # in one round
     for f in group:
         f.siblings = trainers
 
