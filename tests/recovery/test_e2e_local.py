@@ -1,7 +1,8 @@
 """The recovery loop end to end on the real fault job: no person acts.
 
 torchrun + gloo, 8 ranks (TP=2, PP=2, DP=2) on 4 simulated machines of 2 ranks, 2 warm standbys. A
-fault bound to machine m2 (or m1) is injected at step 12; the node agent captures stacks, runs
+fault bound to machine m2 (or m1) is injected at step 12; the node agent captures stacks (more rounds
+when the first verdict is too weak to act on), runs
 ``rankscope recover --backend local --apply``, which diagnoses the capture, evicts the suspect machines
 (the verdict's fault domain), relaunches torchrun with their ranks on standbys from the newest complete
 checkpoint, and the job trains to its last step. The 4-machine job is smaller than the default cap
@@ -44,7 +45,13 @@ def test_a_machine_bound_fault_is_evicted_and_training_finishes_on_standbys(
 
     actions = Store(run.store).sql("SELECT what, outcome, rule, nodes, commands, who FROM actions ORDER BY ts")
     applied = [r for r in actions.to_dicts() if r["outcome"] == "ok"]
-    assert [r["what"] for r in applied] == ["evict", "restart"], actions
+    # A loaded machine may capture before the Flight Recorder dumps land: one stack snapshot alone is too
+    # weak to evict, so the loop first asks for more rounds (a no-op "collect" in the audit trail). Nothing
+    # disruptive may come before the eviction, and nothing but evidence-gathering.
+    asked = [r for r in applied if r["what"] == "collect"]
+    assert all(r["rule"] == "low-confidence" and not r["nodes"] for r in asked), actions.to_dicts()
+    applied = [r for r in applied if r["what"] != "collect"]
+    assert [r["what"] for r in applied] == ["evict", "restart"], (actions.to_dicts(), logs[-6000:])
     assert applied[0]["rule"] == "verdict-machine" and machine in applied[0]["nodes"] and applied[0]["who"]
     resumed = json.loads(json.dumps(applied[1]["commands"]))[0]
     ckpt_step = int(resumed.split("RANKSCOPE_RESUME_FROM=")[1].split()[0].rsplit("step-", 1)[1])
