@@ -32,11 +32,11 @@ from rankscope.datasets.readers.metric_long import MACHINE_LABELS
 from rankscope.spine import ParseError
 
 PROM_TYPES = ("counter", "gauge", "histogram", "summary", "untyped", "gaugehistogram", "info", "stateset", "unknown")
-_SAMPLE = (
+SAMPLE = (  # one sample line: name, {labels}, value, optional timestamp (shared with prometheus_batch)
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?[ \t]+(?P<value>[^ \t]+)"
     r"(?:[ \t]+(?P<ts>-?[0-9.eE+]+))?[ \t]*$"
 )
-_SAMPLE_RE = re.compile(_SAMPLE)
+SAMPLE_RE = re.compile(SAMPLE)
 _QUOTED = r'"(?:[^"\\]|\\.)*"'
 _KEY = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*""')
 _NAME_TIME = re.compile(
@@ -56,7 +56,7 @@ def looks_like_exposition(head: bytes) -> bool:
     if any(ln.startswith(("# TYPE ", "# HELP ")) for ln in lines):
         return True
     samples = [ln for ln in lines if not ln.startswith("#")]
-    good = [ln for ln in samples if _SAMPLE_RE.match(ln) and _number(ln.split()[-1])]
+    good = [ln for ln in samples if SAMPLE_RE.match(ln) and _number(ln.split()[-1])]
     return bool(samples) and len(good) == len(samples) and ("{" in samples[0] or "," not in samples[0])
 
 
@@ -112,7 +112,7 @@ def _types(path: Path, lines: Any) -> dict[str, str]:
     return types
 
 
-def _label_columns(samples: Any) -> Any:
+def label_columns(samples: Any) -> Any:
     """``labels`` text -> one column per label name (values unescaped), grouped by the label keys."""
     import polars as pl
 
@@ -147,7 +147,7 @@ def _parse_samples(path: Path, lines: Any) -> Any:
     samples = lines.filter(~pl.col("line").str.starts_with("#"))
     if samples.height == 0:
         return None
-    parsed = samples.select(pl.col("line").str.extract_groups(_SAMPLE).alias("g"), pl.col("line")).unnest("g")
+    parsed = samples.select(pl.col("line").str.extract_groups(SAMPLE).alias("g"), pl.col("line")).unnest("g")
     bad = parsed.filter(pl.col("name").is_null())
     if bad.height:
         raise ParseError(
@@ -165,7 +165,9 @@ def _parse_samples(path: Path, lines: Any) -> Any:
     ).with_row_index("_row")
 
 
-def _scrape_time(path: Path, n: int, notes: list[str]) -> float:
+def scrape_time(path: Path, n: int, notes: list[str]) -> float:
+    """When a scrape without sample timestamps was taken: the last time-like part of its file name, else the
+    file's modification time (each with a note in ``notes``)."""
     found = list(_NAME_TIME.finditer(path.name))
     if found:
         m = found[-1]  # the last time-like part of the name
@@ -195,10 +197,10 @@ def exposition_frame(path: Path) -> tuple[Any, dict[str, str], list[str]]:
     notes: list[str] = []
     missing_ts = parsed["ts"].null_count()
     if missing_ts == parsed.height:
-        parsed = parsed.with_columns(pl.lit(_scrape_time(path, parsed.height, notes)).alias("ts"))
+        parsed = parsed.with_columns(pl.lit(scrape_time(path, parsed.height, notes)).alias("ts"))
     elif missing_ts:
         raise ParseError(path, f"{missing_ts} of {parsed.height} samples have no timestamp while others do")
-    frame = _label_columns(parsed).drop("_row")
+    frame = label_columns(parsed).drop("_row")
     key = [c for c in frame.columns if c != "value"]
     if frame.select(key).is_duplicated().any():
         raise ParseError(
@@ -326,7 +328,7 @@ def _generic(name: str) -> bool:
     return not any(c.isdigit() for c in name) and all(w in _GENERIC for w in words)
 
 
-def _machine_from_name(path: Path) -> str:
+def machine_from_name(path: Path) -> str:
     """A label-less scrape's machine: its file name without the scrape time and the exporter's name
     (``gpu-node-17.prom``, ``gpu-node-17-dcgm-1733000000.prom``), unless nothing else is left
     (``node-<time>.prom``, ``node_exporter.prom``, ``metrics.prom``): then the nearest folder that names
@@ -355,7 +357,7 @@ def assign_machine(path: Path, frame: Any, node_label: str | None, notes: list[s
     else:
         mcol = next((c for c in MACHINE_LABELS if c in cols), None)
     if mcol is None:
-        name = _machine_from_name(path)
+        name = machine_from_name(path)
         notes.append(f"{path.name}: no node/Hostname/instance label: machine named {name!r} from its path")
         frame = frame.with_columns(pl.lit(name).alias("node"))
     else:

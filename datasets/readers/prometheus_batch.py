@@ -24,12 +24,12 @@ import pyarrow as pa
 from rankscope.datasets.domain.bounds import read_bounded
 from rankscope.datasets.readers.metric_long import MACHINE_LABELS
 from rankscope.datasets.readers.prometheus import (
-    _SAMPLE,
-    _label_columns,
-    _machine_from_name,
-    _scrape_time,
+    SAMPLE,
     as_chunk,
     instance_host,
+    label_columns,
+    machine_from_name,
+    scrape_time,
     type_declarations,
 )
 from rankscope.spine import RankscopeError
@@ -72,7 +72,7 @@ def read_exposition_batch(
     parsed = _times(parsed, paths, notes)
     if parsed is None:
         return None
-    frame = _label_columns(parsed)
+    frame = label_columns(parsed)
     key = [c for c in frame.columns if c not in ("value", "_row")]
     if frame.select(key).is_duplicated().any():  # a series twice in one file: one by one says which
         return None
@@ -91,7 +91,7 @@ def _samples(lines: Any) -> Any:
     import polars as pl
 
     samples = lines.filter(~pl.col("line").str.starts_with("#"))
-    parsed = samples.select("_file", pl.col("line").str.extract_groups(_SAMPLE).alias("g")).unnest("g")
+    parsed = samples.select("_file", pl.col("line").str.extract_groups(SAMPLE).alias("g")).unnest("g")
     if parsed.select("_file").n_unique() < lines.select("_file").n_unique():
         return None  # a file with no sample
     if parsed["name"].null_count():
@@ -117,7 +117,7 @@ def _times(parsed: Any, paths: list[Path], notes: list[str]) -> Any:
         return parsed
     file_notes: list[str] = []
     ids = sorted(unstamped["_file"].to_list())
-    when = [_scrape_time(paths[i], 0, file_notes) for i in ids]
+    when = [scrape_time(paths[i], 0, file_notes) for i in ids]
     notes.extend(file_notes)
     scrape = pl.DataFrame({"_file": pl.Series(ids, dtype=pl.UInt32), "_scrape": when})
     return (
@@ -143,7 +143,7 @@ def _machines(frame: Any, paths: list[Path], node_label: str | None, notes: list
         return None  # files that name their machine by different labels, or a --node-label some lack
     mcol = next(iter(mcols), None)
     unnamed = sorted(i for i, c in chosen.items() if c is None)
-    names = {i: _machine_from_name(paths[i]) for i in unnamed}
+    names = {i: machine_from_name(paths[i]) for i in unnamed}
     for i in unnamed:
         notes.append(f"{paths[i].name}: no node/Hostname/instance label: machine named {names[i]!r} from its path")
     node = pl.lit(None, pl.Utf8)

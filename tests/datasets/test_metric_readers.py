@@ -258,9 +258,9 @@ def test_empty_query_result_is_a_note_not_a_crash(tmp_path):
     ],
 )
 def test_a_label_less_scrape_is_named_after_its_host_not_its_exporter(path: str, machine: str) -> None:
-    from rankscope.datasets.readers.prometheus import _machine_from_name
+    from rankscope.datasets.readers.prometheus import machine_from_name
 
-    assert _machine_from_name(Path("/data") / path) == machine
+    assert machine_from_name(Path("/data") / path) == machine
 
 
 def _scrape(host: str, t_ms: int, util: float) -> str:
