@@ -57,16 +57,19 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
         crash_v = _exits_verdict(inputs, cfg, context, procs, bool(procs or fr_dumps or logs_read), log_facts)
         if crash_v is not None:
             verdicts.append(crash_v)
-    stack_v = fr_v = steps = None
+    stack_v = fr_v = steps = fr_facts = None
     timings = inputs.timings if "timings" in use else None
+    if fr_dumps and topology is not None:
+        fr_facts = _fr_facts(inputs, fr_dumps, topology, cfg, log_facts, context)
     if procs and topology is not None:
         stack_facts = stacks.facts(
             procs, topology, config=cfg.stacks, limits=cfg.limits, expected=sorted(inputs.expected_ranks)
         )
         steps = _steps(inputs, timings, stack_facts) or _logged_steps(inputs, log_facts, stack_facts)
-        stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps, config=cfg.stacks)
-    if fr_dumps and topology is not None:
-        fr_v = _fr_verdict(inputs, fr_dumps, topology, cfg, log_facts, steps, context)
+        moved = _fr_moved(inputs, fr_dumps, fr_facts, stack_facts) if steps is None and fr_facts is not None else None
+        stack_v = stacks.verdict(stack_facts, topology, job=job, steps=steps or moved, config=cfg.stacks)
+    if fr_facts is not None and topology is not None:
+        fr_v = _fr_verdict(inputs, fr_facts, topology, steps)
     if stack_v is not None and fr_v is not None:
         verdicts.append(fuse(stack_v, fr_v))
     elif stack_v is not None:
@@ -129,17 +132,16 @@ def _log_facts(inputs: Inputs) -> LogFacts | None:
     return logs.facts(inputs.logs, inputs.topology)
 
 
-def _fr_verdict(
+def _fr_facts(
     inputs: Inputs,
     fr_dumps: Sequence[FRDump],
     topology: Topology,
     cfg: Config,
     log_facts: LogFacts | None,
-    steps: Any,
     context: list[str],
-) -> Verdict:
-    """The Flight Recorder dumps' verdict, with the time the logs give them (an NCCL timeout dumps at once;
-    gloo's logged timeouts clock dumps taken on demand); a hang is not one while steps kept coming."""
+) -> Any:
+    """The Flight Recorder dumps' facts, with the time the logs give them (an NCCL timeout dumps at once;
+    gloo's logged timeouts clock dumps taken on demand)."""
     from rankscope.analytics import collectives  # only with Flight Recorder dumps (start-up of a stack probe)
     from rankscope.analytics.collectives.gloo_clock import gloo_timeout_clock
 
@@ -153,11 +155,39 @@ def _fr_verdict(
         clocked, tie = gloo_timeout_clock(fr_dumps, inputs.logs.gloo, inputs.exits)
         fr_dumps = tuple(clocked)
         context += [tie] if tie else []
-    analysis = collectives.facts(list(fr_dumps), topology, inputs.memberships, config=fr_cfg)
-    fr_v = collectives.verdict(analysis, topology, job=inputs.job)
+    return collectives.facts(list(fr_dumps), topology, inputs.memberships, config=fr_cfg)
+
+
+def _fr_verdict(inputs: Inputs, fr_facts: Any, topology: Topology, steps: Any) -> Verdict:
+    """The Flight Recorder's verdict; a hang is not one while steps kept coming."""
+    from rankscope.analytics import collectives
+
+    fr_v = collectives.verdict(fr_facts, topology, job=inputs.job)
     if fr_v.verdict is Severity.HANG and steps is not None and steps.progressing:
         fr_v = _kept_stepping(fr_v, steps)
     return fr_v
+
+
+def _fr_moved(inputs: Inputs, fr_dumps: Sequence[FRDump], fr_facts: Any, f: stacks.StackFacts) -> Any:
+    """Time evidence for the stacks from the Flight Recorder: its two latest captures were taken with two stack
+    snapshots, the later one the last, and every rank waiting now advanced in between into ops issued since.
+    The stacks' own reading of motion (the same waiters at the same lines) cannot tell one step's collective
+    from the next one's at the same line; the Flight Recorder's sequence numbers can, so they overrule it."""
+    from rankscope.analytics.collectives.captures import stack_rounds_of
+    from rankscope.analytics.performance.failslow import StepEvidence
+
+    p = fr_facts.progress  # (see CollectiveFacts.moved)
+    if not p.get("moved") or not f.analyses:
+        return None
+    pair = stack_rounds_of(fr_dumps, inputs.procs, inputs.snapshot_times, p["previous_capture"])
+    if pair is None or pair[1] != f.analyses[-1].snapshot:
+        return None
+    words = (
+        f"the Flight Recorder dumps taken with snapshots {pair[0]} and {pair[1]} show every waiting rank advanced "
+        f"in between ({p['n_advanced']} of {p['n_ranks_in_both']} ranks issued or finished ops), into ops issued "
+        "since",
+    )
+    return StepEvidence(float("nan"), 0.0, 0, True, False, None, words, source="flight_recorder")
 
 
 def _steps(inputs: Inputs, timings: Any, f: stacks.StackFacts) -> Any:

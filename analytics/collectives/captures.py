@@ -10,12 +10,13 @@ show a job that was running when it was captured.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rankscope.analytics.collectives.tables import is_done, tracks_state
 from rankscope.datasets.domain.flight_recorder import FRDump
+from rankscope.datasets.domain.stacks import ProcStacks
 
 
 def _state(d: FRDump) -> tuple[int, int]:
@@ -72,3 +73,50 @@ def split_captures(dumps: list[FRDump]) -> tuple[list[FRDump], list[FRDump], int
         return dumps, [], None
     latest, prev = caps[-1], caps[-2]
     return [d for d in dumps if d.capture == latest], [d for d in dumps if d.capture == prev], prev
+
+
+CO_CAPTURE_S = 30.0
+"""A Flight Recorder capture and a stack snapshot whose recorded times lie this close were taken together."""
+
+
+def stack_rounds_of(
+    dumps: Sequence[FRDump],
+    procs: Sequence[ProcStacks],
+    snapshot_times: Mapping[int, float],
+    previous: int,
+) -> tuple[int, int] | None:
+    """The stack snapshots taken together with the previous and the latest Flight Recorder capture, when each
+    has one: dumps in the same folder as that snapshot's stack files (a capture round's folder per host), else
+    the snapshot nearest its recorded time, within :data:`CO_CAPTURE_S`. Then what the Flight Recorder saw move between its captures
+    moved between those snapshots too; captures from another time (a periodic dump hours earlier) pair with none.
+    """
+    latest = max((d.capture for d in dumps), default=previous)
+    if latest == previous:
+        return None
+    folders: dict[int, set[str]] = {}
+    for p in procs:
+        folder = p.source.rsplit("/", 1)[0] if "/" in p.source else ""
+        if folder:
+            folders.setdefault(p.snapshot, set()).add(folder)
+
+    def snapshot_of(capture: int) -> int | None:
+        mine = [d for d in dumps if d.capture == capture]
+        where = {d.source_file.rsplit("/", 1)[0] for d in mine if "/" in d.source_file}
+        found = {
+            s
+            for s, fs in folders.items()
+            if any(w == f or w.endswith("/" + f) or f.endswith("/" + w) for w in where for f in fs)
+        }
+        if len(found) == 1:
+            return found.pop()
+        times = [d.dump_time_ns / 1e9 for d in mine if d.dump_time_ns]
+        if found or not times or not snapshot_times:
+            return None
+        t = max(times)  # the nearest snapshot in time (rounds may be seconds apart), if near enough
+        s, st = min(snapshot_times.items(), key=lambda x: abs(x[1] - t))
+        return s if abs(st - t) <= CO_CAPTURE_S else None
+
+    before, now = snapshot_of(previous), snapshot_of(latest)
+    if before is None or now is None or before >= now:
+        return None
+    return before, now

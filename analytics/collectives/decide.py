@@ -268,12 +268,7 @@ def stuck_inside(
 def progressing(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> CollectiveAnalysis | None:
     """An earlier capture shows every waiting rank advanced since, into waits that are all new."""
     p = f.progress
-    if p is None or not f.graph.waits or any(w.timing.state == AGING for w in f.graph.all_waits()):
-        return None
-    waiting = set(f.graph.waits)
-    if not waiting <= set(p.advanced):
-        return None
-    if any(w.entry.record_id in p.pending_before.get(w.rank, ()) for w in f.graph.all_waits()):
+    if p is None or not f.moved():
         return None
     reasons.append(
         f"Between capture {p.previous} and this one, every waiting rank advanced ({len(p.advanced)} of "

@@ -35,6 +35,17 @@ class CollectiveFacts:
     pp_neighbors: Callable[[int], tuple[int, ...]] = lambda r: ()
     """Adjacent pipeline stages of a rank, where send/recv go unrecorded (gloo): empty otherwise."""
 
+    def moved(self) -> bool:
+        """An earlier capture shows every waiting rank advanced since, into waits that are all new (none aging):
+        the job was running when captured."""
+        p = self.progress
+        waits = list(self.graph.all_waits())
+        if p is None or not self.graph.waits or any(w.timing.state == AGING for w in waits):
+            return False
+        if not set(self.graph.waits) <= set(p.advanced):
+            return False
+        return not any(w.entry.record_id in p.pending_before.get(w.rank, ()) for w in waits)
+
     def time_evidence(self) -> dict[str, Any]:
         waits = list(self.graph.all_waits())
         states = Counter(w.timing.state for w in waits)
@@ -64,5 +75,5 @@ class CollectiveFacts:
             n_groups=len(self.groups),
             n_entries=self.n_entries,
             time_evidence=self.time_evidence(),
-            progress=self.progress.to_dict() if self.progress is not None else {},
+            progress={**self.progress.to_dict(), "moved": self.moved()} if self.progress is not None else {},
         )

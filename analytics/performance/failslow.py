@@ -252,6 +252,8 @@ class StepEvidence:
     snapshot's time, or within a few step times of the stop's latest possible time); ``stuck``: the last
     snapshot was taken long after the last step (from a time written in the evidence, never a file time);
     ``slowdown``: (before, after, first slow step) when the step time rose and stayed up to the stop.
+    ``source``: ``steps`` (step records), or ``flight_recorder`` when no step was recorded but Flight Recorder
+    captures taken with the stack rounds show every waiting rank moved on in between (progress, no step count).
     """
 
     last_step_end: float
@@ -261,6 +263,7 @@ class StepEvidence:
     stuck: bool
     slowdown: tuple[float, float, int] | None
     words: tuple[str, ...]
+    source: str = "steps"  # or "flight_recorder": its captures, taken with the stack rounds, show the ranks moved
 
 
 def _per_step(timings: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

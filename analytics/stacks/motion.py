@@ -46,7 +46,8 @@ def motion(facts: StackFacts, steps: StepEvidence | None = None, *, max_running_
             return Motion(
                 "progressing",
                 [
-                    f"The stacks barely move between the snapshots ({prog.words()}), but the step records show "
+                    f"The stacks barely move between the snapshots ({prog.words()}), but "
+                    f"{'the step records show' if steps.source == 'steps' else 'time evidence shows'} "
                     f"the job kept going ({'; '.join(step_words)}): the job is slow, not hung."
                 ],
             )
@@ -67,6 +68,8 @@ def motion(facts: StackFacts, steps: StepEvidence | None = None, *, max_running_
         )
     if prog is not None and prog.frozen and last.blocked_fraction >= 0.5:
         return Motion("stuck", _frozen_words(prog) + _also(step_words))
+    if prog is not None and prog.frozen and _held_fraction(prog, last) >= 0.5:
+        return Motion("stuck", _frozen_words(prog) + [_held_words(prog)] + _also(step_words))
     if prog is not None and prog.peers_frozen and last.blocked_fraction >= 0.5:
         return Motion(
             "stuck",
@@ -108,6 +111,37 @@ def motion(facts: StackFacts, steps: StepEvidence | None = None, *, max_running_
         else []
     )
     return Motion("premise" if prog is None else "stuck-weak", words + _also(step_words))
+
+
+def _sat_still(prog: Progress) -> frozenset[int]:
+    """Ranks running their own code at one place through every snapshot (three or more), while ranks waited on
+    their peers at every snapshot and none was ever released: nothing about them moved either."""
+    frozen = prog.peers_frozen and all(w > 0 for w in prog.waiters) and not any(prog.released)
+    if not frozen or len(prog.still_where) != prog.pairs:
+        return frozenset()
+    return frozenset.intersection(*prog.still)
+
+
+def _held_fraction(prog: Progress, last: SnapshotAnalysis) -> float:
+    """The share of the dominant ranks that wait, or that sat at one place running their own code through every
+    snapshot while the waiters stayed in their waits. A majority running its own code is a running job only
+    when it moves: ranks of another duty sleep-polling at one line (evaluators waiting for a checkpoint), or
+    a stalled file system, are no sign of life, and the frozen waiters beside them are a hang."""
+    sat = _sat_still(prog)
+    if not sat:
+        return 0.0
+    healthy = [c for c in last.clusters if c.role == "trainer" and c.healthy]
+    dominant = healthy or [c for c in last.clusters if c.role == "trainer"]
+    total = sum(c.size for c in dominant)
+    held = sum(c.size if c.state in WAIT_STATES else sum(1 for r in c.ranks if r in sat) for c in dominant)
+    return held / total if total else 0.0
+
+
+def _held_words(prog: Progress) -> str:
+    return (
+        f"The ranks not waiting sat at one place through all {prog.n_snapshots} snapshots, as the waiters sat in "
+        "their waits: nothing in the job moved, so those running their own code are no sign of a running job."
+    )
 
 
 def _still(prog: Progress, last: SnapshotAnalysis, step_words: Sequence[str]) -> Motion:

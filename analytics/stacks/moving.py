@@ -80,7 +80,12 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
             "evicting."
         )
         v, few = None, True
-    if steps is not None and steps.progressing and (len(rounds) >= 2 or steps.slowdown is not None):
+    if (
+        steps is not None
+        and steps.progressing
+        and steps.source == "steps"  # the Flight Recorder's progress counts no steps: it names no slow rank
+        and (len(rounds) >= 2 or steps.slowdown is not None)
+    ):
         named = _steps_and_stacks(facts, topology, rounds, steps, reasons, common)
         if named is not None:
             return named

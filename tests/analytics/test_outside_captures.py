@@ -840,3 +840,34 @@ def test_the_rank_its_heartbeat_monitor_aborted_is_the_laggard_among_its_machine
     silent ranks left no laggard, and the abort was called a crash."""
     v = diagnose(load_inputs(OUTSIDE / "nccl-heartbeat-abort-consoles"))
     assert v.verdict.value == "hang" and v.culprit_ranks == (9,) and v.suspect_nodes == ("hgx-h200-03",), v.explain()
+
+
+def test_ranks_sleep_polling_at_one_line_beside_a_frozen_collective_are_no_sign_of_life():
+    """Ranks 0-3 train, 4-7 are evaluators sleep-polling for a checkpoint; rank 2 hangs in its data loading and
+    0, 1, 3 sit in the all_reduce through three stamped rounds. The evaluators made the running code a majority:
+    `inconclusive` ("every rank sat at one line, none waiting on its peers"); without them, a hang of rank 2."""
+    v = diagnose(load_inputs(OUTSIDE / "evaluators-sleep-poll-beside-hang-3rounds"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (2,), v.explain()
+    assert v.culprit_nodes == ("llm-sft-worker-0",) and v.suspect_nodes == ("llm-sft-worker-0",), v.explain()
+
+
+def test_flight_recorder_captures_taken_with_the_stack_rounds_overrule_the_stacks_reading_of_motion(tmp_path):
+    """Two capture rounds of a healthy job (rank 3 in a 4 s step in the first, its 0.1 s one in the second): the
+    peers sat in the all_reduce at the same line both times, so the stacks read "frozen" and evicted rank 3's
+    machine, while the Flight Recorder captured with them shows every rank 9-10 ops further."""
+    root = OUTSIDE / "slow-step-fr-pyspy-2captures"
+    v = diagnose(load_inputs(root))
+    assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
+    assert any("Flight Recorder dumps taken with snapshots 0 and 1" in r for r in v.reasons), v.reasons
+    # the same Flight Recorder captures kept apart from the stack rounds (another folder tree, no times) pair
+    # with no snapshot: they say nothing about when the stacks were taken, and the stacks decide alone
+    apart = tmp_path / "apart"
+    for k in (0, 1):
+        for f in (root / f"capture-{k}").rglob("*"):
+            if f.is_file():
+                side = "fr" if f.suffix == ".pkl" else "stacks"
+                dest = apart / side / f"capture-{k}" / f.parent.name / f.name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, dest)
+    v = diagnose(load_inputs(apart))
+    assert not any("Flight Recorder dumps taken with snapshots" in r for r in v.reasons), v.reasons
