@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 PROVENANCES = ("manifest", "hook", "log", "cmdline", "path", "host-folder", "pid-order", "host-order", "inferred")
 """Where an identity field can come from, most trusted first."""
 
-NAMED_SOURCES = frozenset({"manifest", "hook", "log", "host-folder", "timings", "metrics"})
+NAMED_SOURCES = frozenset({"manifest", "hook", "log", "host-folder", "timings", "metrics", "header"})
 """Provenances of a node name the user gave (a machine name to act on), as opposed to ``inferred``."""
 
 

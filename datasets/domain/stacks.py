@@ -150,6 +150,9 @@ class ProcessDump:
     """Which process instance this is, where the dump tells one beyond its pid: py-spy JSON's ``thread_id`` of
     the main thread (a pthread address, different in every process: ASLR). Two dumps with the same pid and
     instance are one process dumped twice, even in containers whose pid namespaces repeat pids."""
+    header: tuple[tuple[str, str], ...] = ()
+    """``(key, value)`` pairs a wrapper wrote before the dump (``RANK=5 LOCAL_RANK=1 HOST=trn-b02``): the
+    process's identity as its own environment told it."""
 
     @property
     def main_thread(self) -> ThreadDump | None:

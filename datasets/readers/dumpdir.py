@@ -262,7 +262,7 @@ def _encode_part(res: tuple[_Scan, _Hooked]) -> tuple[Any, ...]:
         (
             f.rel,
             tuple(map(tuple, d.threads)),
-            (d.pid, d.cmdline, d.status, d.error, d.source_format, d.source_file, d.failure_kind, d.instance),
+            (d.pid, d.cmdline, d.status, d.error, d.source_format, d.source_file, d.failure_kind, d.instance, d.header),
             f.index,
             f.hint,
         )

@@ -95,6 +95,12 @@ def finish(
         notes.append(f"skipped {len(sc.skipped)} file(s) that are not evidence: {shown}")
     fr_ids = {abs_path: _file_identity(rel, manifests) for abs_path, rel in sc.fr}
     if not (files or sc.fr or hook_fr or sc.metrics or sc.timings or sc.exits or steps or sc.logs or sc.elastic):
+        lost = next((n for n in notes if n.startswith("ignored ") and "with no rank" in n), None)
+        if lost:  # stack dumps were found: say why none is used, not that there were none
+            raise InputError(
+                f"{sc.root}: {lost.removeprefix('ignored ')}: none can be used; add a manifest.csv with "
+                "file,rank,node (or rank<N> in the file or folder names)"
+            )
         raise InputError(
             f"{sc.root}: no stack dumps or other evidence found (expected py-spy / faulthandler stack dumps, "
             "Flight Recorder dumps, "

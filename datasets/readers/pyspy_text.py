@@ -29,6 +29,7 @@ idle/active/gil markers, log prefixes on every line (``prefixed``: stripped firs
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from rankscope.datasets.domain.bounds import MAX_LINE_CHARS, MAX_LINE_NO, int_text
@@ -131,6 +132,33 @@ def parse_pyspy_text(text: str, source_file: str = "", *, prefixed: bool = False
     fast = _fast(text, source_file)
     if fast is not None:
         return fast
+    procs = _parse(text, source_file)
+    header = _header(text) if len(procs) == 1 and not text.startswith("Process ") else ()
+    return [replace(procs[0], header=header)] if header else procs
+
+
+_HEADER_KEY = re.compile(
+    r"(?<![A-Za-z0-9_])(RANK|LOCAL_RANK|HOST|HOSTNAME|NODE_NAME|NODENAME)=([A-Za-z0-9][A-Za-z0-9_.:-]*)"
+)
+_PROCESS_LINE = re.compile(r"^Process \d+:", re.M)
+
+
+def _header(text: str) -> tuple[tuple[str, str], ...]:
+    """``RANK=``, ``LOCAL_RANK=`` and host words a wrapper printed before the one dump of a file (``echo "RANK=$RANK
+    HOST=$(hostname)"; py-spy dump --pid $p``); the first of each key."""
+    m = _PROCESS_LINE.search(text[:4096])
+    if m is None or m.start() == 0:
+        return ()
+    found: dict[str, str] = {}
+    for k, v in _HEADER_KEY.findall(text[: m.start()]):
+        key = "host" if k in ("HOST", "HOSTNAME", "NODE_NAME", "NODENAME") else k.lower()
+        if key != "host" and not v.isdigit():
+            continue
+        found.setdefault(key, v)
+    return tuple(found.items())
+
+
+def _parse(text: str, source_file: str) -> list[ProcessDump]:
     truncated = not text.endswith("\n")
     procs: list[ProcessDump] = []
     pid: int | None = None

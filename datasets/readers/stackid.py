@@ -182,6 +182,11 @@ def _base(f: Found, n_in_file: int, n_trainers: int, hook_ids: Mapping[int, Mapp
         put("rank", hook["rank"], "hook")
         put("node", hook.get("node") or None, "hook")
         put("local_rank", hook.get("local_rank") if isinstance(hook.get("local_rank"), int) else None, "hook")
+    if f.dump.header and n_in_file == 1:  # what a wrapper printed before the dump: RANK=, LOCAL_RANK=, HOST=
+        head = dict(f.dump.header)
+        put("rank", int(head["rank"]) if "rank" in head else None, "header")
+        put("local_rank", int(head["local_rank"]) if "local_rank" in head else None, "header")
+        put("node", head.get("host"), "header")
     if facts.rank is not None and (n_trainers <= 1 or f.role is not None):
         put("rank", facts.rank, "path")  # (not for sibling trainers sharing one file)
     if facts.local_rank is not None and n_trainers <= 1:
@@ -265,6 +270,7 @@ def identify(
         rounds_from_repeated_files(loose, notes)
     if any(f.ident.rank is None for f in found):  # the job-level steps, only when some rank is still unknown
         _children_follow_their_trainer(found)
+        _pid_named_files_of_one_host(found, gpus_per_node)
         _siblings_by_pid(found, gpus_per_node, notes)
         _local_to_global(found, gpus_per_node, notes)
     _folders_that_are_not_machines(found, gpus_per_node, notes)
@@ -293,6 +299,10 @@ def _folders_that_are_not_machines(found: list[Found], gpus_per_node: int | None
             ranks[f.ident.node][f.ident.snapshot].add(f.ident.rank if f.ident.rank is not None else id(f))
     per = {h: {s: len(r) for s, r in by_snap.items()} for h, by_snap in ranks.items()}
     bad, why = folders_not_machines(per, gpus_per_node)
+    if len(ranks) == 1 and bad == set(ranks):  # the only folder: a host when it holds a block of ranks after
+        held = {r for by_snap in ranks.values() for rs in by_snap.values() for r in rs if isinstance(r, int)}
+        if held and min(held) > 0 and max(held) - min(held) + 1 == len(held) and len(held) <= (gpus_per_node or 8):
+            return  # others' ranks (``gpu-st-a12/rank4..7.txt``, the only machine collected), not the job's dumps
     if not bad:
         return
     for f in found:
@@ -310,6 +320,27 @@ def _children_follow_their_trainer(found: list[Found]) -> None:
         if f.role is not None and t is not None and f.ident.rank is None:
             f.ident = f.ident.fill("rank", t.ident.rank, t.ident.sources.get("rank", "path"))
             f.ident = f.ident.fill("local_rank", t.ident.local_rank, t.ident.sources.get("local_rank", "path"))
+
+
+def _pid_named_files_of_one_host(found: list[Found], gpus_per_node: int | None) -> None:
+    """One folder of files named by their process's pid (``for p in $(pgrep -f train.py); do py-spy dump --pid $p
+    > $p.txt; done``), nothing else telling ranks or a machine: one host's trainers, numbered by pid as siblings
+    are. Only as many as one machine holds (``--gpus-per-node``, else 8), with distinct pids: pid-named dumps of
+    several machines gathered in one folder would be numbered across machines, so those stay unnumbered."""
+    folders: dict[tuple[int, str], list[Found]] = defaultdict(list)
+    for f in found:
+        ident = f.ident
+        if f.role is None and f.host is None and ident.rank is None and ident.local_rank is None and ident.node is None:
+            folders[(f.ident.snapshot, f.rel.rsplit("/", 1)[0] if "/" in f.rel else "")].append(f)
+    for (_snap, folder), procs in folders.items():
+        pids = [f.dump.pid for f in procs]
+        if len(procs) < 2 or len(procs) > (gpus_per_node or 8) or None in pids or len(set(pids)) != len(pids):
+            continue
+        templates = {f.rel.rsplit("/", 1)[-1].replace(str(f.dump.pid), "{pid}", 1) for f in procs}
+        if len(templates) != 1 or "{pid}" not in next(iter(templates)):
+            continue
+        for f in procs:
+            f.host = f"folder:{folder or '(the dump folder)'}"
 
 
 def _siblings_by_pid(found: list[Found], gpus_per_node: int | None, notes: list[str]) -> None:
@@ -368,7 +399,9 @@ def _local_to_global(found: list[Found], gpus_per_node: int | None, notes: list[
     for f in todo:
         assert f.host is not None and f.ident.local_rank is not None
         f.ident = f.ident.with_field("rank", index[f.host] * g + f.ident.local_rank, "host-order")
-    shown = ", ".join(h.removeprefix("file:") for h in hosts[:4]) + (", ..." if len(hosts) > 4 else "")
+    shown = ", ".join(h.removeprefix("file:").removeprefix("folder:") for h in hosts[:4]) + (
+        ", ..." if len(hosts) > 4 else ""
+    )
     notes.append(
         f"global ranks assumed from sorted host names: rank = host index x {g} + local rank ({shown}); the "
         "culprit's host is exact, its parallel group only if the hosts are in rank order (add a manifest.csv "
