@@ -195,12 +195,16 @@ def _split(line: str) -> tuple[str, int | None, int | None, Stamp | None]:
             stamp = _parse_stamp(m) or stamp
             text = text[m.end() :]
             continue
-        m = RAY.match(text)
+        m = RAY.match(text) or _TAG_BEFORE_STAMP.match(text)
         if m:
             text = text[m.end() :]
             continue
         break
     return text, rank, local, stamp
+
+
+_TAG_BEFORE_STAMP = re.compile(r"^\[[A-Za-z][\w.-]{0,30}\] (?=\d{4}-\d\d-\d\d[ T_]\d\d:)")
+"""A logger's tag in front of its time stamp (torchtitan's ``[titan] 2026-12-03 06:12:12,582 - root - INFO - ...``)."""
 
 
 MAX_LOG_LINE = 1 << 16

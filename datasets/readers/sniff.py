@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from rankscope.datasets.readers.logprefix import prefix_kind
+
 HEAD_BYTES = 1 << 12
 
 # torchrun's worker prefixes: [rank<GLOBAL>]: and [<role><LOCAL>]: (role "default" unless --role), repeated
@@ -133,6 +135,8 @@ def sniff(head: bytes, name: str = "") -> Sniffed:
             log_lines += 1
     if worker or log_lines or (log_suffix and text.strip()):
         return Sniffed("log")
+    if prefix_kind(head) is not None:  # a console of several machines (pdsh, kubectl --prefix, srun --label),
+        return Sniffed("log")  # whatever its name: the console reader splits its streams
     if "\ufffd" in text[:512]:
         return Sniffed("unknown", why="binary data")
     first = text.strip().splitlines()[0][:80] if text.strip() else ""
