@@ -87,8 +87,9 @@ def stack_rounds_of(
 ) -> tuple[int, int] | None:
     """The stack snapshots taken together with the previous and the latest Flight Recorder capture, when each
     has one: dumps in the same folder as that snapshot's stack files (a capture round's folder per host), else
-    the snapshot nearest its recorded time, within :data:`CO_CAPTURE_S`. Then what the Flight Recorder saw move between its captures
-    moved between those snapshots too; captures from another time (a periodic dump hours earlier) pair with none.
+    the snapshot nearest its recorded time, within :data:`CO_CAPTURE_S`. Then what the Flight Recorder saw move
+    between its captures moved between those snapshots too; captures from another time (a periodic dump hours
+    earlier) pair with none.
     """
     latest = max((d.capture for d in dumps), default=previous)
     if latest == previous:

@@ -344,6 +344,12 @@ def quiet(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> C
                 + (f"; rank(s) {rank_ranges(f.no_dump)} left no dump." if f.no_dump else ".")
             )
             return _inconclusive(f, reasons, evidence, 0.3)
+        if f.unrecorded:
+            reasons.append(
+                f"But rank(s) {rank_ranges(f.unrecorded)} ran ops their dumps do not record (their groups' counters "
+                "run ahead of every recorded op: gloo's send/recv): the dumps cannot tell whether one of those waits."
+            )
+            return _inconclusive(f, reasons, evidence, 0.3)
         return _running(f, reasons, evidence, 0.8)
     states = Counter(w.timing.state for w in waits)
     if states.keys() == {YOUNG}:

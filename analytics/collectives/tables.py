@@ -136,11 +136,15 @@ class ProgressTables:
 
 def _status(t: ProgressTables, d: FRDump, r: int, k: Mapping[str, GroupKey], p2p_groups: set[str], seen: _Seen) -> None:
     """A rank's counters per group: the largest of what its entries show and its pg_status says (groups that
-    carry send/recv on this rank excepted: their pg_status counters may be p2p sequence ids)."""
+    carry send/recv on this rank excepted: their pg_status counters may be p2p sequence ids; so are counters
+    ahead of every op the rank recorded on the group: gloo counts its send/recv there, and records none)."""
     enq, comp, started = seen
+    gloo = d.backend == "gloo"
     for n, st in d.pg_status.items():
         if n not in k or n in p2p_groups:
             continue
+        if gloo and n in enq and st.last_enqueued is not None and st.last_enqueued > enq[n]:
+            continue  # ahead of every op the rank recorded on it: it counts ops that go unrecorded (gloo's send/recv)
         if st.last_enqueued is not None and st.last_enqueued > enq.get(n, 0):
             enq[n] = st.last_enqueued
         if st.last_completed is not None and st.last_completed > comp.get(n, 0):

@@ -109,6 +109,7 @@ def _read_fr(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> list[FRDum
         p: i.rank for p, i in idents.items() if i is not None and i.source("rank") == "manifest" and i.rank is not None
     }
     dumps, bad = read_fr_each(chosen, ranks)  # corrupt, over a limit, not a regular file: a note each
+    dumps = _other_runs_left_out(dumps, src.notes)
     read: list[tuple[FRDump, Any]] = [(d, dd.fr_identities.get(d.source_file)) for d in dumps]
     with paused_gc():
         folders, machines = _capture_folders(read, src.notes)
@@ -141,6 +142,36 @@ def _read_fr(dd: DumpDir, src: Sources, gpus_per_node: int | None) -> list[FRDum
             f"snapshot {snapshots[-2]} tells whether the job moved in between"
         )
     return sorted(out.values(), key=lambda d: (d.capture, d.rank))
+
+
+STALE_S = 300.0
+"""Dumps whose whole history ended this long before any record of the other dumps began are another run's (a
+node-local dump path an earlier, larger job also wrote): within one incident the ranks' records interleave, the
+same collective created by every member within seconds, and a stuck rank stops the others within a step."""
+
+
+def _other_runs_left_out(dumps: list[FRDump], notes: list[str]) -> list[FRDump]:
+    spans = {}
+    for d in dumps:
+        ts = [e.time_created_ns for e in d.entries if e.time_created_ns]
+        if ts:
+            spans[id(d)] = (min(ts), max(ts))
+    if len(spans) < 2:
+        return dumps
+    gap = int(STALE_S * 1e9)
+    ends = sorted({hi for _, hi in spans.values()})
+    for end in ends[:-1]:  # the earliest split: dumps ending by ``end`` against dumps that begin after it
+        old = [d for d in dumps if id(d) in spans and spans[id(d)][1] <= end]
+        new = [d for d in dumps if id(d) in spans and spans[id(d)][1] > end]
+        if new and min(spans[id(d)][0] for d in new) - end > gap and not {d.rank for d in old} & {d.rank for d in new}:
+            shown = ", ".join(os.path.basename(d.source_file) for d in old[:4]) + (" ..." if len(old) > 4 else "")
+            mins = (min(spans[id(d)][0] for d in new) - end) / 6e10
+            notes.append(
+                f"Flight Recorder: {len(old)} dump(s) left out as another run's ({shown}): their last record is "
+                f"{mins:.0f} min older than the first record of the other dumps, and those hold other ranks"
+            )
+            return [d for d in dumps if d not in old]
+    return dumps
 
 
 def _folders_not_hosts(

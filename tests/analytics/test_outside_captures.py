@@ -871,3 +871,76 @@ def test_flight_recorder_captures_taken_with_the_stack_rounds_overrule_the_stack
                 shutil.copy(f, dest)
     v = diagnose(load_inputs(apart))
     assert not any("Flight Recorder dumps taken with snapshots" in r for r in v.reasons), v.reasons
+
+
+def test_a_wrapper_s_rank_and_host_header_before_each_dump_names_them():
+    """``dump-<pid>.log`` flat in one folder, each opening with the wrapper's ``=== RANK=5 LOCAL_RANK=1
+    HOST=trn-b02 ===`` before the py-spy text: refused with "no stack dumps or other evidence found"."""
+    v = diagnose(load_inputs(OUTSIDE / "wrapper-header-pid-named-flat"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (5,) and v.culprit_nodes == ("trn-b02",), v.explain()
+
+
+def test_one_host_s_pid_named_dumps_are_numbered_by_pid():
+    """``for p in $(pgrep -f train.py); do py-spy dump --pid $p > $p.txt; done`` on a single node: refused with
+    "no stack dumps or other evidence found"; the four trainers are its local ranks in pid order."""
+    v = diagnose(load_inputs(OUTSIDE / "one-host-pid-named-flat"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (2,), v.explain()
+    notes = " ".join(v.details.get("notes", []))
+    assert "pid order" in notes and v.details.get("inferred_node_names"), notes
+
+
+def test_dumps_no_rule_numbers_are_refused_with_the_reason_not_as_missing():
+    """``stack_<ip>_<N>.txt`` (a rank or a pid? nothing says): one refusal that says the dumps were found and why
+    none can be used (it said "no stack dumps or other evidence found")."""
+    with pytest.raises(InputError, match=r"8 process dump\(s\) with no rank.*none can be used"):
+        load_inputs(OUTSIDE / "flat-ip-rank-names-no-rank")
+
+
+def test_the_only_host_folder_collected_is_that_machine():
+    """Only ``gpu-st-a12/rank4..7.txt`` were collected: the lone folder was taken for the job's dump folder, the
+    machine invented (``node-1``) with a note that the folder "holds every rank's dump"."""
+    v = diagnose(load_inputs(OUTSIDE / "only-culprit-host-collected"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (5,) and v.culprit_nodes == ("gpu-st-a12",), v.explain()
+    # only the machine of the ranks nobody collected (0-3) is unnamed
+    assert v.details.get("inferred_node_names") == ["node-0"], v.details.get("inferred_node_names")
+
+
+def test_a_pdsh_console_is_read_by_its_content_whatever_its_name():
+    """pdsh output (every line ``gpu01: ...``) saved as ``pyspy-all.txt`` was skipped ("no format recognised"); the
+    same bytes named ``pdsh.log`` were read."""
+    v = diagnose(load_inputs(OUTSIDE / "pdsh-prefixed-txt"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (5,) and v.culprit_nodes == ("gpu02",), v.explain()
+
+
+def test_torchtitan_s_tagged_step_lines_are_steps():
+    """``[titan] 2026-12-03 06:12:12,582 - root - INFO - step:  1  loss: ...``: the tag hid the time, the steps
+    went unread, and "no watchdog or transport timeout" turned three healthy rounds into `inconclusive`."""
+    v = diagnose(load_inputs(OUTSIDE / "torchtitan-consoles-3rounds"))
+    assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
+
+
+def test_flight_recorder_dumps_an_earlier_job_left_in_the_dump_folder_are_left_out():
+    """A 4-rank job's `nccl_trace_rank_0..3` beside `nccl_trace_rank_4..7` an earlier 8-rank job left in the same
+    node-local folder (their last record 11 min before this job's first): read as one 8-rank job, every
+    collective a size "mismatch" (a code fault, nothing evicted) and the stuck rank 1 overruled."""
+    v = diagnose(load_inputs(OUTSIDE / "fr-stale-dumps-of-an-older-job"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (1,) and v.world_size == 4, v.explain()
+    assert any("left out as another run's" in n for n in v.details.get("notes", [])), v.details.get("notes")
+
+
+def test_gloo_s_counters_of_unrecorded_send_recv_put_no_pipeline_stage_behind():
+    """A healthy 4-stage gloo pipeline, two captures 6 s apart: gloo counts its send/recv in the group's status
+    counters (150-255) but records none (entries at ~50), so the end stages, which send or receive once per
+    step, looked "behind" (`inconclusive`, "Nobody waits, yet rank(s) 0,3 are behind (#151)")."""
+    v = diagnose(load_inputs(OUTSIDE / "gloo-pipeline-fr-two-captures", layout="pp=4", gpus_per_node=2))
+    assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
+    assert not any("behind" in r for r in v.reasons), v.reasons
+
+
+def test_gloo_dumps_blind_to_a_send_recv_wait_never_vouch_for_a_job():
+    """A pipeline on `batch_isend_irecv`, rank 1 stuck after its irecv: py-spy shows the others at the Python line
+    that calls `req.wait()`, gloo records no send/recv, and its collectives are all done. Nobody can be named;
+    the dumps are no proof of health either (unrecorded ops may wait)."""
+    v = diagnose(load_inputs(OUTSIDE / "gloo-batch-isend-irecv-hang", layout="pp=4"))
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
+    assert any("do not record" in r for r in v.reasons), v.reasons
