@@ -79,7 +79,11 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     if log_facts is not None:
         from rankscope.analytics import logs
 
-        verdicts.append(logs.verdict(log_facts, topology, job=job))
+        log_v = logs.verdict(log_facts, topology, job=job)
+        if log_v.details.get("silent") and verdicts:  # no timeout, no step: nothing to weigh against the rest
+            context.append(f"[logs] {log_v.reasons[0]}")
+        else:
+            verdicts.append(log_v)
     notes = list(inputs.notes)
     perf_v = _performance(inputs, cfg, use, notes)
     if perf_v is not None:

@@ -159,9 +159,9 @@ def _quiet(f: LogFacts, job: str) -> Verdict:
             f" But no step for {quiet:.0f} s before the launchers were stopped (steps came every ~{usual:.1f} s "
             "before): the job was not stepping when it was stopped (stuck, or idle); the logs do not say who."
         )
-    return Verdict(
-        sev, job=job, confidence=0.6, reasons=(why,), sources=("logs",), world_size=f.world, details=_details(f)
-    )
+    silent = sev is Severity.INCONCLUSIVE and f.quiet_before_stop is None and not f.nccl_timeouts
+    details = {**_details(f), "silent": silent}  # the logs say nothing either way: other evidence decides
+    return Verdict(sev, job=job, confidence=0.6, reasons=(why,), sources=("logs",), world_size=f.world, details=details)
 
 
 def _gloo_silent(f: LogFacts) -> tuple[int, ...]:

@@ -944,3 +944,12 @@ def test_gloo_dumps_blind_to_a_send_recv_wait_never_vouch_for_a_job():
     v = diagnose(load_inputs(OUTSIDE / "gloo-batch-isend-irecv-hang", layout="pp=4"))
     assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
     assert any("do not record" in r for r in v.reasons), v.reasons
+
+
+def test_logs_that_say_nothing_either_way_do_not_outweigh_stacks_and_flight_recorder():
+    """A healthy tp=2,dp=4 job: two capture rounds of FR + py-spy that both show it moving, and its own
+    `--log-dir` logs with neither a timeout nor a step line. "No watchdog or transport timeout" (inconclusive)
+    led the verdict over two sources that saw the job run."""
+    v = diagnose(load_inputs(OUTSIDE / "healthy-tp2dp4-fr-pyspy-logdir-2captures", layout="tp=2,dp=4"))
+    assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
+    assert any(r.startswith("[logs] no watchdog") for r in v.reasons), v.reasons
