@@ -5,8 +5,7 @@ is a culprit; outliers that wait in a group shared with it are its victims (name
 suspects are the culprits' nodes, extended to the smallest group holding them while that stays a small
 share of the job. Culprits in unrelated groups: ``inconclusive``. When everyone waits, the smallest cover
 of the outliers by groups of one kind is isolated (ByteRobust's over-eviction) and the likeliest origin
-named; without time evidence only a single group holding every outlier is a fault domain.
-"""
+named; without time evidence only a single group holding every outlier is a fault domain."""
 
 from __future__ import annotations
 
@@ -34,6 +33,7 @@ from rankscope.analytics.stacks.report import (
     dominant_words,
     problem_words,
     problems_of,
+    tentative,
 )
 from rankscope.analytics.stacks.snapshot import SnapshotAnalysis
 from rankscope.analytics.verdict import Evidence, Severity, SuspectGroup, Verdict, rank_ranges
@@ -83,8 +83,8 @@ class _Hang:
 
     def _rounds_name_no_machine(self, reasons: list[str], fields: dict[str, Any]) -> Verdict:
         """Rounds that neither show the job moving nor frozen name no machine: a healthy job with uneven work
-        (evaluation, a sleep, waiting for data) caught in a few rounds looks alike. The likeliest culprits are
-        said in words."""
+        (evaluation, a sleep, waiting for data) caught in a few rounds looks alike. The likeliest culprits in words."""
+        reasons = tentative(reasons)
         ranks = tuple(fields.get("culprit_ranks") or fields.get("suspect_ranks") or ())
         if ranks:
             nodes = ", ".join(self.topology.nodes_of(ranks)[:5])

@@ -953,3 +953,12 @@ def test_logs_that_say_nothing_either_way_do_not_outweigh_stacks_and_flight_reco
     v = diagnose(load_inputs(OUTSIDE / "healthy-tp2dp4-fr-pyspy-logdir-2captures", layout="tp=2,dp=4"))
     assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
     assert any(r.startswith("[logs] no watchdog") for r in v.reasons), v.reasons
+
+
+def test_rounds_that_name_no_machine_call_no_culprit_or_fault_domain():
+    """A healthy all_reduce-heavy job, three rounds, rank 0 at its own code in the last: `inconclusive`, nobody
+    isolated, yet the words said "The culprit is on trn-a01: that machine is the fault domain"."""
+    v = diagnose(load_inputs(OUTSIDE / "allreduce-heavy-3rounds-uneven"))
+    assert v.verdict.value in ("inconclusive", "healthy") and not v.suspect_nodes, v.explain()
+    text = v.explain()
+    assert "fault domain" not in text and "Culprit rank" not in text and "look at rank(s) 0 on trn-a01" in text, text
