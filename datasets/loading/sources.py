@@ -151,26 +151,34 @@ same collective created by every member within seconds, and a stuck rank stops t
 
 
 def _other_runs_left_out(dumps: list[FRDump], notes: list[str]) -> list[FRDump]:
-    spans = {}
-    for d in dumps:
-        ts = [e.time_created_ns for e in d.entries if e.time_created_ns]
-        if ts:
-            spans[id(d)] = (min(ts), max(ts))
+    spans = []
+    for d in dumps:  # records are appended as ops are created: the first and last with a time bound the rest
+        first = next((e.time_created_ns for e in d.entries if e.time_created_ns), None)
+        last = next((e.time_created_ns for e in reversed(d.entries) if e.time_created_ns), None)
+        if first and last:
+            spans.append((max(first, last), min(first, last), d))
     if len(spans) < 2:
         return dumps
-    gap = int(STALE_S * 1e9)
-    ends = sorted({hi for _, hi in spans.values()})
-    for end in ends[:-1]:  # the earliest split: dumps ending by ``end`` against dumps that begin after it
-        old = [d for d in dumps if id(d) in spans and spans[id(d)][1] <= end]
-        new = [d for d in dumps if id(d) in spans and spans[id(d)][1] > end]
-        if new and min(spans[id(d)][0] for d in new) - end > gap and not {d.rank for d in old} & {d.rank for d in new}:
-            shown = ", ".join(os.path.basename(d.source_file) for d in old[:4]) + (" ..." if len(old) > 4 else "")
-            mins = (min(spans[id(d)][0] for d in new) - end) / 6e10
-            notes.append(
-                f"Flight Recorder: {len(old)} dump(s) left out as another run's ({shown}): their last record is "
-                f"{mins:.0f} min older than the first record of the other dumps, and those hold other ranks"
-            )
-            return [d for d in dumps if d not in old]
+    spans.sort(key=lambda x: x[0])
+    first_after = [0] * len(spans)  # the earliest record of the dumps that end later than dump i
+    low = spans[-1][1]
+    for i in range(len(spans) - 1, -1, -1):
+        first_after[i] = low
+        low = min(low, spans[i][1])
+    for i in range(len(spans) - 1):  # the earliest split: the dumps ending by spans[i] against those after
+        if spans[i + 1][0] == spans[i][0] or first_after[i] - spans[i][0] <= STALE_S * 1e9:
+            continue
+        old, new = [x[2] for x in spans[: i + 1]], [x[2] for x in spans[i + 1 :]]
+        if {d.rank for d in old} & {d.rank for d in new}:
+            continue
+        shown = ", ".join(os.path.basename(d.source_file) for d in old[:4]) + (" ..." if len(old) > 4 else "")
+        notes.append(
+            f"Flight Recorder: {len(old)} dump(s) left out as another run's ({shown}): their last record is "
+            f"{(first_after[i] - spans[i][0]) / 6e10:.0f} min older than the first record of the other dumps, and "
+            "those hold other ranks"
+        )
+        gone = {id(d) for d in old}
+        return [d for d in dumps if id(d) not in gone]
     return dumps
 
 
