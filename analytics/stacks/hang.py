@@ -26,6 +26,7 @@ from rankscope.analytics.stacks.mismatch import lone_collectives, mismatch_words
 from rankscope.analytics.stacks.motion import Motion
 from rankscope.analytics.stacks.prefix_tree import build
 from rankscope.analytics.stacks.report import (
+    blind_wait_words,
     common_fields,
     cover_words,
     culprits_first,
@@ -274,10 +275,14 @@ def _localized(h: _Hang) -> Verdict:
             return _strong(h, culprit_ranks, victims)
     # everyone waits (or strong culprits beside unexplained outliers): cover the outliers with groups of one kind
     group: SuspectGroup | None
-    if h.premise and not strong and _largest_share(a) < 0.5:
+    blind = sorted({p.rank for p in h.problems if p.rank is not None and p.role == "trainer" and not p.gone})
+    if not strong and blind and not set(blind) <= {p.rank for p in h.problems if p.kind == "stopped"}:
+        h.reasons.append(blind_wait_words(blind, topology.nodes_of(blind)))  # the waits may end at them
+        return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=tuple(blind), evidence=h.evidence())
+    if h.premise and not strong and a.largest_share < 0.5:
         h.reasons.append(
             "Every outlier waits on someone, and no single wait holds most ranks (the largest cluster has "
-            f"{_largest_share(a):.0%} of them): a stuck job converges on one wait within seconds, a running "
+            f"{a.largest_share:.0%} of them): a stuck job converges on one wait within seconds, a running "
             "job caught mid-step spreads over several. With no time evidence, nothing to isolate"
             + (
                 f"; if the job is known to be stuck, look at rank(s) {rank_ranges(culprit_ranks)[:100]} first."
@@ -330,12 +335,6 @@ def _mismatch_like(h: _Hang) -> Verdict:
     h.reasons.append(mismatch_words(h.a))
     out = h.a.outlier_ranks
     return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=out, evidence=h.evidence(out))
-
-
-def _largest_share(a: SnapshotAnalysis) -> float:
-    """The share of the trainers with a stack that sit in the largest trainer cluster."""
-    sizes = [c.size for c in a.clusters if c.role == "trainer"]
-    return max(sizes) / a.n_trainers if sizes and a.n_trainers else 0.0
 
 
 def _culprit_words(h: _Hang, culprit_ranks: Sequence[int]) -> None:

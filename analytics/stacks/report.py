@@ -118,6 +118,15 @@ def culprits_first(nodes: Sequence[str], culprit_nodes: Sequence[str]) -> tuple[
     return tuple(dict.fromkeys([*[n for n in culprit_nodes if n in nodes], *nodes]))
 
 
+def blind_wait_words(blind: Sequence[int], nodes: Sequence[str]) -> str:
+    """Every outlier waits on someone, and some ranks gave no stack: the waits may end at them."""
+    return (
+        f"Every outlier waits on someone, and rank(s) {rank_ranges(blind)[:200]} on {', '.join(nodes[:5])} gave no "
+        "stack (their capture failed, see below): the waits may end there, where no stack shows it. A failed "
+        "capture names no machine, and the waiters are not evicted in its place: capture those ranks again."
+    )
+
+
 def tentative(reasons: list[str]) -> list[str]:
     """The localization's words for a verdict that names no machine: no fault domain, no "culprit" said as fact
     (the ranks stay, as where to look first)."""

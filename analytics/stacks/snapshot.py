@@ -112,6 +112,12 @@ class SnapshotAnalysis:
         return sum(n for st, n in dom.items() if st in WAIT_STATES) / total if total else 0.0
 
     @property
+    def largest_share(self) -> float:
+        """The share of the trainers with a stack that sit in the largest trainer cluster."""
+        sizes = [c.size for c in self.clusters if c.role == "trainer"]
+        return max(sizes) / self.n_trainers if sizes and self.n_trainers else 0.0
+
+    @property
     def running_fraction(self) -> float:
         """The share of all trainers with a stack that run their own code (compute, I/O, a local sleep). A hang
         spreads: within seconds every rank that depends on the stuck one blocks, so a stuck job leaves few

@@ -962,3 +962,13 @@ def test_rounds_that_name_no_machine_call_no_culprit_or_fault_domain():
     assert v.verdict.value in ("inconclusive", "healthy") and not v.suspect_nodes, v.explain()
     text = v.explain()
     assert "fault domain" not in text and "Culprit rank" not in text and "look at rank(s) 0 on trn-a01" in text, text
+
+
+def test_waits_that_end_at_ranks_whose_capture_failed_evict_none_of_the_waiters():
+    """A Megatron tp=8,pp=4,dp=4 hang (128 ranks, 16 nodes) whose stuck rank's node refused py-spy (Permission
+    Denied on ranks 40-47): its three neighbouring stages wait in p2p towards it, the rest in the DP
+    reduce_scatter. The waiters' three nodes were evicted as the cover of the outliers (a templated case of an
+    eighth tester, from real py-spy text)."""
+    v = diagnose(load_inputs(OUTSIDE / "megatron-128-culprit-node-ptrace-denied", layout="tp=8,pp=4,dp=4"))
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes and not v.culprit_nodes, v.explain()
+    assert "rank(s) 40-47 on gpu-a100-022 gave no stack" in v.explain()
