@@ -132,9 +132,24 @@ def parse_pyspy_text(text: str, source_file: str = "", *, prefixed: bool = False
     fast = _fast(text, source_file)
     if fast is not None:
         return fast
+    if text.startswith("----") and _DSHBAK.match(text):
+        return _by_host(text, source_file)
     procs = _parse(text, source_file)
     header = _header(text) if len(procs) == 1 and not text.startswith("Process ") else ()
     return [replace(procs[0], header=header)] if header else procs
+
+
+_DSHBAK = re.compile(r"^-{4,}\n([A-Za-z0-9][A-Za-z0-9._-]{0,62})\n-{4,}\n", re.M)
+"""``dshbak``'s header over each host's share of ``pdsh`` output (``pdsh -w gpu[01-02] py-spy dump ... | dshbak``)."""
+
+
+def _by_host(text: str, source_file: str) -> list[ProcessDump]:
+    """Each host section of ``dshbak`` output parsed alone, its processes marked with their machine."""
+    parts = _DSHBAK.split(text)  # [before, host, section, host, section, ...]
+    out: list[ProcessDump] = []
+    for host, section in zip(parts[1::2], parts[2::2]):
+        out += [replace(p, header=(("host", host),)) for p in parse_pyspy_text(section, source_file)]
+    return out
 
 
 _HEADER_KEY = re.compile(

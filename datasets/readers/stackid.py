@@ -182,10 +182,11 @@ def _base(f: Found, n_in_file: int, n_trainers: int, hook_ids: Mapping[int, Mapp
         put("rank", hook["rank"], "hook")
         put("node", hook.get("node") or None, "hook")
         put("local_rank", hook.get("local_rank") if isinstance(hook.get("local_rank"), int) else None, "hook")
-    if f.dump.header and n_in_file == 1:  # what a wrapper printed before the dump: RANK=, LOCAL_RANK=, HOST=
+    if f.dump.header:  # what a wrapper printed before the dump (RANK=, LOCAL_RANK=, HOST=), or dshbak's host
         head = dict(f.dump.header)
-        put("rank", int(head["rank"]) if "rank" in head else None, "header")
-        put("local_rank", int(head["local_rank"]) if "local_rank" in head else None, "header")
+        if n_in_file == 1:
+            put("rank", int(head["rank"]) if "rank" in head else None, "header")
+            put("local_rank", int(head["local_rank"]) if "local_rank" in head else None, "header")
         put("node", head.get("host"), "header")
     if facts.rank is not None and (n_trainers <= 1 or f.role is not None):
         put("rank", facts.rank, "path")  # (not for sibling trainers sharing one file)

@@ -972,3 +972,11 @@ def test_waits_that_end_at_ranks_whose_capture_failed_evict_none_of_the_waiters(
     v = diagnose(load_inputs(OUTSIDE / "megatron-128-culprit-node-ptrace-denied", layout="tp=8,pp=4,dp=4"))
     assert v.verdict.value == "inconclusive" and not v.suspect_nodes and not v.culprit_nodes, v.explain()
     assert "rank(s) 40-47 on gpu-a100-022 gave no stack" in v.explain()
+
+
+def test_dshbak_s_host_sections_name_each_process_s_machine():
+    """`pdsh -w gpu0[1-2] 'py-spy dump ...' | dshbak` (a dashed header over each host's output) in one file: all 8
+    processes were put on one invented machine and numbered by pid across both hosts (rank 2 on `node-0`,
+    confidently wrong); each section is its host's, local ranks in pid order there."""
+    v = diagnose(load_inputs(OUTSIDE / "pdsh-dshbak-grouped"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (5,) and v.culprit_nodes == ("gpu02",), v.explain()
