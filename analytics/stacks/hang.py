@@ -184,7 +184,7 @@ def _no_outlier(h: _Hang) -> Verdict | None:
         "visible as a machine-specific stack (all ranks wait alike); take several snapshots "
         "to tell a hang from progress, and check the network and the Flight Recorder."
     )
-    return h.verdict(Severity.HEALTHY, round(min(0.5 + 0.4 * a.dominant_fraction, 0.95), 3))
+    return h.verdict(Severity.HEALTHY, round(min(0.5 + 0.4 * a.dominant_fraction, 0.55 if h.premise else 0.95), 3))
 
 
 def _stuck_alike(h: _Hang) -> Verdict:
