@@ -348,6 +348,8 @@ def _classify(frames: Sequence[FrameLike], role: str) -> tuple[str, int]:
             return "startup", importing
     for i, f in enumerate(frames):
         fn = f.function.rsplit(".", 1)[-1]
+        if i == 0 and fn == "wrapper" and f.file.replace("\\", "/").endswith("distributed/c10d_logger.py"):
+            return "collective", 0  # caught in the logging wrapper every c10d call passes through, inside the call
         if fn in P2P_OPS and (_is_dist(f.file) or fn.startswith(("send_", "recv_"))):
             return "p2p", i
         if fn in COLLECTIVE_OPS and _is_dist(f.file) and not _is_dcp_step(f.file):

@@ -980,3 +980,11 @@ def test_dshbak_s_host_sections_name_each_process_s_machine():
     confidently wrong); each section is its host's, local ranks in pid order there."""
     v = diagnose(load_inputs(OUTSIDE / "pdsh-dshbak-grouped"))
     assert v.verdict.value == "hang" and v.culprit_ranks == (5,) and v.culprit_nodes == ("gpu02",), v.explain()
+
+
+def test_a_rank_caught_in_c10d_s_logging_wrapper_is_inside_the_collective():
+    """One round of a healthy tp=2,dp=4 job: seven ranks in `all_reduce`, rank 6 with `_exception_logger.<locals>
+    .wrapper (torch/distributed/c10d_logger.py)` on top, the line every `dist.all_reduce` passes through. It was
+    "not waiting in any collective": a hang of its machine at 0.81."""
+    v = diagnose(load_inputs(OUTSIDE / "tp2dp4-rank-in-c10d-logger-wrapper", layout="tp=2,dp=4", gpus_per_node=4))
+    assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
