@@ -102,27 +102,9 @@ def _facts(
         clock,
         progress,
         _unrecorded_p2p_neighbors(topology, tables.tracks),
-        _unrecorded_in_flight(by_rank),
+        tuple(sorted(tables.unrecorded)),
     )
     return f, notes
-
-
-def _unrecorded_in_flight(by_rank: Mapping[int, FRDump]) -> tuple[int, ...]:
-    """Ranks whose status counters on a group run ahead of every op they recorded on it: they ran ops the dump
-    does not show (gloo counts its send/recv there and records none), which may be in flight still."""
-    out = []
-    for r, d in by_rank.items():
-        if d.backend != "gloo":  # NCCL records every op it runs
-            continue
-        top: dict[str, int] = {}
-        for e in d.entries:
-            top[e.pg_name] = max(top.get(e.pg_name, 0), e.collective_seq_id)
-        for n, st in d.pg_status.items():
-            enq = st.last_enqueued
-            if n in top and enq is not None and enq > top[n]:
-                out.append(r)
-                break
-    return tuple(sorted(out))
 
 
 def _unrecorded_p2p_neighbors(

@@ -115,6 +115,8 @@ class ProgressTables:
     started: defaultdict[GroupKey, dict[int, int]] = field(default_factory=_seq_map)  # last started seq
     starts: dict[int, bool] = field(default_factory=dict)  # rank -> its dump records starts
     tracks: dict[int, bool] = field(default_factory=dict)  # rank -> its backend records states (not gloo)
+    unrecorded: set[int] = field(default_factory=set)
+    """Ranks whose group counters run ahead of every op they recorded on the group (gloo's send/recv)."""
     sigs: defaultdict[tuple[GroupKey, int], defaultdict[tuple[Signature, ...], list[int]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
@@ -139,12 +141,13 @@ def _status(t: ProgressTables, d: FRDump, r: int, k: Mapping[str, GroupKey], p2p
     carry send/recv on this rank excepted: their pg_status counters may be p2p sequence ids; so are counters
     ahead of every op the rank recorded on the group: gloo counts its send/recv there, and records none)."""
     enq, comp, started = seen
-    gloo = d.backend == "gloo"
+    stateless = not t.tracks[r]  # gloo: NCCL records every op it runs
     for n, st in d.pg_status.items():
         if n not in k or n in p2p_groups:
             continue
-        if gloo and n in enq and st.last_enqueued is not None and st.last_enqueued > enq[n]:
-            continue  # ahead of every op the rank recorded on it: it counts ops that go unrecorded (gloo's send/recv)
+        if stateless and n in enq and st.last_enqueued is not None and st.last_enqueued > enq[n]:
+            t.unrecorded.add(r)  # ahead of every op the rank recorded on it: it counts unrecorded ops (send/recv)
+            continue
         if st.last_enqueued is not None and st.last_enqueued > enq.get(n, 0):
             enq[n] = st.last_enqueued
         if st.last_completed is not None and st.last_completed > comp.get(n, 0):
