@@ -130,8 +130,7 @@ def _held_fraction(prog: Progress, last: SnapshotAnalysis) -> float:
     sat = _sat_still(prog)
     if not sat:
         return 0.0
-    healthy = [c for c in last.clusters if c.role == "trainer" and c.healthy]
-    dominant = healthy or [c for c in last.clusters if c.role == "trainer"]
+    dominant = last.dominant_clusters()
     total = sum(c.size for c in dominant)
     held = sum(c.size if c.state in WAIT_STATES else sum(1 for r in c.ranks if r in sat) for c in dominant)
     return held / total if total else 0.0

@@ -95,11 +95,15 @@ class SnapshotAnalysis:
             return None
         return STATES[int(self.states[rank])]
 
-    def dominant_states(self) -> dict[str, int]:
-        """Ranks per state in the healthy (dominant) trainer clusters; every trainer when none is healthy."""
-        out: dict[str, int] = {}
+    def dominant_clusters(self) -> list[Cluster]:
+        """The healthy (dominant) trainer clusters; every trainer cluster when none is healthy."""
         healthy = [c for c in self.clusters if c.role == "trainer" and c.healthy]
-        for c in healthy or [c for c in self.clusters if c.role == "trainer"]:
+        return healthy or [c for c in self.clusters if c.role == "trainer"]
+
+    def dominant_states(self) -> dict[str, int]:
+        """Ranks per state in the dominant trainer clusters (:meth:`dominant_clusters`)."""
+        out: dict[str, int] = {}
+        for c in self.dominant_clusters():
             out[c.state] = out.get(c.state, 0) + c.size
         return out
 
