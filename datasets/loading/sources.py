@@ -8,7 +8,7 @@ pickle that names code is the exception: it is refused outright (the input may h
 from __future__ import annotations
 
 import os
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -192,12 +192,12 @@ def _folders_not_hosts(
     """Host-folder names of the dumps that name no machine (:func:`folders_not_machines`: the one folder
     holding every dump, one holding more ranks than a machine has GPUs); capture folders are not counted, the
     machine folders inside captures are, per capture."""
-    per: dict[str, Counter[int]] = defaultdict(Counter)
+    per: defaultdict[str, defaultdict[int, set[object]]] = defaultdict(lambda: defaultdict(set))
     for d, ident in read:
         folder = os.path.dirname(d.source_file)
         hosted = ident is not None and ident.node is not None and (folder not in captures or folder in machines)
         if hosted and ident.sources.get("node", "host-folder") == "host-folder":
-            per[ident.node][captures.get(folder, ident.snapshot)] += 1
+            per[ident.node][captures.get(folder, ident.snapshot)].add(d.rank)
     bad, why = folders_not_machines(per, gpus_per_node)
     if bad:
         notes.append(f"Flight Recorder: {folders_note(bad, why)}")

@@ -27,7 +27,7 @@ import io
 import itertools
 import operator
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import NamedTuple
@@ -190,15 +190,20 @@ def natural(name: str) -> tuple[tuple[int, int, str] | tuple[int, str], ...]:
 
 
 def folders_not_machines(
-    per_folder: Mapping[str, Mapping[int, int]], gpus_per_node: int | None
+    per_folder: Mapping[str, Mapping[int, Collection[object]]], gpus_per_node: int | None
 ) -> tuple[set[str], str]:
     """Host-folder names that cannot be machines, and why: the only folder, when it holds more than one rank's
     dump (``2026-12-01T21-00/``, ``fh/``, ``on-error/``: the job's dump folder, not a host; host folders split a
-    job's ranks over machines), and a folder holding more ranks in one snapshot than ``gpus_per_node`` allows.
-    ``per_folder``: folder name -> snapshot -> how many ranks' dumps it holds there (stack or Flight Recorder)."""
-    most = {h: max(c.values(), default=0) for h, c in per_folder.items()}
+    job's ranks over machines) unless it holds one machine's block of ranks after rank 0 (``gpu-st-a12/rank4..7``,
+    the only machine collected), and a folder holding more ranks in one snapshot than ``gpus_per_node`` allows.
+    ``per_folder``: folder name -> snapshot -> the ranks whose dumps it holds there (stack or Flight Recorder;
+    an object other than an int stands for a dump whose rank is still unknown)."""
+    most = {h: max((len(r) for r in c.values()), default=0) for h, c in per_folder.items()}
     if len(most) == 1 and next(iter(most.values())) > 1:
-        return set(most), "one folder holds every rank's dump (the dump folder, not a host)"
+        held = {r for rs in next(iter(per_folder.values())).values() for r in rs if isinstance(r, int)}
+        block = bool(held) and min(held) > 0 and max(held) - min(held) + 1 == len(held)
+        if not (block and len(held) <= (gpus_per_node or 8)):
+            return set(most), "one folder holds every rank's dump (the dump folder, not a host)"
     bad = {h for h, n in most.items() if gpus_per_node is not None and n > gpus_per_node}
     return bad, (f"each holds more ranks than --gpus-per-node {gpus_per_node}" if bad else "")
 

@@ -298,12 +298,7 @@ def _folders_that_are_not_machines(found: list[Found], gpus_per_node: int | None
         if f.role is None and f.ident.node is not None and f.ident.sources.get("node") == "host-folder":
             # distinct ranks (a copy of a dump is one rank twice); a rank still unknown counts as itself
             ranks[f.ident.node][f.ident.snapshot].add(f.ident.rank if f.ident.rank is not None else id(f))
-    per = {h: {s: len(r) for s, r in by_snap.items()} for h, by_snap in ranks.items()}
-    bad, why = folders_not_machines(per, gpus_per_node)
-    if len(ranks) == 1 and bad == set(ranks):  # the only folder: a host when it holds a block of ranks after
-        held = {r for by_snap in ranks.values() for rs in by_snap.values() for r in rs if isinstance(r, int)}
-        if held and min(held) > 0 and max(held) - min(held) + 1 == len(held) and len(held) <= (gpus_per_node or 8):
-            return  # others' ranks (``gpu-st-a12/rank4..7.txt``, the only machine collected), not the job's dumps
+    bad, why = folders_not_machines(ranks, gpus_per_node)
     if not bad:
         return
     for f in found:
