@@ -13,7 +13,7 @@ from rankscope.datasets.domain.bounds import load_json_file, open_regular, to_fl
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.identity import Manifests, host_from_log_name, natural, path_facts
-from rankscope.datasets.readers.stackid import Found, identify
+from rankscope.datasets.readers.stackid import NO_RANK, Found, identify
 from rankscope.spine import InputError, RankscopeError
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def finish(
         notes.append(f"skipped {len(sc.skipped)} file(s) that are not evidence: {shown}")
     fr_ids = {abs_path: _file_identity(rel, manifests) for abs_path, rel in sc.fr}
     if not (files or sc.fr or hook_fr or sc.metrics or sc.timings or sc.exits or steps or sc.logs or sc.elastic):
-        lost = next((n for n in notes if n.startswith("ignored ") and "with no rank" in n), None)
+        lost = next((n for n in notes if n.startswith("ignored ") and NO_RANK in n), None)
         if lost:  # stack dumps were found: say why none is used, not that there were none
             raise InputError(
                 f"{sc.root}: {lost.removeprefix('ignored ')}: none can be used; add a manifest.csv with "

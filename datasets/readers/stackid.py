@@ -224,6 +224,10 @@ def _rounds_in_file(group: list[Found]) -> None:
         f.siblings = trainers
 
 
+NO_RANK = "process dump(s) with no rank"
+"""The words of the note for dumps nothing numbers (a refusal quotes it when no other evidence is left)."""
+
+
 def identify(
     found: list[Found],
     *,
@@ -284,7 +288,7 @@ def identify(
     if lost:
         shown = ", ".join(list(dict.fromkeys(lost))[:5])
         notes.append(
-            f"ignored {len(lost)} process dump(s) with no rank (no manifest row, hook identity, rank<N> in the "
+            f"ignored {len(lost)} {NO_RANK} (no manifest row, hook identity, rank<N> in the "
             f"path or host folder to number them on): {shown}"
         )
     return _dedupe(kept, notes)
