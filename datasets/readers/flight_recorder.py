@@ -23,6 +23,7 @@ from rankscope.datasets.domain.bounds import FOREIGN, to_int
 from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry
 from rankscope.datasets.readers.forked import map_batches, worker_count
 from rankscope.datasets.readers.fr_entries import FrameCache, entry, new_entry, opt_i64
+from rankscope.datasets.readers.fr_entries import entries as all_entries
 from rankscope.datasets.readers.fr_files import (
     SNIFF_BYTES,
     is_fr_bytes,
@@ -61,8 +62,10 @@ def parse_dump(
     if not isinstance(entries_raw, (list, tuple)):
         raise ParseError(path, f"'entries' is a {type(entries_raw).__name__}, not a list")
     frame_cache: FrameCache = {}
-    try:  # the hot path: one comprehension; a bad entry is found again below to name it
-        entries = [entry(e, frame_cache) for e in entries_raw]
+    try:  # the hot path: field by field, else one by one; a bad entry is found again below to name it
+        entries = all_entries(entries_raw, frame_cache)
+        if entries is None:
+            entries = [entry(e, frame_cache) for e in entries_raw]
     except FOREIGN:
         entries = []
         for i, e in enumerate(entries_raw):

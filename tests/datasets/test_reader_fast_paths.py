@@ -176,3 +176,73 @@ def test_loading_freezes_only_when_asked() -> None:
         assert gc.get_freeze_count() > 0 and frozen.procs == kept.procs
     finally:
         gc.unfreeze()
+
+
+# -- Flight Recorder records: field by field (columns) and one by one ---------------------------------------
+def _fr_records() -> list[list[dict]]:
+    from rankscope.datasets.readers.fr_files import is_fr_file, load_raw
+
+    out = []
+    for root in (DATA / "fr_gloo", DATA / "outside", PROBE / "fr"):
+        for p in sorted(root.rglob("*")) if root.is_dir() else ():
+            if p.is_file() and p.stat().st_size < 2_000_000 and is_fr_file(p):
+                raw, _ = load_raw(p)
+                if isinstance(raw, dict) and isinstance(raw.get("entries"), list) and raw["entries"]:
+                    out.append(raw["entries"])
+    return out
+
+
+FR_RECORDS = _fr_records()
+_ODD = [None, True, 1.5, -1, 2**63, 2**64, "7", "", [1], (1, 2), {"a": 1}, ["a", "b"], ("x", 3), b"x", 0]
+
+
+def _one_by_one(records: list[dict]):
+    from rankscope.datasets.readers.fr_entries import entry
+
+    try:
+        return [entry(e, {}) for e in records]
+    except (ValueError, TypeError, OverflowError) as exc:
+        return type(exc)
+
+
+def _by_columns(records: list[dict]):
+    from rankscope.datasets.readers.fr_entries import entries
+
+    try:
+        return entries(records, {})
+    except (ValueError, TypeError, OverflowError) as exc:
+        return type(exc)
+
+
+def _same(a, b) -> bool:
+    if not isinstance(a, list) or not isinstance(b, list):
+        return a == b
+    return a == b and all(type(u) is type(v) for x, y in zip(a, b) for u, v in zip(x, y))
+
+
+def test_real_records_take_the_column_way_and_read_alike() -> None:
+    assert len(FR_RECORDS) >= 10
+    for records in FR_RECORDS:
+        cols = _by_columns(records)
+        assert cols is not None  # as PyTorch writes them: the column way takes them
+        assert _same(cols, _one_by_one(records))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    which=st.integers(min_value=0),
+    at=st.integers(min_value=0),
+    key=st.sampled_from(sorted({k for rs in FR_RECORDS[:3] for r in rs for k in r} | {"duration_ms"})),
+    value=st.sampled_from(_ODD + ["<drop>"]),
+)
+def test_an_odd_field_anywhere_reads_as_one_by_one(which: int, at: int, key: str, value) -> None:
+    """One field of one record made odd (another type, out of 64 bits, missing): the column way declines
+    (None) or reads exactly what the record-by-record way reads, and raises where it raises."""
+    records = [dict(r) for r in FR_RECORDS[which % len(FR_RECORDS)]]
+    r = records[at % len(records)]
+    if value == "<drop>":
+        r.pop(key, None)
+    else:
+        r[key] = value
+    cols, one = _by_columns(records), _one_by_one(records)
+    assert cols is None or _same(cols, one), (key, value)
