@@ -24,20 +24,35 @@ like any rank, and so is rank 0 whose child process is stuck."""
 
 def main_process_duty(facts: StackFacts, culprits: Sequence[int], flagged: Collection[int]) -> str:
     """A frame rank 0 ran in the ``flagged`` snapshots that no other rank ran in any snapshot, when rank 0
-    alone is the culprit ("" otherwise)."""
+    alone is the culprit ("" otherwise). Where rank 0 is in model compute, only a caller of it counts, and only
+    one in a function no other rank ran at all (rank 0's ``evaluate()``, not the training step)."""
     if tuple(culprits) != (0,):
         return ""
     own: set[str] = set()
+    callers: set[str] = set()  # what calls model compute in rank 0's stacks
     others: set[str] = set()
     for a in facts.analyses:
         for c in a.clusters:
             if c.role != "trainer":
                 continue
-            if 0 in c.ranks and a.snapshot in flagged and not any(k.split("@")[0] in MODEL_CODE for k in c.signature):
-                own |= set(c.signature)  # model compute (forward, backward) every rank runs: never a duty
+            if 0 in c.ranks and a.snapshot in flagged:
+                model = next((i for i, k in enumerate(c.signature) if k.split("@")[0] in MODEL_CODE), None)
+                if model is None:
+                    own |= set(c.signature)
+                else:  # model compute (forward, backward) every rank runs is never a duty by itself; what calls
+                    callers |= set(c.signature[:model])  # it may be (evaluate() under `if rank == 0:`)
             if any(r != 0 for r in c.ranks):
                 others |= set(c.signature)
-    return min(own - others, default="")
+    ran = {_function(k) for k in others}
+    return min((own - others) | {k for k in callers if _function(k) not in ran}, default="")
+
+
+def _function(key: str) -> str:
+    """A frame key without its line: the function (``evaluate@train.py:40`` -> ``evaluate@train.py``). A rank
+    that called the model from a function every rank runs, at another line (a training step caught in its
+    forward while the others are in its backward), runs no code of its own."""
+    head, _, line = key.rpartition(":")
+    return head if head and line.isdigit() else key
 
 
 def duty_words(how: str, duty: str) -> str:

@@ -19,6 +19,7 @@ from rankscope.analytics.faultdomain import cover, related_mask, smallest_group
 from rankscope.analytics.stacks.collection import CaptureProblem
 from rankscope.analytics.stacks.culprits import STRONG, culprits
 from rankscope.analytics.stacks.duties import DUTY_STATES, main_process_duty, stuck_duty_words
+from rankscope.analytics.stacks.evidence import stack_evidence
 from rankscope.analytics.stacks.facts import StackFacts
 from rankscope.analytics.stacks.frames import PEER_WAIT_STATES
 from rankscope.analytics.stacks.frozen import frozen_runner_words, frozen_runners
@@ -36,7 +37,7 @@ from rankscope.analytics.stacks.report import (
     problems_of,
     tentative,
 )
-from rankscope.analytics.stacks.snapshot import SnapshotAnalysis
+from rankscope.analytics.stacks.snapshot import BUSY_INPUT, SnapshotAnalysis
 from rankscope.analytics.verdict import Evidence, Severity, SuspectGroup, Verdict, rank_ranges
 from rankscope.config import Limits, StackConfig
 from rankscope.datasets.domain.topology import Topology
@@ -106,7 +107,7 @@ class _Hang:
         )
 
     def evidence(self, culprit_ranks: Sequence[int] = (), victims: Sequence[int] = ()) -> tuple[Evidence, ...]:
-        return _evidence(self.a, self.topology, culprit_ranks, victims, self.limits.max_evidence_items)
+        return stack_evidence(self.a, self.topology, culprit_ranks, victims, self.limits.max_evidence_items)
 
 
 def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> Verdict:
@@ -254,6 +255,18 @@ def _main_duty(h: _Hang) -> Verdict:
     return h.verdict(Severity.INCONCLUSIVE, 0.4, suspect_ranks=suspects, evidence=h.evidence((0,)))
 
 
+def _busy_input(h: _Hang, ranks: Sequence[int]) -> Verdict:
+    """The ranks the others wait for wait on their own DataLoader, whose workers are at work: a data-bound job."""
+    _culprit_words(h, ranks)
+    h.reasons.append(
+        f"Rank(s) {rank_ranges(ranks)[:100]} wait for their next batch while their DataLoader workers are at work, "
+        "as the other ranks' workers are: the input pipeline is producing, more slowly than the step, and the other "
+        "ranks wait in their next collective for it. A data-bound job, not a machine fault: nothing evicted. If "
+        "steps are slow, look at the input pipeline there (num_workers, storage, preprocessing) first."
+    )
+    return h.verdict(Severity.INCONCLUSIVE, 0.35, suspect_ranks=tuple(ranks), evidence=h.evidence(ranks))
+
+
 def _localized(h: _Hang) -> Verdict:
     """Outliers mapped onto a fault domain (hang) with their likeliest culprits, or inconclusive."""
     a, topology = h.a, h.topology
@@ -269,6 +282,9 @@ def _localized(h: _Hang) -> Verdict:
     own_code = finding is not None and finding.kind == "not-in-collective"  # not a stuck child or a missing dump
     if strong and tuple(culprit_ranks) == (0,) and h.duty and a.state_of(0) in DUTY_STATES and own_code:
         return _main_duty(h)
+    best = a.best()
+    if not strong and not h.frozen and culprit_ranks and all(best[r].kind == BUSY_INPUT for r in culprit_ranks):
+        return _busy_input(h, culprit_ranks)
     if strong:
         victims, unexplained = _victims(h, culprit_ranks)
         if not unexplained:
@@ -389,61 +405,3 @@ def _strong(h: _Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> V
         suspect_group=group,
         evidence=h.evidence(culprit_ranks, victims),
     )
-
-
-def _evidence(
-    a: SnapshotAnalysis,
-    topology: Topology,
-    culprit_ranks: Sequence[int],
-    victims: Sequence[int] = (),
-    limit: int = 100,
-) -> tuple[Evidence, ...]:
-    first, vic = set(culprit_ranks), set(victims)
-    ordered = sorted(a.findings, key=lambda f: (f.rank not in first, f.rank in vic, -f.score, f.rank))
-    out = []
-    for f in ordered[:limit]:
-        if f.rank in vic:
-            out.append(
-                Evidence(
-                    "stacks",
-                    "victim",
-                    f"waits for the culprit: {f.detail}",
-                    (f.rank,),
-                    (topology.node_of(f.rank),),
-                    0.1,
-                )
-            )
-        else:
-            out.append(Evidence("stacks", f.kind, f.detail, (f.rank,), (topology.node_of(f.rank),), f.score))
-    for r, words in a.thread_notes[:limit]:
-        out.append(Evidence("stacks", "other-thread", words, (r,), (topology.node_of(r),), 0.3))
-    if a.cut:
-        out.append(
-            Evidence(
-                "stacks",
-                "dump-cut-off",
-                "stack dump cut off or never written as the process was "
-                "stopped (no frame, or no main thread): no evidence either way",
-                a.cut,
-                (),
-                0.0,
-            )
-        )
-    failed = [p for p in a.problems if p.kind != "cut"]
-    if failed:
-        out.append(
-            Evidence(
-                "stacks",
-                "capture-failed",
-                "stack capture gave no evidence: " + "; ".join(p.line() for p in failed[:3])[:400],
-                tuple(sorted({p.rank for p in failed if p.rank is not None})),
-                (),
-                0.0,
-            )
-        )
-    if len(ordered) > limit:
-        rest = ordered[limit:]
-        out.append(
-            Evidence("stacks", "more-outliers", f"{len(rest)} more outlier ranks", tuple(f.rank for f in rest), (), 0.0)
-        )
-    return tuple(out)

@@ -25,6 +25,8 @@ from rankscope.datasets.domain.stacks import ProcStacks
 from rankscope.datasets.domain.topology import Topology
 
 CHILD_ROLES = ("dataloader", "checkpoint", "other")
+BUSY_INPUT = "waits-on-busy-dataloader"
+"""The finding of a rank waiting on its DataLoader whose workers are at work as the other ranks' are."""
 STATE_CODE = {st: i for i, st in enumerate(STATES)}
 """Each main-thread state as a small integer (:attr:`SnapshotAnalysis.states`); -1 is no usable stack."""
 NO_STACK = -1
@@ -38,6 +40,7 @@ SCORES = {
     "not-in-collective": 0.9,
     "local-wait": 0.8,
     "waits-on-dataloader": 0.7,
+    "waits-on-busy-dataloader": 0.3,  # its workers at work, as the other ranks' are: slow input, not stuck
     "waits-on-checkpoint": 0.7,
     "waits-on-device": 0.8,
     "child-outlier": 0.5,
@@ -157,6 +160,8 @@ _DETAIL = {
     "not-in-collective": "not waiting in any collective: in {}",
     "local-wait": "blocked locally, not in a collective: in {}",
     "waits-on-dataloader": "main thread waits on its dataloader: in {}",
+    "waits-on-busy-dataloader": "main thread waits on its dataloader, whose workers are at work as the other "
+    "ranks' are (the input pipeline is slow, not stuck): in {}",
     "waits-on-checkpoint": "main thread waits on its checkpoint writer: in {}",
     "waits-on-device": "main thread waits on its GPU, not in a collective: in {}",
     "collective-wait": "waits in a collective the healthy ranks are not in: {}",
@@ -275,6 +280,26 @@ def _child_findings(
     return out
 
 
+def _busy_loaders(workers: Sequence[ProcStacks], clusters: Sequence[Cluster], findings: _Findings) -> None:
+    """A rank whose main thread waits on its DataLoader while its own workers were captured at work (reading,
+    computing) in the state the other ranks' workers share (their dominant cluster): its input pipeline is
+    producing, slowly, which one snapshot of a data-bound job shows for whichever rank is next to wait. No
+    evidence against its machine. A worker stuck apart from the others keeps its own finding."""
+    if not workers:
+        return
+    busy = {
+        workers[i].rank
+        for c in clusters
+        if c.role == "dataloader" and c.healthy and c.state in ("compute", "io") and len(set(c.ranks)) > 1
+        for i in c.members
+    }
+    for r, f in list(findings.items()):
+        if f.kind != "waits-on-dataloader" or r not in busy:
+            continue
+        if all(workers[i].rank != r for c in clusters if c.role == "dataloader" and not c.healthy for i in c.members):
+            findings[r] = Finding(r, BUSY_INPUT, _DETAIL[BUSY_INPUT].format(f.detail.rsplit(": in ", 1)[-1]))
+
+
 def _thread_notes(outliers: Sequence[int], trainers: Sequence[ProcStacks]) -> tuple[tuple[int, str], ...]:
     """Busy non-main threads of outlier ranks, in words."""
     by_rank = {p.rank: p for p in trainers}
@@ -388,6 +413,7 @@ def analyze_snapshot(
             findings=findings,
         )
     )
+    _busy_loaders(roles.children.get("dataloader", ()), clusters, findings)
     outliers = tuple(sorted(findings))
     return SnapshotAnalysis(
         snapshot,

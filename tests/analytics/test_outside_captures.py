@@ -988,3 +988,67 @@ def test_a_rank_caught_in_c10d_s_logging_wrapper_is_inside_the_collective():
     "not waiting in any collective": a hang of its machine at 0.81."""
     v = diagnose(load_inputs(OUTSIDE / "tp2dp4-rank-in-c10d-logger-wrapper", layout="tp=2,dp=4", gpus_per_node=4))
     assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
+
+
+def test_rank_0_s_own_evaluation_under_a_model_forward_is_its_duty():
+    """One round of a healthy job: rank 0 in `Sequential.forward` under `evaluate()`, a function no other rank
+    ran, the others in backward. Model compute was never a duty, whatever called it: a hang of rank 0's machine
+    at 0.78."""
+    v = diagnose(load_inputs(OUTSIDE / "rank0-eval-model-forward-1round"))
+    assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
+    assert "evaluate" in v.explain()
+
+
+def test_rank_0_in_a_forward_called_from_the_training_loop_is_no_duty(tmp_path):
+    """The same round with rank 0's forward called from `main` itself (a line the others ran past): no code of
+    its own, so it is judged like any rank, on the one-snapshot premise."""
+    src = OUTSIDE / "rank0-eval-model-forward-1round" / "trn-03" / "pyspy-20261203-074207"
+    dst = tmp_path / "trn-03" / src.name
+    shutil.copytree(src, dst)
+    text = (dst / "rank0.txt").read_text()
+    (dst / "rank0.txt").write_text(text.replace("    evaluate (job.py:40)\n", "").replace("main (job.py:108)", "main (job.py:99)"))
+    v = diagnose(load_inputs(tmp_path))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (0,), v.explain()
+
+
+BUSY_LOADERS = OUTSIDE / "dataloader-bound-busy-workers-1round" / "trn-19" / "pyspy-20261203-074748"
+
+
+def test_a_rank_waiting_on_its_busy_dataloader_is_no_hang():
+    """Rank 1 waits for its batch, the others for rank 1 in their all_reduce, and every rank's DataLoader worker
+    (rank 1's too) is in the dataset's `__getitem__`: the input pipeline at work, slower than the step. It was a
+    hang of the machine on the one-snapshot premise (0.78)."""
+    v = diagnose(load_inputs(BUSY_LOADERS.parents[1]))
+    assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
+    assert "data-bound" in v.explain()
+
+
+def _relaid(tmp_path: Path, drop: tuple[str, ...] = (), replace: dict[str, str] | None = None) -> Path:
+    dst = tmp_path / "trn-19" / BUSY_LOADERS.name
+    shutil.copytree(BUSY_LOADERS, dst)
+    for name in drop:
+        (dst / name).unlink()
+    for name, text in (replace or {}).items():
+        (dst / name).write_text(text)
+    return tmp_path
+
+
+def test_without_its_workers_dumps_the_wait_on_the_dataloader_stays_on_the_premise(tmp_path):
+    """The same round without the workers' dumps: nothing says the input pipeline is at work, so the rank the
+    others wait for is named, on the premise that the job was stuck."""
+    workers = tuple(p.name for p in BUSY_LOADERS.glob("*_worker0.txt"))
+    v = diagnose(load_inputs(_relaid(tmp_path, drop=workers)))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (1,), v.explain()
+    assert v.details.get("stuck_on_premise"), v.explain()
+
+
+def test_a_worker_stuck_apart_from_the_others_still_names_its_rank(tmp_path):
+    """Rank 1's worker blocked in a file read while the other workers compute: its worker is stuck apart, and
+    that is evidence against rank 1 whatever the other workers do."""
+    text = (BUSY_LOADERS / "rank1_worker0.txt").read_text()
+    head, _, _ = text.partition("    DS.__getitem__ (job.py:27)\n")
+    stuck = head.replace("(active)", "(idle)") + "    BufferedReader.read (shards.py:88)\n    DS.__getitem__ (job.py:25)\n"
+    rest = text.split("    DS.__getitem__ (job.py:27)\n", 1)[1]
+    v = diagnose(load_inputs(_relaid(tmp_path, replace={"rank1_worker0.txt": stuck + rest})))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (1,), v.explain()
+    assert "stuck" in v.explain()
