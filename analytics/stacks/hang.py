@@ -35,7 +35,6 @@ from rankscope.analytics.stacks.report import (
     dominant_words,
     problem_words,
     problems_of,
-    tentative,
 )
 from rankscope.analytics.stacks.snapshot import BUSY_INPUT, SnapshotAnalysis
 from rankscope.analytics.verdict import Evidence, Severity, SuspectGroup, Verdict, rank_ranges
@@ -86,7 +85,6 @@ class _Hang:
     def _rounds_name_no_machine(self, reasons: list[str], fields: dict[str, Any]) -> Verdict:
         """Rounds that neither show the job moving nor frozen name no machine: a healthy job with uneven work
         (evaluation, a sleep, waiting for data) caught in a few rounds looks alike. The likeliest culprits in words."""
-        reasons = tentative(reasons)
         ranks = tuple(fields.get("culprit_ranks") or fields.get("suspect_ranks") or ())
         if ranks:
             nodes = ", ".join(self.topology.nodes_of(ranks)[:5])
@@ -105,6 +103,16 @@ class _Hang:
             evidence=fields.get("evidence", ()),
             **self.common,
         )
+
+    @property
+    def tentative(self) -> bool:
+        """Whether a hang found here will name no machine (rounds neither moving nor frozen): its words then say
+        where to look, never "culprit" or "fault domain" as fact."""
+        return self.premise == PREMISE_ROUNDS
+
+    def cover(self, group: SuspectGroup, subject: str = "The outliers are") -> None:
+        if not self.tentative:
+            self.reasons.append(cover_words(group, subject))
 
     def evidence(self, culprit_ranks: Sequence[int] = (), victims: Sequence[int] = ()) -> tuple[Evidence, ...]:
         return stack_evidence(self.a, self.topology, culprit_ranks, victims, self.limits.max_evidence_items)
@@ -326,9 +334,9 @@ def _localized(h: _Hang) -> Verdict:
     suspects = set(group.nodes)
     culprit_ranks = tuple(r for r in culprit_ranks if topology.node_of(r) in suspects) or culprit_ranks
     culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in suspects)
-    h.reasons.append(cover_words(group))
+    h.cover(group)
     _culprit_words(h, culprit_ranks)
-    if not strong and culprit_ranks:
+    if not strong and culprit_ranks and not h.tentative:
         h.reasons.append(
             "Every outlier is waiting on someone else; the culprit above is the likeliest origin "
             "of the wait (weak evidence: isolate the whole suspect group)."
@@ -355,12 +363,14 @@ def _mismatch_like(h: _Hang) -> Verdict:
 
 def _culprit_words(h: _Hang, culprit_ranks: Sequence[int]) -> None:
     best = h.a.best()
+    label = "Outlier" if h.tentative else "Culprit"
     for r in culprit_ranks[:5]:
         f = best.get(r)
         if f is not None:
-            h.reasons.append(f"Culprit rank {r} on {h.topology.node_of(r)}: {f.detail}.")
+            h.reasons.append(f"{label} rank {r} on {h.topology.node_of(r)}: {f.detail}.")
     if len(culprit_ranks) > 5:
-        h.reasons.append(f"... and {len(culprit_ranks) - 5} more culprit rank(s): {rank_ranges(culprit_ranks)[:200]}.")
+        more = f"{len(culprit_ranks) - 5} more {label.lower()} rank(s)"
+        h.reasons.append(f"... and {more}: {rank_ranges(culprit_ranks)[:200]}.")
 
 
 def _strong(h: _Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> Verdict:
@@ -376,7 +386,7 @@ def _strong(h: _Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> V
         _culprit_words(h, culprit_ranks)
         return h.verdict(Severity.INCONCLUSIVE, 0.3, evidence=h.evidence(culprit_ranks, victims))
     culprit_nodes = topology.nodes_of(culprit_ranks)
-    h.reasons.append(cover_words(group, "The culprits are" if len(culprit_ranks) > 1 else "The culprit is"))
+    h.cover(group, "The culprits are" if len(culprit_ranks) > 1 else "The culprit is")
     _culprit_words(h, culprit_ranks)
     best = a.best()
     gaps = [r for r in victims if r in best and best[r].kind == "missing-shared-wait"]

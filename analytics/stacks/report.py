@@ -127,17 +127,6 @@ def blind_wait_words(blind: Sequence[int], nodes: Sequence[str]) -> str:
     )
 
 
-def tentative(reasons: list[str]) -> list[str]:
-    """The localization's words for a verdict that names no machine: no fault domain, no "culprit" said as fact
-    (the ranks stay, as where to look first)."""
-    out = []
-    for r in reasons:
-        if "fault domain" in r or r.startswith("No parallel group is a small enough"):
-            continue
-        out.append("Outlier rank" + r[len("Culprit rank") :] if r.startswith("Culprit rank") else r)
-    return out
-
-
 def cover_words(group: SuspectGroup, subject: str = "The outliers are") -> str:
     if group.kind == "node" and len(group.nodes) == 1:
         where = "all on" if subject.endswith(" are") else "on"
