@@ -6,7 +6,10 @@ and timing stragglers (:mod:`.stragglers`), folded into one verdict by :mod:`.de
 - Rounds of stack snapshots (ByteRobust's fail-slow mode, every 10 s for 5 rounds; :func:`vote`): in
   each round a rank is *flagged* when its stack is an outlier of that round's clustering and it runs its
   own code (compute, I/O, a local wait, waiting on its own DataLoader) - an outlier that waits in a
-  collective or a transfer is a victim of the rank it waits for. Flags accumulate per rank. The degrader
+  collective or a transfer is a victim of the rank it waits for; and, in a second tally, when it runs its own
+  code while every other member of its tightest group in a stage (TP, else CP, EP) waits in a collective: its
+  group waits for it, whatever stack it runs (in a healthy pipeline whole TP groups share a forward's stack).
+  Flags accumulate per rank and per tally, each tally against its own rate by chance. The degrader
   is flagged in most rounds, clearly more often than its symmetric peers (the same slot in the other
   data-parallel replicas, which run the same code), and more often than chance at the job's rate of
   busy outliers across all its ranks (family-wise: at most 0.05 ranks of the job expected as often, or
@@ -55,6 +58,9 @@ class RoundStates:
     outlier: np.ndarray
     has: np.ndarray
     blocked: float = 0.0  # the share of the round's dominant ranks blocked in a wait
+    laggard: np.ndarray | None = None
+    """Ranks running their own code while every other member of their tightest group inside a stage (TP, else
+    CP, EP) waits in a collective: the group waits for them, whatever other groups run (None: not known)."""
 
 
 def flag_round(r: RoundStates) -> np.ndarray:
@@ -62,6 +68,11 @@ def flag_round(r: RoundStates) -> np.ndarray:
     that waits in a collective or a transfer is a victim of the rank it waits for, not a slow rank; a rank
     running the same code as the dominant ranks is not an outlier."""
     return r.own & r.outlier & r.has
+
+
+def flag_laggards(r: RoundStates) -> np.ndarray:
+    """The ranks their own group waited for in one round (:attr:`RoundStates.laggard`)."""
+    return r.own & r.has & r.laggard if r.laggard is not None else np.zeros_like(r.has)
 
 
 @dataclass(frozen=True)
@@ -176,33 +187,38 @@ def vote(
     n = len(rounds)
     if not rounds:
         return Vote(None, 0)
-    counts = np.zeros(topology.world_size, dtype=np.int64)
-    per_round = []
-    for r in rounds:
-        f = flag_round(r)
-        counts += f
-        per_round.append((r.snapshot, tuple(int(x) for x in np.flatnonzero(f)[:50])))
     need = max(min_flags, 2, math.ceil(min_flag_fraction * n))
     rank_rounds = int(sum(int(np.count_nonzero(r.has)) for r in rounds))
-    total = int(counts.sum())
-    cands = []
-    for r in np.flatnonzero(counts >= min(need, max(2, int(counts.max())))).tolist():
-        peers = _peers(r, topology)
-        pmax = int(counts[peers].max()) if peers.size else 0
-        # the job's rate of busy outliers (without this rank): how many ranks would be flagged this often by chance
-        p_job = max((total - int(counts[r])) / max(1, rank_rounds - n), 0.5 / max(1, rank_rounds))
-        cands.append(Candidate(r, int(counts[r]), pmax, binomial_tail(int(counts[r]), n, p_job) * topology.world_size))
-
-    def waited_for(r: int) -> bool:  # the dominant ranks were blocked whenever it was flagged
-        return all(rnd.blocked >= BLOCKED for rnd in rounds if rnd.own[r] and rnd.outlier[r] and rnd.has[r])
-
-    keep = [
-        c
-        for c in cands
-        if c.flags >= need
-        and c.flags >= c.peer_max + margin
-        and (c.expected_by_chance <= alpha_alone or (c.expected_by_chance <= alpha and waited_for(c.rank)))
-    ]
+    per_round = []
+    cands: list[Candidate] = []
+    keep: list[Candidate] = []
+    # two tallies, each against its own rate by chance: stack outliers running their own code, and ranks their
+    # own group waited for (a rank of a healthy pipeline often runs a stack other groups share)
+    for flag in (flag_round, flag_laggards):
+        flags = [flag(r) for r in rounds]
+        counts: np.ndarray = np.asarray(flags, dtype=np.int64).sum(axis=0)
+        per_round.append(flags)
+        total = int(counts.sum())
+        if total == 0:
+            continue
+        for r in np.flatnonzero(counts >= min(need, max(2, int(counts.max())))).tolist():
+            peers = _peers(r, topology)
+            pmax = int(counts[peers].max()) if peers.size else 0
+            # the job's rate of such flags (without this rank): how many ranks would be flagged this often by chance
+            p_job = max((total - int(counts[r])) / max(1, rank_rounds - n), 0.5 / max(1, rank_rounds))
+            c = Candidate(r, int(counts[r]), pmax, binomial_tail(int(counts[r]), n, p_job) * topology.world_size)
+            cands.append(c)
+            waited = all(rnd.blocked >= BLOCKED for rnd, f in zip(rounds, flags) if f[r])  # blocked whenever flagged
+            if (
+                c.flags >= need
+                and c.flags >= c.peer_max + margin
+                and (c.expected_by_chance <= alpha_alone or (c.expected_by_chance <= alpha and waited))
+            ):
+                keep.append(c)
+    keep = list({c.rank: c for c in sorted(keep, key=lambda c: -c.expected_by_chance)}.values())  # the stronger
+    per_round_flags = tuple(
+        (r.snapshot, tuple(int(x) for x in np.flatnonzero(a | b)[:50])) for r, a, b in zip(rounds, *per_round)
+    )
     best = max(cands, key=lambda c: (c.flags - c.peer_max, -c.expected_by_chance), default=None)
     if not keep:
         return Vote(None, n, best)
@@ -221,7 +237,7 @@ def vote(
         {c.rank: c.flags for c in keep},
         {c.rank: c.peer_max for c in keep},
         n,
-        tuple(per_round),
+        per_round_flags,
         {c.rank: c.expected_by_chance for c in keep},
     )
     return Vote(d, n, others=others)

@@ -46,7 +46,7 @@ job's step records show it slowed down (then the question is only who slowed it)
 
 def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, steps: StepEvidence | None) -> Verdict:
     cfg, last = facts.config, facts.analyses[-1]
-    rounds = [round_states(a) for a in facts.analyses]
+    rounds = [round_states(a, topology) for a in facts.analyses]
     reasons = list(m.reasons)
     common = common_fields(facts, topology, job, last)
     few = False  # a rank stood out, in too few rounds for the vote alone

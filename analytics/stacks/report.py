@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from rankscope.analytics.faultdomain import intra_stage_kind
 from rankscope.analytics.performance.failslow import RoundStates
 from rankscope.analytics.stacks.clustering import Cluster
 from rankscope.analytics.stacks.collection import CaptureProblem
@@ -59,15 +60,33 @@ def dominant_words(a: SnapshotAnalysis) -> str:
     return f"{top.state} in {top.state_frame}{more}"
 
 
-def round_states(a: SnapshotAnalysis) -> RoundStates:
-    """One snapshot as a round of the fail-slow vote."""
+def round_states(a: SnapshotAnalysis, topology: Topology | None = None) -> RoundStates:
+    """One snapshot as a round of the fail-slow vote: per rank, whether it runs its own code, whether its stack is
+    an outlier (not in a dominant cluster) and, with the ``topology``, whether every other member of its tightest
+    group inside a stage (TP, else CP, EP) waits in a collective: that group waits for it, whatever other groups
+    of the job run (a healthy pipeline has whole TP groups in the same forward)."""
     healthy = np.zeros(a.states.size, dtype=bool)
     for c in a.clusters:
         if c.role == "trainer" and c.healthy and c.ranks:
             r = np.asarray(c.ranks, dtype=np.int64)
             healthy[r[r < healthy.size]] = True
     has = a.states >= 0
-    return RoundStates(a.snapshot, np.isin(a.states, _OWN_CODES), has & ~healthy, has, a.blocked_fraction)
+    known = topology is not None and topology.world_size == a.states.size
+    laggard = group_laggards(a.states, topology) if topology is not None and known else None
+    return RoundStates(a.snapshot, np.isin(a.states, _OWN_CODES), has & ~healthy, has, a.blocked_fraction, laggard)
+
+
+def group_laggards(states: np.ndarray, topology: Topology) -> np.ndarray:
+    """Per rank: whether every other member of its tightest group inside a stage waits in a collective while it
+    does not (the rank its group waits for)."""
+    kind = intra_stage_kind(topology)
+    if kind is None:
+        return np.zeros(states.size, dtype=bool)
+    _, gid = np.unique(topology.group_ids(kind), return_inverse=True)
+    members = np.bincount(gid)
+    waiting = np.bincount(gid, weights=states == STATE_CODE["collective"]).astype(np.int64)
+    me = (states == STATE_CODE["collective"]).astype(np.int64)
+    return (members[gid] > 1) & (me == 0) & (waiting[gid] == members[gid] - 1)
 
 
 def problems_of(facts: StackFacts) -> list[CaptureProblem]:

@@ -1006,7 +1006,8 @@ def test_rank_0_in_a_forward_called_from_the_training_loop_is_no_duty(tmp_path):
     dst = tmp_path / "trn-03" / src.name
     shutil.copytree(src, dst)
     text = (dst / "rank0.txt").read_text()
-    (dst / "rank0.txt").write_text(text.replace("    evaluate (job.py:40)\n", "").replace("main (job.py:108)", "main (job.py:99)"))
+    text = text.replace("    evaluate (job.py:40)\n", "").replace("main (job.py:108)", "main (job.py:99)")
+    (dst / "rank0.txt").write_text(text)
     v = diagnose(load_inputs(tmp_path))
     assert v.verdict.value == "hang" and v.culprit_ranks == (0,), v.explain()
 
@@ -1047,8 +1048,35 @@ def test_a_worker_stuck_apart_from_the_others_still_names_its_rank(tmp_path):
     that is evidence against rank 1 whatever the other workers do."""
     text = (BUSY_LOADERS / "rank1_worker0.txt").read_text()
     head, _, _ = text.partition("    DS.__getitem__ (job.py:27)\n")
-    stuck = head.replace("(active)", "(idle)") + "    BufferedReader.read (shards.py:88)\n    DS.__getitem__ (job.py:25)\n"
+    frames = "    BufferedReader.read (shards.py:88)\n    DS.__getitem__ (job.py:25)\n"
+    stuck = head.replace("(active)", "(idle)") + frames
     rest = text.split("    DS.__getitem__ (job.py:27)\n", 1)[1]
     v = diagnose(load_inputs(_relaid(tmp_path, replace={"rank1_worker0.txt": stuck + rest})))
     assert v.verdict.value == "hang" and v.culprit_ranks == (1,), v.explain()
     assert "stuck" in v.explain()
+
+
+def _unpacked(name: str, tmp_path: Path) -> Path:
+    import tarfile
+
+    with tarfile.open(OUTSIDE / name) as tar:
+        tar.extractall(tmp_path, filter="data")
+    (case,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    return case
+
+
+def test_a_rank_its_tp_group_waits_for_round_after_round_is_fail_slow(tmp_path):
+    """128 ranks, five rounds of a healthy pipeline, but rank 101 computes in four of them while its 7 TP peers
+    wait for it in the TP all_reduce. Its stack is the one whole TP groups elsewhere run at the same time, so it
+    was never a stack outlier: `healthy`. Its group waiting on it is the flag, against that flag's own rate."""
+    case = _unpacked("megatron-128-straggler-5rounds.tar.xz", tmp_path)
+    v = diagnose(load_inputs(case, layout="tp=8,pp=4,dp=4", gpus_per_node=8))
+    assert v.verdict.value == "fail-slow" and v.culprit_ranks == (101,), v.explain()
+    assert v.culprit_nodes == ("gpu-a100-029",) and v.suspect_nodes == ("gpu-a100-029",), v.explain()
+
+
+def test_a_healthy_pipeline_s_groups_waiting_by_turns_name_nobody(tmp_path):
+    """The same job healthy: every round some TP group waits for one of its ranks, a different one each time."""
+    case = _unpacked("megatron-128-healthy-5rounds.tar.xz", tmp_path)
+    v = diagnose(load_inputs(case, layout="tp=8,pp=4,dp=4", gpus_per_node=8))
+    assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()

@@ -481,3 +481,19 @@ def test_the_probe_with_a_healthy_rank_s_dump_lost_still_names_the_stuck_rank(tm
     v = run_diagnose(load_inputs(tmp_path, layout="dp=4", gpus_per_node=1))
     assert v.verdict == "hang" and v.culprit_ranks == (3,) and v.suspect_nodes == ("node-3",), v.explain()
     assert any(r.startswith("Rank(s) 1 left no dump") for r in v.reasons), v.explain()
+
+
+def test_a_group_laggard_is_the_rank_every_other_member_of_its_group_waits_for() -> None:
+    """tp=4: in group 0 rank 2 computes while 0, 1, 3 wait in a collective (a laggard); in group 1 two ranks
+    compute (nobody is waited for alone); a rank in the collective itself is never a laggard."""
+    import numpy as np
+
+    from rankscope.analytics.stacks.report import group_laggards
+    from rankscope.analytics.stacks.snapshot import STATE_CODE
+    from rankscope.datasets.domain.topology import Layout, Topology
+
+    topo = Topology.from_layout(Layout.parse("tp=4,dp=2"), gpus_per_node=4)
+    c, w = STATE_CODE["collective"], STATE_CODE["compute"]
+    states = np.array([c, c, w, c, w, c, w, c], dtype=np.int8)
+    assert group_laggards(states, topo).nonzero()[0].tolist() == [2]
+    assert not group_laggards(np.full(8, c, dtype=np.int8), topo).any()
