@@ -43,6 +43,10 @@ def culprits(analysis: SnapshotAnalysis, topology: Topology | None = None) -> tu
             if upstream:
                 return upstream, False
         return tuple(pick.ranks), False
+    if topology is not None and "pp" in topology.kinds():
+        ends = _mutual_waits(outlier_clusters, topology)
+        if ends:
+            return ends, False
     senders = [(c, _send_direction(c)) for c in outlier_clusters]
     senders = [(c, d) for c, d in senders if d]
     if senders:
@@ -84,6 +88,47 @@ def _p2p_blockers(pick: Cluster, outliers: Sequence[Cluster], topology: Topology
     ends = np.concatenate([gid[b] * (n + 2) + stage[b], gid[b] * (n + 2) + stage[b] + 2])  # stage -1 / +1, shifted
     partner = in_p2p & np.isin(gid * (n + 2) + stage + 1, ends)
     return tuple(int(r) for r in np.flatnonzero(blocking | partner))
+
+
+_WAITS_ON = {
+    "recv_forward": (-1,),
+    "recv_backward": (1,),
+    "send_forward": (1,),
+    "send_backward": (-1,),
+    "send_forward_recv_backward": (1,),
+    "send_backward_recv_forward": (-1,),
+    "send_forward_recv_forward": (-1, 1),
+    "send_backward_recv_backward": (-1, 1),
+}
+"""The neighbouring stages a rank blocked in Megatron's pipeline transfer waits on (``p2p_communication``)."""
+
+
+def _waits_on(c: Cluster) -> tuple[int, ...]:
+    for key in reversed(c.signature[-8:]):  # innermost first
+        hit = _WAITS_ON.get(key.split("@", 1)[0])
+        if hit is not None:
+            return hit
+    return ()
+
+
+def _mutual_waits(outliers: Sequence[Cluster], topology: Topology) -> tuple[int, ...]:
+    """Adjacent stages of one pipeline each blocked in a transfer that waits on the other (stage s on s+1, s+1
+    on s): both ends of a transfer that never completes. The stages before and after wait on them in a chain."""
+    gid, stage = topology.group_ids("pp"), topology.coords["pp"]
+    waits: dict[tuple[int, int], set[int]] = {}  # (pp group, stage) -> offsets its blocked ranks wait on
+    ranks: dict[tuple[int, int], list[int]] = {}
+    for c in outliers:
+        if c.state != "p2p" or not (offsets := _waits_on(c)):
+            continue
+        for r in c.ranks:
+            key = (int(gid[r]), int(stage[r]))
+            waits.setdefault(key, set()).update(offsets)
+            ranks.setdefault(key, []).append(r)
+    out: set[int] = set()
+    for (g, s), towards in waits.items():
+        if 1 in towards and -1 in waits.get((g, s + 1), ()):
+            out.update(ranks[(g, s)] + ranks[(g, s + 1)])
+    return tuple(sorted(out))
 
 
 def _send_direction(c: Cluster) -> int:

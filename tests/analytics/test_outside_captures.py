@@ -1080,3 +1080,13 @@ def test_a_healthy_pipeline_s_groups_waiting_by_turns_name_nobody(tmp_path):
     case = _unpacked("megatron-128-healthy-5rounds.tar.xz", tmp_path)
     v = diagnose(load_inputs(case, layout="tp=8,pp=4,dp=4", gpus_per_node=8))
     assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
+
+
+def test_two_stages_waiting_on_each_other_are_the_ends_of_the_transfer(tmp_path):
+    """Replica 5's stage 3 waits to hear back from stage 4 (`send_forward_recv_backward`) and stage 4 to hear from
+    stage 3 (`recv_forward`): that transfer never completed. The stages before and after wait on them in a chain;
+    the culprits were stages 4-7, the downstream side."""
+    case = _unpacked("megatron-256-p2p-link-3rounds.tar.xz", tmp_path)
+    v = diagnose(load_inputs(case, layout="tp=4,pp=8,dp=8", order="tp-cp-ep-pp-dp", gpus_per_node=8))
+    assert v.verdict.value == "hang" and v.culprit_ranks == tuple(range(172, 180)), v.explain()
+    assert v.culprit_nodes == ("nid00207", "nid00211") and v.suspect_nodes[:2] == ("nid00207", "nid00211"), v.explain()
