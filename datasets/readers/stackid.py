@@ -206,22 +206,22 @@ def _base(f: Found, n_in_file: int, n_trainers: int, hook_ids: Mapping[int, Mapp
         f.host = f"file:{f.rel}" if f.hint is None else f"stream:{f.hint[2]}"
 
 
-def _rounds_in_file(group: list[Found]) -> None:
+def _rounds_in_file(group: list[Found], hooks: Mapping[int, Mapping[str, Any]]) -> None:
     """One file holding the same processes again (``py-spy dump`` appended to one file per host, round after
     round): a pid's k-th dump is its capture round k (as in a console, :func:`.base.occurrence_rounds`), where
     nothing else numbers the file's rounds. Only when every pid of the file is there as many times, round after
-    round."""
+    round. Each process is then identified as in a file of one round (``rank3.txt`` numbers its one trainer)."""
     pids = [f.ident.pid for f in group]
     if None in pids or len(set(pids)) == len(pids) or any("snapshot" in f.ident.sources for f in group):
         return
     rounds = occurrence_rounds(pids)
     if len(set(Counter(pids).values())) != 1 or rounds != sorted(rounds):
         return
-    for f, k in zip(group, rounds):
-        f.ident = f.ident._replace(snapshot=k, sources={**f.ident.sources, "snapshot": "content"})
     trainers = sum(g.role is None for g, k in zip(group, rounds) if k == 0)  # in one round
-    for f in group:
+    for f, k in zip(group, rounds):
         f.siblings = trainers
+        _base(f, rounds.count(0), trainers, hooks)
+        f.ident = f.ident._replace(snapshot=k, sources={**f.ident.sources, "snapshot": "content"})
 
 
 NO_RANK = "process dump(s) with no rank"
@@ -262,7 +262,7 @@ def identify(
         for f in group:
             f.siblings = trainers
             _base(f, size, trainers, hooks)
-        _rounds_in_file(group)
+        _rounds_in_file(group, hooks)
         i = j
     found = older_incidents(found, notes)  # before capture rounds are numbered: an older incident's are no rounds
     # the path rules for capture folders concern only what no manifest numbered or named (one pass at 100k ranks)

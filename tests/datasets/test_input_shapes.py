@@ -242,3 +242,19 @@ def test_compressed_dumps_are_named_with_how_to_read_them(tmp_path, probe_dir):
         (tmp_path / f"rank{r}.txt.gz").write_bytes(gzip.compress(data))
     with pytest.raises(InputError, match=r"rank0\.txt\.gz \(compressed or an archive: unpack it first"):
         load_inputs(tmp_path, gpus_per_node=1)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_rounds_appended_to_a_rank_file_keep_the_rank_of_its_name(tmp_path, probe_dir, fmt):
+    """``<host>/rank<N>.txt|.json`` holding one process's dump three times (appended round after round), hosts
+    not in rank order: the file's rank was dropped for the process dumped three times, and ranks re-derived
+    from host order named rank 0 for the file that says rank 3 (the machine stayed right by luck)."""
+    hosts = {0: "trn-y03", 1: "trn-y02", 2: "trn-y01", 3: "trn-y00"}
+    for r, host in hosts.items():
+        f = tmp_path / host / f"rank{r}.{'txt' if fmt == 'text' else 'json'}"
+        f.parent.mkdir(parents=True)
+        one = _text(probe_dir, r) if fmt == "text" else _json(probe_dir, r)
+        f.write_text((one.rstrip("\n") + "\n") * 3)
+    inputs, v = _verdict(tmp_path, gpus_per_node=1)
+    assert sorted({(p.snapshot, p.rank) for p in inputs.procs}) == [(s, r) for s in range(3) for r in range(4)]
+    assert v.verdict.value == "hang" and v.culprit_ranks == (3,) and v.culprit_nodes == ("trn-y00",), v.explain()
