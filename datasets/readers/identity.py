@@ -147,9 +147,10 @@ def path_facts(rel: str) -> PathFacts:
     dirpart, _, name = rel.rpartition("/")
     snap, drank, dlocal, host, log_dir = _dir_facts(dirpart)
     stem = name.split(".", 1)[0] if not name.startswith(".") else name
-    m = _LOCAL.search(stem)
+    dotted = name.rsplit(".", 1)[0]  # pyspy.rank0.txt: the rank between dots, before the extension
+    m = _LOCAL.search(stem) or _LOCAL.search(dotted)
     local = int(m.group(1)) if m else dlocal
-    m = _RANK.search(stem)
+    m = _RANK.search(stem) or _RANK.search(dotted)
     rank = int(m.group(1)) if m else drank
     return PathFacts(snap, rank, local, host, log_dir)
 

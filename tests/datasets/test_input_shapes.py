@@ -258,3 +258,13 @@ def test_rounds_appended_to_a_rank_file_keep_the_rank_of_its_name(tmp_path, prob
     inputs, v = _verdict(tmp_path, gpus_per_node=1)
     assert sorted({(p.snapshot, p.rank) for p in inputs.procs}) == [(s, r) for s in range(3) for r in range(4)]
     assert v.verdict.value == "hang" and v.culprit_ranks == (3,) and v.culprit_nodes == ("trn-y00",), v.explain()
+
+
+def test_a_rank_between_dots_numbers_the_dump(tmp_path, probe_dir):
+    """``pyspy.rank0.txt`` / ``dump.rank2.txt``: the rank sits between dots, before the extension. Such files
+    were refused ("put rank<N> in the file name") or skipped."""
+    for r in range(4):
+        (tmp_path / f"{'dump' if r == 2 else 'pyspy'}.rank{r}.txt").write_text(_text(probe_dir, r))
+    inputs, v = _verdict(tmp_path, gpus_per_node=1)
+    assert sorted(p.rank for p in inputs.procs) == [0, 1, 2, 3]
+    assert v.verdict.value == "hang" and v.culprit_ranks == (3,), v.explain()
