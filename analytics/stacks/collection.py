@@ -22,7 +22,8 @@ class CaptureProblem:
 
     rank: int | None
     role: str
-    # stopped | concurrent-attach | permission | process-gone | timeout | empty | unreadable | absent | cut | failed
+    # stopped | concurrent-attach | permission | process-gone | not-python | timeout | empty | unreadable | absent |
+    # cut | failed
     kind: str
     detail: str  # what the capture said, one line
     advice: str  # what to do about it
@@ -66,10 +67,16 @@ _KINDS: tuple[tuple[str, re.Pattern[str], str], ...] = (
         "process-gone",
         re.compile(
             r"failed to (?:get process executable name|open process)|check (?:that|if) (?:the process|it) is "
-            r"running|no such process|failed to find python version|process \d+ (?:not found|exited)",
+            r"running|no such process|process \d+ (?:not found|exited)",
             re.I,
         ),
         "the process was not running when it was captured (exited, crashed, or a stale pid)",
+    ),
+    (
+        "not-python",
+        re.compile(r"failed to find python (?:version|interpreter)|not a python process", re.I),
+        "py-spy found no Python in that process: point it at the trainer's pid, not the launcher's or a shell's (or "
+        "use a py-spy that knows this Python)",
     ),
     ("timeout", re.compile(r"timed? ?out|timeout", re.I), "py-spy timed out (a process stuck in the kernel?)"),
     ("absent", re.compile(r"file is absent|listed in manifest", re.I), "the dump file is missing"),
