@@ -500,7 +500,7 @@ def test_a_group_laggard_is_the_rank_every_other_member_of_its_group_waits_for()
 
 
 def test_py_spy_finding_no_python_is_no_process_gone(tmp_path: Path, probe_dir: Path) -> None:
-    """py-spy's "Failed to find python version": py-spy pointed at the launcher's or a shell's pid (or a Python it cannot
+    """py-spy's "Failed to find python version": pointed at the launcher's or a shell's pid (or a Python it cannot
     read), not a process seen gone. It was `process-gone` ("the process was not running"), as strong as a
     crash; it is a collection problem that names the rank in words and evicts nobody."""
     for r in range(3):
