@@ -25,8 +25,10 @@ from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 from rankscope.datasets.readers.stackid import Found
 from rankscope.spine import InputError
 
-_HEADER = re.compile(rb"(?m)^ {0,6}\S{1,260}?[:\]] ?Process \d+: ")
-"""A py-spy process header behind a console prefix (``1: Process``, ``[pod/p/c] Process``, ``host: Process``)."""
+_HEADER = re.compile(rb"(?m)^ {0,6}\S{1,260}?[:\]] ?(?:\d{4}-\d\d-\d\dT[\d:.]{8,20}(?:Z|[+-]\d\d:?\d\d) )?Process \d+: ")
+"""A py-spy process header behind a console prefix (``1: Process``, ``[pod/p/c] Process``, ``host: Process``), and
+behind the RFC 3339 stamp ``kubectl logs --timestamps`` puts after it."""
+_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]{8,20}(?:Z|[+-]\d\d:?\d\d) ")
 
 
 class StreamDump(NamedTuple):
@@ -66,7 +68,7 @@ def console_dumps(text: str, rel: str, kind: str) -> list[StreamDump]:
     tasks = TaskHosts()
     for _lineno, key, host, line in demux(text.splitlines(), kind, tasks, MAX_LINE_CHARS):
         if key is not None:
-            lines[key].append(line)
+            lines[key].append(_STAMP.sub("", line, count=1) if line[:1].isdigit() else line)
             hosts.setdefault(key, host)
     named = {t: h for t, (h, _how) in tasks.resolved(list(lines)).items()}
     out: list[StreamDump] = []

@@ -268,3 +268,16 @@ def test_a_rank_between_dots_numbers_the_dump(tmp_path, probe_dir):
     inputs, v = _verdict(tmp_path, gpus_per_node=1)
     assert sorted(p.rank for p in inputs.procs) == [0, 1, 2, 3]
     assert v.verdict.value == "hang" and v.culprit_ranks == (3,), v.explain()
+
+
+@pytest.mark.parametrize("stamps", [False, True])
+def test_py_spy_dumps_in_a_kubectl_prefix_stream_with_or_without_timestamps(tmp_path, probe_dir, stamps):
+    """``kubectl logs --prefix [--timestamps]`` of a PyTorchJob's pods, one py-spy dump each: with the RFC 3339
+    stamp kubectl puts after the prefix, every dump was lost ("no evidence", exit 0)."""
+    out = []
+    for r in range(4):
+        stamp = f"2026-12-03T08:33:0{r}.123456780Z " if stamps else ""
+        out += [f"[pod/llama-worker-{r}/pytorch] {stamp}{ln}" for ln in _text(probe_dir, r).splitlines()]
+    (tmp_path / "pyspy-all.txt").write_text("\n".join(out) + "\n")
+    inputs, v = _verdict(tmp_path, gpus_per_node=1)
+    assert v.verdict.value == "hang" and v.culprit_nodes == ("llama-worker-3",), v.explain()
