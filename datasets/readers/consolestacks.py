@@ -25,7 +25,9 @@ from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 from rankscope.datasets.readers.stackid import Found
 from rankscope.spine import InputError
 
-_HEADER = re.compile(rb"(?m)^ {0,6}\S{1,260}?[:\]] ?(?:\d{4}-\d\d-\d\dT[\d:.]{8,20}(?:Z|[+-]\d\d:?\d\d) )?Process \d+: ")
+_HEADER = re.compile(
+    rb"(?m)^ {0,6}\S{1,260}?[:\]] ?(?:\d{4}-\d\d-\d\dT[\d:.]{8,20}(?:Z|[+-]\d\d:?\d\d) )?Process \d+: "
+)
 """A py-spy process header behind a console prefix (``1: Process``, ``[pod/p/c] Process``, ``host: Process``), and
 behind the RFC 3339 stamp ``kubectl logs --timestamps`` puts after it."""
 _STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]{8,20}(?:Z|[+-]\d\d:?\d\d) ")
