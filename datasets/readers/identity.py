@@ -196,17 +196,34 @@ def folders_not_machines(
     """Host-folder names that cannot be machines, and why: the only folder, when it holds more than one rank's
     dump (``2026-12-01T21-00/``, ``fh/``, ``on-error/``: the job's dump folder, not a host; host folders split a
     job's ranks over machines) unless it holds one machine's block of ranks after rank 0 (``gpu-st-a12/rank4..7``,
-    the only machine collected), and a folder holding more ranks in one snapshot than ``gpus_per_node`` allows.
+    the only machine collected) or it is named like a host and holds one machine's ranks from 0 (``trn-k01/``: a
+    one-node job, ``$(hostname)`` of the collection script), and a folder holding more ranks in one snapshot than
+    ``gpus_per_node`` allows.
     ``per_folder``: folder name -> snapshot -> the ranks whose dumps it holds there (stack or Flight Recorder;
     an object other than an int stands for a dump whose rank is still unknown)."""
     most = {h: max((len(r) for r in c.values()), default=0) for h, c in per_folder.items()}
     if len(most) == 1 and next(iter(most.values())) > 1:
         held = {r for rs in next(iter(per_folder.values())).values() for r in rs if isinstance(r, int)}
-        block = bool(held) and min(held) > 0 and max(held) - min(held) + 1 == len(held)
+        block = bool(held) and max(held) - min(held) + 1 == len(held) and (min(held) > 0 or _host_like(*most))
         if not (block and len(held) <= (gpus_per_node or 8)):
             return set(most), "one folder holds every rank's dump (the dump folder, not a host)"
     bad = {h for h, n in most.items() if gpus_per_node is not None and n > gpus_per_node}
     return bad, (f"each holds more ranks than --gpus-per-node {gpus_per_node}" if bad else "")
+
+
+_STAMPISH = re.compile(r"\d{4}[-_]?\d\d[-_]?\d\d|\d{6,}")
+_NOT_HOST_WORDS = frozenset({"job", "jobs", "run", "exp", "experiment", "incident", "case", "test", "task", "step"})
+
+
+def _host_like(name: str) -> bool:
+    """A folder name that reads as a machine's: a letter and a digit (``trn-k01``, ``gpu0115``), neither a date
+    or time stamp (``2026-12-01T21-00``) nor a long number, nor a job's, run's or incident's word (``job-1234``)."""
+    return (
+        any(c.isalpha() for c in name)
+        and any(c.isdigit() for c in name)
+        and _STAMPISH.search(name) is None
+        and not (_NOT_HOST_WORDS & set(re.split(r"[-_.]+|(?<=[a-z])(?=\d)", name.lower())))
+    )
 
 
 def folders_note(bad: set[str], why: str) -> str:

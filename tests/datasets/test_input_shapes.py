@@ -281,3 +281,23 @@ def test_py_spy_dumps_in_a_kubectl_prefix_stream_with_or_without_timestamps(tmp_
     (tmp_path / "pyspy-all.txt").write_text("\n".join(out) + "\n")
     inputs, v = _verdict(tmp_path, gpus_per_node=1)
     assert v.verdict.value == "hang" and v.culprit_nodes == ("llama-worker-3",), v.explain()
+
+
+@pytest.mark.parametrize(
+    ("folder", "machine"),
+    [("trn-k01", "trn-k01"), ("hpc-gpu0115", "hpc-gpu0115"), ("job-1234", None), ("2026-12-01T21-00", None)],
+)
+def test_the_lone_folder_of_a_one_node_job_is_its_machine_when_named_like_one(tmp_path, probe_dir, folder, machine):
+    """``$(hostname)/rank<N>.txt`` of a one-node job: the lone folder holding every rank was always taken for the
+    job's dump folder and the machine invented (``node-0``). Named like a host (a letter and a digit, no date,
+    no job's word) and holding one machine's ranks, it is that machine; a job's or a time's folder is not."""
+    for r in range(4):
+        f = tmp_path / folder / f"rank{r}.txt"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(_text(probe_dir, r))
+    inputs, v = _verdict(tmp_path, gpus_per_node=4)
+    assert v.verdict.value == "hang" and v.culprit_ranks == (3,), v.explain()
+    if machine:
+        assert v.culprit_nodes == (machine,) and not inputs.inferred_nodes, v.explain()
+    else:
+        assert v.culprit_nodes == ("node-0",) and inputs.inferred_nodes, v.explain()
