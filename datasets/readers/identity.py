@@ -60,13 +60,13 @@ _CONTAINER = re.compile(
     r"^(?:snap(?:shot)?[-_ ]?\d+|round[-_ ]?\d+|attempt[-_]?\d+|(?:local[-_ ]?)?rank[-_ ]?\d+|\d+|text|txt|json|data"
     r"|(?:stacks?|dumps?|py-?spy(?:[-_]?(?:dumps?|text|json))?|traces?|logs?|log[-_]?dir|outputs?|fr|flight[-_]?recorder"
     r"|faulthandler(?:[-_]rounds?)?|torchelastic|errors?|runs?|captures?|incidents?|results?|artifacts?"
-    r"|collect(?:ed|ion)?|evidence|tmp|temp)(?:[-_ ]?\d+)?"
+    r"|collect(?:ed|ion)?|evidence|tmp|temp)(?:[-_ ]?\d+(?:[-_T:]\d+)*Z?)?"
     r"|torchelastic_[a-z0-9_]+|tmp[a-z0-9_]{6,})$",  # torchrun's error-file and Python's temporary folders
     re.I,
 )
 """Folder names that hold evidence rather than name a machine: what the capture calls its folders (``stacks/``,
-``py-spy/``), numbered or not (``py-spy-1/``, ``dumps_2/``: a capture round under a pod or host folder; not
-``data01``, which may be a machine)."""
+``py-spy/``), numbered, stamped or not (``py-spy-1/``, ``dumps_2/``, ``pyspy-20261203-083301/``: a capture round
+under a pod or host folder; not ``data01``, which may be a machine)."""
 
 
 def is_capture_folder(name: str) -> bool:

@@ -285,7 +285,13 @@ def test_py_spy_dumps_in_a_kubectl_prefix_stream_with_or_without_timestamps(tmp_
 
 @pytest.mark.parametrize(
     ("folder", "machine"),
-    [("trn-k01", "trn-k01"), ("hpc-gpu0115", "hpc-gpu0115"), ("job-1234", None), ("2026-12-01T21-00", None)],
+    [
+        ("trn-k01", "trn-k01"),
+        ("hpc-gpu0115", "hpc-gpu0115"),
+        ("trn-k01/pyspy-20261203-083301", "trn-k01"),  # a stamped capture folder under it is no machine
+        ("job-1234", None),
+        ("2026-12-01T21-00", None),
+    ],
 )
 def test_the_lone_folder_of_a_one_node_job_is_its_machine_when_named_like_one(tmp_path, probe_dir, folder, machine):
     """``$(hostname)/rank<N>.txt`` of a one-node job: the lone folder holding every rank was always taken for the
