@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import replace
 from typing import NamedTuple
 
 from rankscope.datasets.domain.bounds import MAX_LINE_CHARS, read_bounded
 from rankscope.datasets.domain.stacks import ProcessDump
 from rankscope.datasets.readers.base import occurrence_rounds
+from rankscope.datasets.readers.identity import host_from_log_name
 from rankscope.datasets.readers.logprefix import TaskHosts, demux, prefix_kind
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
 from rankscope.datasets.readers.stackid import Found
@@ -43,10 +45,21 @@ class StreamDump(NamedTuple):
     processes: tuple[ProcessDump, ...]
 
 
+_TORCHRUN = re.compile(r"^\[(rank|default)(\d{1,6})\]:")
+"""torchrun's per-worker prefix (``[rank3]:`` a global rank, ``[default3]:`` a local rank of the launcher)."""
+
+
+def _torchrun_console(head: bytes) -> bool:
+    lines = [ln for ln in head.decode("utf-8", errors="replace").splitlines()[:400] if ln.strip()]
+    return len(lines) >= 4 and sum(_TORCHRUN.match(ln) is not None for ln in lines) >= 0.5 * len(lines)
+
+
 def console_found(abs_path: str, rel: str, head: bytes) -> list[Found]:
     """The processes of the py-spy dumps inside the console at ``abs_path`` (``head``: its first bytes), each
-    stream and round found as a file of its own (:attr:`.stackid.Found.hint`); [] for any other log."""
-    kind = prefix_kind(head)
+    stream and round found as a file of its own (:attr:`.stackid.Found.hint`); [] for any other log. A torchrun
+    console's streams are its workers (``[rank3]:`` names the rank, ``[default3]:`` the launcher's local rank,
+    the file's name its machine when it names one)."""
+    kind = prefix_kind(head) or ("torchrun" if _torchrun_console(head) else None)
     if kind is None:
         return []
     try:
@@ -68,7 +81,8 @@ def console_dumps(text: str, rel: str, kind: str) -> list[StreamDump]:
     lines: defaultdict[str, list[str]] = defaultdict(list)
     hosts: dict[str, str | None] = {}
     tasks = TaskHosts()
-    for _lineno, key, host, line in demux(text.splitlines(), kind, tasks, MAX_LINE_CHARS):
+    pairs = _torchrun_streams(text, rel) if kind == "torchrun" else None
+    for _lineno, key, host, line in pairs or demux(text.splitlines(), kind, tasks, MAX_LINE_CHARS):
         if key is not None:
             lines[key].append(_STAMP.sub("", line, count=1) if line[:1].isdigit() else line)
             hosts.setdefault(key, host)
@@ -80,6 +94,9 @@ def console_dumps(text: str, rel: str, kind: str) -> list[StreamDump]:
             continue
         # a process caught exiting (a header, threads with no frame) or a failed attach says nothing here
         procs = [p for p in parse_pyspy_text(body, rel) if any(t.frames for t in p.threads)]
+        if kind == "torchrun":  # the worker's prefix numbers its processes, as a wrapper's RANK= header does
+            tag, _, n = key.partition(" ")
+            procs = [replace(p, header=((tag, n), *p.header)) for p in procs]
         if not procs:
             continue
         rounds: list[list[ProcessDump]] = []
@@ -92,6 +109,21 @@ def console_dumps(text: str, rel: str, kind: str) -> list[StreamDump]:
             where = f"{key}, round {k}" if len(rounds) > 1 else key
             label = f"{rel} [{where}]"
             out.append(StreamDump(label, key, node, k if len(rounds) > 1 else None, tuple(group)))
+    return out
+
+
+def _torchrun_streams(text: str, rel: str) -> list[tuple[int, str | None, str | None, str]]:
+    """(line number, ``"rank N"`` / ``"local_rank N"``, the file's machine, the line without its prefix)."""
+    host = host_from_log_name(rel)
+    out: list[tuple[int, str | None, str | None, str]] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw[:MAX_LINE_CHARS]
+        m = _TORCHRUN.match(line)
+        if m is None:
+            out.append((lineno, None, None, line))
+            continue
+        key = f"{'rank' if m.group(1) == 'rank' else 'local_rank'} {int(m.group(2))}"
+        out.append((lineno, key, host, line[m.end() :]))
     return out
 
 

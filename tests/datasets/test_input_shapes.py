@@ -307,3 +307,22 @@ def test_the_lone_folder_of_a_one_node_job_is_its_machine_when_named_like_one(tm
         assert v.culprit_nodes == (machine,) and not inputs.inferred_nodes, v.explain()
     else:
         assert v.culprit_nodes == ("node-0",) and inputs.inferred_nodes, v.explain()
+
+
+def test_py_spy_dumps_behind_torchrun_worker_prefixes_are_read(tmp_path, probe_dir):
+    """A worker that prints its own py-spy dump to stderr, in torchrun's console: ``[rank3]:`` names the global
+    rank, ``[default1]:`` the launcher's local rank, the per-host log's name its machine. Every dump was lost
+    ("no evidence", exit 0)."""
+    one = tmp_path / "one"
+    one.mkdir()
+    lines = [f"[rank{r}]:{ln}" for r in range(4) for ln in _text(probe_dir, r).splitlines()]
+    (one / "trn-s01.log").write_text("\n".join(lines) + "\n")
+    _, v = _verdict(one, gpus_per_node=4)
+    assert v.verdict.value == "hang" and v.culprit_ranks == (3,) and v.culprit_nodes == ("trn-s01",), v.explain()
+    two = tmp_path / "two"
+    two.mkdir()
+    for host, ranks in (("trn-s01", (0, 1)), ("trn-s02", (2, 3))):
+        lines = [f"[default{r % 2}]:{ln}" for r in ranks for ln in _text(probe_dir, r).splitlines()]
+        (two / f"{host}.log").write_text("\n".join(lines) + "\n")
+    _, v = _verdict(two, gpus_per_node=2)
+    assert v.verdict.value == "hang" and v.culprit_ranks == (3,) and v.culprit_nodes == ("trn-s02",), v.explain()
