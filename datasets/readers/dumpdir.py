@@ -43,7 +43,7 @@ from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, ThreadDump
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import failed_dump
 from rankscope.datasets.readers.consolestacks import console_found
-from rankscope.datasets.readers.dumpscan import finish, listed
+from rankscope.datasets.readers.dumpscan import PACKED, finish, listed
 from rankscope.datasets.readers.faulthandler import looks_like_traceback, parse_traceback_text
 from rankscope.datasets.readers.forked import map_batches, worker_count
 from rankscope.datasets.readers.identity import MANIFEST, Manifests, path_facts, read_manifest
@@ -60,7 +60,7 @@ _ONE_READ = 1 << 20  # files smaller than this are read whole at once (their kin
 _COMMON_SUFFIXES = frozenset((".txt", ".json"))  # stack dumps: go straight to the content
 _TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
 _EXPOSITION_SUFFIXES = (".prom", ".metrics", ".openmetrics")  # Prometheus text exposition by name
-_PACKED = frozenset((".gz", ".tgz", ".zip", ".tar", ".xz", ".bz2", ".zst", ".7z"))
+_PACKED = frozenset(PACKED)
 _PACKED_WHY = "compressed or an archive: unpack it first, e.g. gunzip -r or tar xf, and point rankscope at the folder"
 _NOT_EVIDENCE = frozenset((".csv", ".parquet", ".pq", ".png", ".jpg", ".svg", ".html", ".md")) | _PACKED
 _WANDB = re.compile(r"(?:^|/)wandb/(?:(?:offline-)?run-[^/]*/|latest-run/|debug[^/]*\.log$)")
@@ -322,6 +322,10 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         if suffix in _NOT_EVIDENCE:
             why = _PACKED_WHY if suffix in _PACKED else f"a {suffix[1:]} file that is neither metrics* nor timings*"
             sc.skipped.append(f"{rel} ({why})")
+            if suffix in _PACKED and path_facts(rel).rank is not None and not low.endswith((".tgz", ".tar", ".7z")):
+                # one rank's dump, compressed (rank3.txt.gz): a capture not read, as a failed one, never "missing"
+                err = "compressed, not read: unpack it first"
+                sc.found.append(Found(rel, failed_dump(rel, "unknown", err, kind="unreadable"), manifests.rows(rel), 0))
             return
     elif low.endswith(".exit.json"):
         sc.exits.append(Path(abs_path))

@@ -16,6 +16,10 @@ from rankscope.datasets.readers.identity import Manifests, host_from_log_name, n
 from rankscope.datasets.readers.stackid import NO_RANK, Found, identify
 from rankscope.spine import InputError, RankscopeError
 
+PACKED = (".gz", ".tgz", ".zip", ".tar", ".xz", ".bz2", ".zst", ".7z")
+"""Compressed files and archives: not read (the note says to unpack them); a compressed dump named for a rank
+stands for that rank as a capture not read."""
+
 if TYPE_CHECKING:
     from rankscope.datasets.readers.dumpdir import DumpDir, DumpFile, _Scan
     from rankscope.datasets.readers.rundir import HookProcess
@@ -94,7 +98,8 @@ def finish(
         shown = "; ".join(sc.skipped[:6]) + ("; ..." if len(sc.skipped) > 6 else "")
         notes.append(f"skipped {len(sc.skipped)} file(s) that are not evidence: {shown}")
     fr_ids = {abs_path: _file_identity(rel, manifests) for abs_path, rel in sc.fr}
-    if not (files or sc.fr or hook_fr or sc.metrics or sc.timings or sc.exits or steps or sc.logs or sc.elastic):
+    read = [f for f in files if not f.path.endswith(PACKED)]  # compressed dumps stand for ranks, unread
+    if not (read or sc.fr or hook_fr or sc.metrics or sc.timings or sc.exits or steps or sc.logs or sc.elastic):
         lost = next((n for n in notes if n.startswith("ignored ") and NO_RANK in n), None)
         if lost:  # stack dumps were found: say why none is used, not that there were none
             raise InputError(

@@ -326,3 +326,25 @@ def test_py_spy_dumps_behind_torchrun_worker_prefixes_are_read(tmp_path, probe_d
         (two / f"{host}.log").write_text("\n".join(lines) + "\n")
     _, v = _verdict(two, gpus_per_node=2)
     assert v.verdict.value == "hang" and v.culprit_ranks == (3,) and v.culprit_nodes == ("trn-s02",), v.explain()
+
+
+def test_a_compressed_rank_dump_stands_for_its_rank_as_a_capture_not_read(tmp_path, probe_dir):
+    """``rank3.txt.gz`` beside the others' plain dumps: skipped with a note to unpack it, the three waiting
+    ranks read as a healthy job (0.55). The rank it names gave no evidence: inconclusive, rank 3 named in words.
+    Beside its own plain copy it changes nothing; with every dump compressed, the input is refused."""
+    import gzip
+
+    for r in range(3):
+        (tmp_path / f"rank{r}.txt").write_text(_text(probe_dir, r))
+    (tmp_path / "rank3.txt.gz").write_bytes(gzip.compress(_text(probe_dir, 3).encode()))
+    _, v = _verdict(tmp_path, gpus_per_node=1)
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
+    assert "rank 3: capture failed: compressed, not read" in v.explain(), v.explain()
+    (tmp_path / "rank3.txt").write_text(_text(probe_dir, 3))
+    _, v = _verdict(tmp_path, gpus_per_node=1)
+    assert v.verdict.value == "hang" and v.culprit_ranks == (3,), v.explain()
+    for r in range(4):
+        (tmp_path / f"rank{r}.txt").unlink()
+        (tmp_path / f"rank{r}.txt.gz").write_bytes(gzip.compress(_text(probe_dir, r).encode()))
+    with pytest.raises(InputError, match="unpack it first"):
+        load_inputs(tmp_path, gpus_per_node=1)
