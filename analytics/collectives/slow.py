@@ -15,6 +15,7 @@ or dtypes at one seq id are a code/config fault (``mismatch``).
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ SYMMETRIC_KINDS = ("tp", "cp", "ep", "dp")
 """Group kinds whose members run the same code: a member that is always last is anomalous there."""
 _MIN_LATE = 4
 _MAX_P = 1e-3
+_DURATION = operator.itemgetter(1)
 
 
 @dataclass(frozen=True)
@@ -77,22 +79,29 @@ def lateness(
     extra: dict[tuple[int, GroupKey], float] = defaultdict(float)
     p0: dict[tuple[int, GroupKey], float] = defaultdict(float)
     span: dict[GroupKey, list[int]] = {}
-    for key, items in durations.items():
+    symmetric = {g for g, info in groups.items() if info.kind in SYMMETRIC_KINDS}
+    for key, items in durations.items():  # (hot: every timed collective of the ring buffers)
         gk = key[0]
-        if len(items) < 2 or groups[gk].kind not in SYMMETRIC_KINDS:
+        if len(items) < 2 or gk not in symmetric:
             continue
         ts = created.get(key, ())
         if ts:
-            lo_hi = span.setdefault(gk, [min(ts), max(ts)])
-            lo_hi[0], lo_hi[1] = min(lo_hi[0], *ts), max(lo_hi[1], *ts)
+            lo, hi = min(ts), max(ts)
+            lo_hi = span.get(gk)
+            if lo_hi is None:
+                span[gk] = [lo, hi]
+            else:
+                lo_hi[0], lo_hi[1] = min(lo_hi[0], lo), max(lo_hi[1], hi)
+        share = 1.0 / len(items)
         for r, _ in items:
-            n[(r, gk)] += 1
-            p0[(r, gk)] += 1.0 / len(items)
-        ranked = sorted(items, key=lambda x: x[1])
+            k = (r, gk)
+            n[k] += 1
+            p0[k] += share
+        ranked = sorted(items, key=_DURATION)
         (r0, d0), (_, d1) = ranked[0], ranked[1]
         if d0 <= (1.0 - min_score) * d1:
             late[(r0, gk)] += 1
-            extra[(r0, gk)] += statistics.median(d for r, d in items if r != r0) - d0
+            extra[(r0, gk)] += statistics.median([d for r, d in ranked if r != r0]) - d0
     out = []
     for (r, g), k in late.items():
         total = n[(r, g)]

@@ -187,7 +187,7 @@ def _parts(paths: Sequence[str], skip_non_fr: bool, ranks: Mapping[str, int] | N
     return map_batches(
         list(paths),
         lambda part: _read_part(part, skip_non_fr, label, ranks),
-        workers=worker_count(len(paths), min_per_worker=FILES_PER_WORKER),
+        workers=worker_count(_units(paths), min_per_worker=FILES_PER_WORKER),
         batch=BATCH,
         encode=_encode_part,
         decode=_decode_part,
@@ -196,6 +196,19 @@ def _parts(paths: Sequence[str], skip_non_fr: bool, ranks: Mapping[str, int] | N
 
 
 FILES_PER_WORKER = 256  # below this a fork and the result's trip through a pipe cost more than they save
+UNIT_BYTES = 16 << 10  # ... counted in files of this size: 128 ranks of deep ring buffers (100 kB each) are many
+
+
+def _units(paths: Sequence[str]) -> int:
+    """The files to read, counted by size too (in :data:`UNIT_BYTES`): a few large dumps are as much work as
+    many small ones."""
+    size = 0
+    for p in paths:
+        try:
+            size += os.stat(p).st_size
+        except OSError:
+            pass
+    return max(len(paths), size // UNIT_BYTES)
 BATCH = 16  # dumps a worker takes at a time: small enough that all finish together, large enough to amortise
 _Part = tuple[list[tuple[str, FRDump]], list[str], list[str]]
 
