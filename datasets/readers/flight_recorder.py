@@ -209,6 +209,8 @@ def _units(paths: Sequence[str]) -> int:
         except OSError:
             pass
     return max(len(paths), size // UNIT_BYTES)
+
+
 BATCH = 16  # dumps a worker takes at a time: small enough that all finish together, large enough to amortise
 _Part = tuple[list[tuple[str, FRDump]], list[str], list[str]]
 
