@@ -94,9 +94,9 @@ def lateness(
                 lo_hi[0], lo_hi[1] = min(lo_hi[0], lo), max(lo_hi[1], hi)
         share = 1.0 / len(items)
         for r, _ in items:
-            k = (r, gk)
-            n[k] += 1
-            p0[k] += share
+            member = (r, gk)
+            n[member] += 1
+            p0[member] += share
         ranked = sorted(items, key=_DURATION)
         (r0, d0), (_, d1) = ranked[0], ranked[1]
         if d0 <= (1.0 - min_score) * d1:
