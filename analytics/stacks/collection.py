@@ -31,8 +31,10 @@ class CaptureProblem:
 
     @property
     def gone(self) -> bool:
-        """The process was not running (or its dump is absent) when it was captured."""
-        return self.kind in ("process-gone", "absent")
+        """No live process of the job was there to capture: it was not running, its dump is absent, or py-spy
+        found no Python at its pid (``not-python``: the trainer exited and the pid went to another program; a
+        collection that names the wrong pids fails for every rank, not one)."""
+        return self.kind in ("process-gone", "absent", "not-python")
 
     def line(self) -> str:
         """One line for people: ``rank 1: py-spy failed: Permission Denied: ... - rerun py-spy with ...``."""
@@ -75,8 +77,8 @@ _KINDS: tuple[tuple[str, re.Pattern[str], str], ...] = (
     (
         "not-python",
         re.compile(r"failed to find python (?:version|interpreter)|not a python process", re.I),
-        "py-spy found no Python in that process: point it at the trainer's pid, not the launcher's or a shell's (or "
-        "use a py-spy that knows this Python)",
+        "no Python at that pid: the trainer exited (its pid reused), or py-spy was pointed at the launcher's or a "
+        "shell's pid (then every rank fails alike)",
     ),
     ("timeout", re.compile(r"timed? ?out|timeout", re.I), "py-spy timed out (a process stuck in the kernel?)"),
     ("absent", re.compile(r"file is absent|listed in manifest", re.I), "the dump file is missing"),

@@ -43,10 +43,6 @@ def culprits(analysis: SnapshotAnalysis, topology: Topology | None = None) -> tu
             if upstream:
                 return upstream, False
         return tuple(pick.ranks), False
-    if topology is not None and "pp" in topology.kinds():
-        ends = _mutual_waits(outlier_clusters, topology)
-        if ends:
-            return ends, False
     senders = [(c, _send_direction(c)) for c in outlier_clusters]
     senders = [(c, d) for c, d in senders if d]
     if senders:
@@ -111,14 +107,18 @@ def _waits_on(c: Cluster) -> tuple[int, ...]:
     return ()
 
 
-def _mutual_waits(outliers: Sequence[Cluster], topology: Topology) -> tuple[int, ...]:
+def pipeline_ends(clusters: Sequence[Cluster], topology: Topology) -> tuple[int, ...]:
     """Adjacent stages of one pipeline each blocked in a transfer that waits on the other (stage s on s+1, s+1
-    on s): both ends of a transfer that never completes. The stages before and after wait on them in a chain."""
+    on s), among the trainer ``clusters`` (dominant or not: in a pipeline without replicas a stage's wait may be
+    the largest): both ends of a transfer that never completes; the stages before and after wait on them in a
+    chain. () without a pipeline in the ``topology``."""
+    if "pp" not in topology.kinds():
+        return ()
     gid, stage = topology.group_ids("pp"), topology.coords["pp"]
     waits: dict[tuple[int, int], set[int]] = {}  # (pp group, stage) -> offsets its blocked ranks wait on
     ranks: dict[tuple[int, int], list[int]] = {}
-    for c in outliers:
-        if c.state != "p2p" or not (offsets := _waits_on(c)):
+    for c in clusters:
+        if c.role != "trainer" or c.state != "p2p" or not (offsets := _waits_on(c)):
             continue
         for r in c.ranks:
             key = (int(gid[r]), int(stage[r]))

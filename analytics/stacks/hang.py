@@ -17,7 +17,7 @@ import numpy as np
 
 from rankscope.analytics.faultdomain import cover, related_mask, smallest_group
 from rankscope.analytics.stacks.collection import CaptureProblem
-from rankscope.analytics.stacks.culprits import STRONG, culprits
+from rankscope.analytics.stacks.culprits import STRONG, culprits, pipeline_ends
 from rankscope.analytics.stacks.duties import DUTY_STATES, main_process_duty, stuck_duty_words
 from rankscope.analytics.stacks.evidence import stack_evidence
 from rankscope.analytics.stacks.facts import StackFacts
@@ -36,7 +36,7 @@ from rankscope.analytics.stacks.report import (
     problem_words,
     problems_of,
 )
-from rankscope.analytics.stacks.snapshot import BUSY_INPUT, SnapshotAnalysis
+from rankscope.analytics.stacks.snapshot import SnapshotAnalysis
 from rankscope.analytics.verdict import Evidence, Severity, SuspectGroup, Verdict, rank_ranges
 from rankscope.config import Limits, StackConfig
 from rankscope.datasets.domain.topology import Topology
@@ -136,7 +136,7 @@ def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> 
         main_process_duty(facts, (0,), {a.snapshot}),  # rank 0 in its own code now, not only once
         facts,
     )
-    return _too_little(h) or _no_outlier(h) or _localized(h)
+    return _too_little(h) or _ends(h) or _no_outlier(h) or _localized(h)
 
 
 def _too_little(h: _Hang) -> Verdict | None:
@@ -194,6 +194,46 @@ def _no_outlier(h: _Hang) -> Verdict | None:
         "to tell a hang from progress, and check the network and the Flight Recorder."
     )
     return h.verdict(Severity.HEALTHY, round(min(0.5 + 0.4 * a.dominant_fraction, 0.55 if h.premise else 0.95), 3))
+
+
+def _ends(h: _Hang) -> Verdict | None:
+    """Two adjacent pipeline stages each blocked in a transfer that waits on the other: both ends of a transfer
+    that never completed are the culprits, every other waiter in their pipeline is behind them."""
+    ends = pipeline_ends(h.a.clusters, h.topology)
+    if not ends:
+        return None
+    a = h.a
+    h.reasons.append(
+        f"{a.healthy_trainers} of {h.topology.world_size} ranks share the dominant stack(s): {dominant_words(a)}."
+    )
+    h.reasons.append(
+        f"Rank(s) {rank_ranges(ends)[:100]}: adjacent pipeline stages each blocked in a transfer that waits on the "
+        "other (one receives from the next stage, which receives from it): both ends of a transfer that never "
+        "completed (a lost message, a broken link, or a schedule that deadlocks); the other stages wait behind them."
+    )
+    topo = h.topology
+    idx = sorted({int(i) for i in topo.node_index[list(ends)]})
+    if len(idx) > max(1, int(h.cfg.max_cover_fraction * len(topo.node_names))):
+        h.reasons.append("They span too many of the job's nodes to isolate: nothing evicted; look at them first.")
+        return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=ends, evidence=h.evidence(ends))
+    nodes = tuple(topo.node_names[i] for i in idx)
+    members = tuple(int(r) for r in topo.ranks[np.isin(topo.node_index, idx)])
+    group = SuspectGroup("node", tuple(idx), members, nodes)
+    h.cover(group, "The culprits are")
+    _culprit_words(h, ends)
+    victims = [r for r in range(topo.world_size) if r not in set(ends) and a.state_of(r) in _WAITS_ON_PEERS]
+    if victims:
+        h.reasons.append(f"Rank(s) {rank_ranges(victims)[:200]} wait behind them: named here, not evicted.")
+    return h.verdict(
+        Severity.HANG,
+        round(0.6 + 0.1 * (len(idx) == 1), 3),
+        suspect_nodes=nodes,
+        culprit_nodes=nodes,
+        suspect_ranks=ends,
+        culprit_ranks=ends,
+        suspect_group=group,
+        evidence=h.evidence(ends, victims),
+    )
 
 
 def _stuck_alike(h: _Hang) -> Verdict:
@@ -263,14 +303,21 @@ def _main_duty(h: _Hang) -> Verdict:
     return h.verdict(Severity.INCONCLUSIVE, 0.4, suspect_ranks=suspects, evidence=h.evidence((0,)))
 
 
+_WAITS_ON_PEERS = ("backward", "collective", "p2p")  # DDP's gradient all-reduce waits inside the autograd engine
+
+
 def _busy_input(h: _Hang, ranks: Sequence[int]) -> Verdict:
-    """The ranks the others wait for wait on their own DataLoader, whose workers are at work: a data-bound job."""
-    _culprit_words(h, ranks)
+    """Ranks wait on their own DataLoader, whose workers are at work as every rank's are, and every other rank
+    that stands out waits on its peers (a collective, a transfer, DDP's backward): they wait for those batches,
+    a data-bound job. In rounds that do not move, a slow and a stuck input pipeline look alike; neither is a
+    machine's fault (the workers run the dataset's code)."""
+    stuck = " in every round" if h.frozen else ""
     h.reasons.append(
-        f"Rank(s) {rank_ranges(ranks)[:100]} wait for their next batch while their DataLoader workers are at work, "
-        "as the other ranks' workers are: the input pipeline is producing, more slowly than the step, and the other "
-        "ranks wait in their next collective for it. A data-bound job, not a machine fault: nothing evicted. If "
-        "steps are slow, look at the input pipeline there (num_workers, storage, preprocessing) first."
+        f"Rank(s) {rank_ranges(ranks)[:100]} wait for their next batch{stuck} while their DataLoader workers are at "
+        "work, as the other ranks' workers are: the input pipeline is producing, more slowly than the step, and the "
+        "other ranks wait on their peers (collectives, DDP's backward) for it. A data-bound job, not a machine "
+        "fault: nothing evicted. Look at the input pipeline (num_workers, storage, preprocessing, the dataset's "
+        "code) first" + ("; if the steps stopped, the dataset's code may loop." if stuck else ".")
     )
     return h.verdict(Severity.INCONCLUSIVE, 0.35, suspect_ranks=tuple(ranks), evidence=h.evidence(ranks))
 
@@ -290,9 +337,8 @@ def _localized(h: _Hang) -> Verdict:
     own_code = finding is not None and finding.kind == "not-in-collective"  # not a stuck child or a missing dump
     if strong and tuple(culprit_ranks) == (0,) and h.duty and a.state_of(0) in DUTY_STATES and own_code:
         return _main_duty(h)
-    best = a.best()
-    if not strong and not h.frozen and culprit_ranks and all(best[r].kind == BUSY_INPUT for r in culprit_ranks):
-        return _busy_input(h, culprit_ranks)
+    if a.busy_input and all(r in a.busy_input or a.state_of(r) in _WAITS_ON_PEERS for r in a.outlier_ranks):
+        return _busy_input(h, a.busy_input)
     if strong:
         victims, unexplained = _victims(h, culprit_ranks)
         if not unexplained:

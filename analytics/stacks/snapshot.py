@@ -83,6 +83,7 @@ class SnapshotAnalysis:
     cut: tuple[int, ...] = ()  # ranks whose dump was cut off as they died: present, no evidence
     problems: tuple[CaptureProblem, ...] = ()  # captures that gave no evidence (failed, empty, cut)
     states: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))  # per rank, STATE_CODE or -1
+    busy_input: tuple[int, ...] = ()  # ranks waiting on their DataLoader whose workers are at work (as others')
 
     @property
     def dominant_fraction(self) -> float:
@@ -280,24 +281,32 @@ def _child_findings(
     return out
 
 
-def _busy_loaders(workers: Sequence[ProcStacks], clusters: Sequence[Cluster], findings: _Findings) -> None:
-    """A rank whose main thread waits on its DataLoader while its own workers were captured at work (reading,
-    computing) in the state the other ranks' workers share (their dominant cluster): its input pipeline is
-    producing, slowly, which one snapshot of a data-bound job shows for whichever rank is next to wait. No
-    evidence against its machine. A worker stuck apart from the others keeps its own finding."""
+def _busy_loaders(
+    workers: Sequence[ProcStacks], clusters: Sequence[Cluster], states: np.ndarray, findings: _Findings
+) -> tuple[int, ...]:
+    """The ranks whose main thread waits on their DataLoader while their own workers were captured at work
+    (reading, computing) in the state the other ranks' workers share (their dominant cluster), none of them
+    stuck apart: their input pipeline is producing, slowly, which a snapshot of a data-bound job shows for
+    whichever ranks are next to wait. No evidence against their machines: such an outlier's finding says so
+    (a worker stuck apart keeps its own finding)."""
     if not workers:
-        return
+        return ()
     busy = {
         workers[i].rank
         for c in clusters
         if c.role == "dataloader" and c.healthy and c.state in ("compute", "io") and len(set(c.ranks)) > 1
         for i in c.members
     }
-    for r, f in list(findings.items()):
-        if f.kind != "waits-on-dataloader" or r not in busy:
-            continue
-        if all(workers[i].rank != r for c in clusters if c.role == "dataloader" and not c.healthy for i in c.members):
+    busy -= {workers[i].rank for c in clusters if c.role == "dataloader" and not c.healthy for i in c.members}
+    waiting = {r for r in busy if r is not None and 0 <= r < states.size and states[r] == _LOADER_WAIT}
+    for r in waiting & set(findings):
+        f = findings[r]
+        if f.kind == "waits-on-dataloader":
             findings[r] = Finding(r, BUSY_INPUT, _DETAIL[BUSY_INPUT].format(f.detail.rsplit(": in ", 1)[-1]))
+    return tuple(sorted(waiting))
+
+
+_LOADER_WAIT = STATE_CODE["dataloader-wait"]
 
 
 def _thread_notes(outliers: Sequence[int], trainers: Sequence[ProcStacks]) -> tuple[tuple[int, str], ...]:
@@ -413,7 +422,7 @@ def analyze_snapshot(
             findings=findings,
         )
     )
-    _busy_loaders(roles.children.get("dataloader", ()), clusters, findings)
+    busy = _busy_loaders(roles.children.get("dataloader", ()), clusters, states, findings)
     outliers = tuple(sorted(findings))
     return SnapshotAnalysis(
         snapshot,
@@ -427,4 +436,5 @@ def analyze_snapshot(
         tuple(sorted(roles.cut)),
         tuple(roles.problems),
         states,
+        busy,
     )

@@ -499,13 +499,14 @@ def test_a_group_laggard_is_the_rank_every_other_member_of_its_group_waits_for()
     assert not group_laggards(np.full(8, c, dtype=np.int8), topo).any()
 
 
-def test_py_spy_finding_no_python_is_no_process_gone(tmp_path: Path, probe_dir: Path) -> None:
-    """py-spy's "Failed to find python version": pointed at the launcher's or a shell's pid (or a Python it cannot
-    read), not a process seen gone. It was `process-gone` ("the process was not running"), as strong as a
-    crash; it is a collection problem that names the rank in words and evicts nobody."""
+def test_py_spy_finding_no_python_at_a_rank_s_pid_is_no_live_trainer(tmp_path: Path, probe_dir: Path) -> None:
+    """py-spy's "Failed to find python version" is `not-python` (its words: a zombie says "Failed to get process
+    executable name" instead), yet for one rank among good dumps it means the same as a process gone: no live
+    trainer at that pid. Its waiting peers make it the culprit; the words say what py-spy found."""
     for r in range(3):
         shutil.copy(probe_dir / "pyspy/text" / f"rank{r}.txt", tmp_path / f"rank{r}.txt")
     shutil.copy(DATA / "pyspy_errors" / "not_python.txt", tmp_path / "rank3.txt")
     v = stack_verdict(load_inputs(tmp_path, gpus_per_node=1))
     assert v.details["collection_problems"][0]["kind"] == "not-python", v.details["collection_problems"]
-    assert not v.suspect_nodes and "rank 3" in v.explain(), v.explain()
+    assert v.verdict == "hang" and v.culprit_ranks == (3,), v.explain()
+    assert "no Python at that pid" in v.explain(), v.explain()
