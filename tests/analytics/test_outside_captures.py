@@ -1090,3 +1090,29 @@ def test_two_stages_waiting_on_each_other_are_the_ends_of_the_transfer(tmp_path)
     v = diagnose(load_inputs(case, layout="tp=4,pp=8,dp=8", order="tp-cp-ep-pp-dp", gpus_per_node=8))
     assert v.verdict.value == "hang" and v.culprit_ranks == tuple(range(172, 180)), v.explain()
     assert v.culprit_nodes == ("nid00207", "nid00211") and v.suspect_nodes[:2] == ("nid00207", "nid00211"), v.explain()
+
+
+@pytest.mark.parametrize("case", ["databound-two-ranks-on-loaders-1round", "databound-same-rank-on-loader-3rounds"])
+def test_ranks_waiting_on_busy_loaders_while_the_rest_wait_in_backward_are_data_bound(case):
+    """Healthy data-bound DDP jobs, every worker in `__getitem__`: two ranks on their loaders and two in DDP's
+    backward (the loaders' wait the largest cluster: the backward ranks became culprits), or the same rank on
+    its loader in three identical rounds (frozen-looking). Both evicted `trn-d02`."""
+    v = diagnose(load_inputs(OUTSIDE / case))
+    assert v.verdict.value in ("healthy", "inconclusive") and not v.suspect_nodes, v.explain()
+    assert "data-bound" in v.explain()
+
+
+@pytest.mark.parametrize(
+    ("case", "layout", "gpn", "ranks", "nodes"),
+    [
+        ("pp4-mutual-recv-3rounds", "pp=4", 1, (1, 2), ("trn-p02", "trn-p03")),
+        ("pp4dp2-mutual-recv-1round", "pp=4,dp=2", 2, (4, 6), ("trn-p03", "trn-p04")),
+    ],
+)
+def test_pipeline_stages_receiving_from_each_other_are_both_ends(case, layout, gpn, ranks, nodes):
+    """A real gloo pipeline deadlock: stage s in `recv_backward` from s+1 while s+1 is in `recv_forward` from s.
+    With one stage per rank its wait was the largest cluster (no outlier: inconclusive, pointing at the sender
+    behind it), and with replicas the waits were "unrelated parallel groups"."""
+    v = diagnose(load_inputs(OUTSIDE / case, layout=layout, gpus_per_node=gpn))
+    assert v.verdict.value == "hang" and v.culprit_ranks == ranks, v.explain()
+    assert v.culprit_nodes == nodes and v.suspect_nodes == nodes, v.explain()
