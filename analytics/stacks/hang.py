@@ -17,14 +17,21 @@ import numpy as np
 
 from rankscope.analytics.faultdomain import cover, related_mask, smallest_group
 from rankscope.analytics.stacks.collection import CaptureProblem
-from rankscope.analytics.stacks.culprits import STRONG, culprits, pipeline_ends
-from rankscope.analytics.stacks.duties import DUTY_STATES, main_process_duty, stuck_duty_words
+from rankscope.analytics.stacks.culprits import STRONG, culprits
+from rankscope.analytics.stacks.duties import DUTY_STATES, main_process_duty
 from rankscope.analytics.stacks.evidence import stack_evidence
 from rankscope.analytics.stacks.facts import StackFacts
 from rankscope.analytics.stacks.frames import PEER_WAIT_STATES
 from rankscope.analytics.stacks.frozen import frozen_runner_words, frozen_runners
 from rankscope.analytics.stacks.mismatch import lone_collectives, mismatch_words
 from rankscope.analytics.stacks.motion import Motion
+from rankscope.analytics.stacks.patterns import (
+    WAITS_ON_PEERS,
+    busy_input_verdict,
+    main_duty_verdict,
+    pipeline_ends_verdict,
+    stopped_verdict,
+)
 from rankscope.analytics.stacks.prefix_tree import build
 from rankscope.analytics.stacks.report import (
     blind_wait_words,
@@ -53,7 +60,7 @@ PREMISE_ROUNDS = (
 
 
 @dataclass
-class _Hang:
+class Hang:
     """One snapshot of a job that does not progress, and the words and fields every outcome shares."""
 
     a: SnapshotAnalysis
@@ -114,6 +121,17 @@ class _Hang:
         if not self.tentative:
             self.reasons.append(cover_words(group, subject))
 
+    def culprit_words(self, culprit_ranks: Sequence[int]) -> None:
+        best = self.a.best()
+        label = "Outlier" if self.tentative else "Culprit"
+        for r in culprit_ranks[:5]:
+            f = best.get(r)
+            if f is not None:
+                self.reasons.append(f"{label} rank {r} on {self.topology.node_of(r)}: {f.detail}.")
+        if len(culprit_ranks) > 5:
+            more = f"{len(culprit_ranks) - 5} more {label.lower()} rank(s)"
+            self.reasons.append(f"... and {more}: {rank_ranges(culprit_ranks)[:200]}.")
+
     def evidence(self, culprit_ranks: Sequence[int] = (), victims: Sequence[int] = ()) -> tuple[Evidence, ...]:
         return stack_evidence(self.a, self.topology, culprit_ranks, victims, self.limits.max_evidence_items)
 
@@ -122,7 +140,7 @@ def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> 
     """The first classifier that applies decides: too little evidence, no outlier, or the outliers localized."""
     a = facts.analyses[-1]
     tree = build([c for c in a.clusters if c.role == "trainer"])
-    h = _Hang(
+    h = Hang(
         a,
         topology,
         facts.config,
@@ -136,10 +154,10 @@ def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> 
         main_process_duty(facts, (0,), {a.snapshot}),  # rank 0 in its own code now, not only once
         facts,
     )
-    return _too_little(h) or _ends(h) or _no_outlier(h) or _localized(h)
+    return _too_little(h) or pipeline_ends_verdict(h) or _no_outlier(h) or _localized(h)
 
 
-def _too_little(h: _Hang) -> Verdict | None:
+def _too_little(h: Hang) -> Verdict | None:
     """No trainer dump at all, or too many ranks without a usable one: inconclusive."""
     a, total = h.a, h.topology.world_size
     if a.n_trainers == 0:
@@ -161,7 +179,7 @@ def _too_little(h: _Hang) -> Verdict | None:
     return None
 
 
-def _no_outlier(h: _Hang) -> Verdict | None:
+def _no_outlier(h: Hang) -> Verdict | None:
     """Every rank with a stack looks healthy: healthy, or inconclusive when some ranks left no usable stack."""
     a = h.a
     h.reasons.append(
@@ -196,54 +214,14 @@ def _no_outlier(h: _Hang) -> Verdict | None:
     return h.verdict(Severity.HEALTHY, round(min(0.5 + 0.4 * a.dominant_fraction, 0.55 if h.premise else 0.95), 3))
 
 
-def _ends(h: _Hang) -> Verdict | None:
-    """Two adjacent pipeline stages each blocked in a transfer that waits on the other: both ends of a transfer
-    that never completed are the culprits, every other waiter in their pipeline is behind them."""
-    ends = pipeline_ends(h.a.clusters, h.topology)
-    if not ends:
-        return None
-    a = h.a
-    h.reasons.append(
-        f"{a.healthy_trainers} of {h.topology.world_size} ranks share the dominant stack(s): {dominant_words(a)}."
-    )
-    h.reasons.append(
-        f"Rank(s) {rank_ranges(ends)[:100]}: adjacent pipeline stages each blocked in a transfer that waits on the "
-        "other (one receives from the next stage, which receives from it): both ends of a transfer that never "
-        "completed (a lost message, a broken link, or a schedule that deadlocks); the other stages wait behind them."
-    )
-    topo = h.topology
-    idx = sorted({int(i) for i in topo.node_index[list(ends)]})
-    if len(idx) > max(1, int(h.cfg.max_cover_fraction * len(topo.node_names))):
-        h.reasons.append("They span too many of the job's nodes to isolate: nothing evicted; look at them first.")
-        return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=ends, evidence=h.evidence(ends))
-    nodes = tuple(topo.node_names[i] for i in idx)
-    members = tuple(int(r) for r in topo.ranks[np.isin(topo.node_index, idx)])
-    group = SuspectGroup("node", tuple(idx), members, nodes)
-    h.cover(group, "The culprits are")
-    _culprit_words(h, ends)
-    victims = [r for r in range(topo.world_size) if r not in set(ends) and a.state_of(r) in _WAITS_ON_PEERS]
-    if victims:
-        h.reasons.append(f"Rank(s) {rank_ranges(victims)[:200]} wait behind them: named here, not evicted.")
-    return h.verdict(
-        Severity.HANG,
-        round(0.6 + 0.1 * (len(idx) == 1), 3),
-        suspect_nodes=nodes,
-        culprit_nodes=nodes,
-        suspect_ranks=ends,
-        culprit_ranks=ends,
-        suspect_group=group,
-        evidence=h.evidence(ends, victims),
-    )
-
-
-def _stuck_alike(h: _Hang) -> Verdict:
+def _stuck_alike(h: Hang) -> Verdict:
     """A job the time evidence shows stuck, with no rank apart from its peers: never healthy. The waits other
     than the largest one are where to look (a stage pair waiting on each other, one replica's transfer)."""
     a = h.a
     runners = frozen_runners(a, h.facts.progress if h.facts is not None else None)
     if runners:
         if runners == (0,) and h.duty:
-            return _main_duty(h)
+            return main_duty_verdict(h)
         h.reasons.append(frozen_runner_words(runners))
         return _strong(h, runners, [])
     trainer = [c for c in a.clusters if c.role == "trainer"]
@@ -261,7 +239,7 @@ def _stuck_alike(h: _Hang) -> Verdict:
     return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=tuple(others), evidence=h.evidence())
 
 
-def _victims(h: _Hang, culprit_ranks: Sequence[int]) -> tuple[list[int], list[int]]:
+def _victims(h: Hang, culprit_ranks: Sequence[int]) -> tuple[list[int], list[int]]:
     """The other outliers split into victims (waiting on peers, in a group or on a node shared with a
     culprit) and the unexplained rest."""
     best, culprit_set = h.a.best(), set(culprit_ranks)
@@ -281,48 +259,7 @@ def _victims(h: _Hang, culprit_ranks: Sequence[int]) -> tuple[list[int], list[in
     return [int(r) for r in others[ok]], [int(r) for r in others[~ok]]
 
 
-def _stopped(h: _Hang, ranks: Sequence[int]) -> Verdict:
-    """The ranks the others wait for are stopped processes: the hang's cause, but no machine's fault."""
-    _culprit_words(h, ranks)
-    h.reasons.append(
-        f"Rank(s) {rank_ranges(ranks)[:100]} are stopped (SIGSTOP, state T): a person, a debugger, job control or the "
-        "scheduler (a suspended node) stopped them, never a hardware fault. Nothing to evict: resume them "
-        "(kill -CONT) or find who stopped them."
-    )
-    return h.verdict(Severity.INCONCLUSIVE, 0.5, suspect_ranks=tuple(ranks), evidence=h.evidence(ranks))
-
-
-def _main_duty(h: _Hang) -> Verdict:
-    """Rank 0 alone stands out, in code no other rank ran: its own duties, which the job waits on by design."""
-    f = h.a.best().get(0)
-    if f is not None:
-        h.reasons.append(f"Rank 0 on {h.topology.node_of(0)}: {f.detail}.")
-    rounds = len(h.facts.analyses) if h.facts is not None else 1
-    h.reasons.append(stuck_duty_words(rounds, h.duty, h.a.state_of(0) or "compute"))
-    suspects = tuple(sorted(set(h.a.outlier_ranks) | {0}))
-    return h.verdict(Severity.INCONCLUSIVE, 0.4, suspect_ranks=suspects, evidence=h.evidence((0,)))
-
-
-_WAITS_ON_PEERS = ("backward", "collective", "p2p")  # DDP's gradient all-reduce waits inside the autograd engine
-
-
-def _busy_input(h: _Hang, ranks: Sequence[int]) -> Verdict:
-    """Ranks wait on their own DataLoader, whose workers are at work as every rank's are, and every other rank
-    that stands out waits on its peers (a collective, a transfer, DDP's backward): they wait for those batches,
-    a data-bound job. In rounds that do not move, a slow and a stuck input pipeline look alike; neither is a
-    machine's fault (the workers run the dataset's code)."""
-    stuck = " in every round" if h.frozen else ""
-    h.reasons.append(
-        f"Rank(s) {rank_ranges(ranks)[:100]} wait for their next batch{stuck} while their DataLoader workers are at "
-        "work, as the other ranks' workers are: the input pipeline is producing, more slowly than the step, and the "
-        "other ranks wait on their peers (collectives, DDP's backward) for it. A data-bound job, not a machine "
-        "fault: nothing evicted. Look at the input pipeline (num_workers, storage, preprocessing, the dataset's "
-        "code) first" + ("; if the steps stopped, the dataset's code may loop." if stuck else ".")
-    )
-    return h.verdict(Severity.INCONCLUSIVE, 0.35, suspect_ranks=tuple(ranks), evidence=h.evidence(ranks))
-
-
-def _localized(h: _Hang) -> Verdict:
+def _localized(h: Hang) -> Verdict:
     """Outliers mapped onto a fault domain (hang) with their likeliest culprits, or inconclusive."""
     a, topology = h.a, h.topology
     n_out_clusters = sum(1 for c in h.common["clusters"] if not c.healthy)
@@ -332,13 +269,13 @@ def _localized(h: _Hang) -> Verdict:
     culprit_ranks, strong = culprits(a, topology)
     stopped = {p.rank for p in h.problems if p.kind == "stopped"}
     if strong and culprit_ranks and set(culprit_ranks) <= stopped:
-        return _stopped(h, culprit_ranks)
+        return stopped_verdict(h, culprit_ranks)
     finding = a.best().get(0)
     own_code = finding is not None and finding.kind == "not-in-collective"  # not a stuck child or a missing dump
     if strong and tuple(culprit_ranks) == (0,) and h.duty and a.state_of(0) in DUTY_STATES and own_code:
-        return _main_duty(h)
-    if a.busy_input and all(r in a.busy_input or a.state_of(r) in _WAITS_ON_PEERS for r in a.outlier_ranks):
-        return _busy_input(h, a.busy_input)
+        return main_duty_verdict(h)
+    if a.busy_input and all(r in a.busy_input or a.state_of(r) in WAITS_ON_PEERS for r in a.outlier_ranks):
+        return busy_input_verdict(h, a.busy_input)
     if strong:
         victims, unexplained = _victims(h, culprit_ranks)
         if not unexplained:
@@ -381,7 +318,7 @@ def _localized(h: _Hang) -> Verdict:
     culprit_ranks = tuple(r for r in culprit_ranks if topology.node_of(r) in suspects) or culprit_ranks
     culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in suspects)
     h.cover(group)
-    _culprit_words(h, culprit_ranks)
+    h.culprit_words(culprit_ranks)
     if not strong and culprit_ranks and not h.tentative:
         h.reasons.append(
             "Every outlier is waiting on someone else; the culprit above is the likeliest origin "
@@ -401,25 +338,13 @@ def _localized(h: _Hang) -> Verdict:
     )
 
 
-def _mismatch_like(h: _Hang) -> Verdict:
+def _mismatch_like(h: Hang) -> Verdict:
     h.reasons.append(mismatch_words(h.a))
     out = h.a.outlier_ranks
     return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=out, evidence=h.evidence(out))
 
 
-def _culprit_words(h: _Hang, culprit_ranks: Sequence[int]) -> None:
-    best = h.a.best()
-    label = "Outlier" if h.tentative else "Culprit"
-    for r in culprit_ranks[:5]:
-        f = best.get(r)
-        if f is not None:
-            h.reasons.append(f"{label} rank {r} on {h.topology.node_of(r)}: {f.detail}.")
-    if len(culprit_ranks) > 5:
-        more = f"{len(culprit_ranks) - 5} more {label.lower()} rank(s)"
-        h.reasons.append(f"... and {more}: {rank_ranges(culprit_ranks)[:200]}.")
-
-
-def _strong(h: _Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> Verdict:
+def _strong(h: Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> Verdict:
     """Strong culprits, every other outlier their victim: the culprits' nodes, extended to the smallest group
     holding them while that stays within the fault-domain share of the job; unrelated culprits: inconclusive."""
     a, topology = h.a, h.topology
@@ -429,11 +354,11 @@ def _strong(h: _Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> V
             f"{len(culprit_ranks)} ranks do not wait on anyone ({rank_ranges(culprit_ranks)[:200]}), in unrelated "
             "parallel groups on several nodes: no single fault domain to isolate."
         )
-        _culprit_words(h, culprit_ranks)
+        h.culprit_words(culprit_ranks)
         return h.verdict(Severity.INCONCLUSIVE, 0.3, evidence=h.evidence(culprit_ranks, victims))
     culprit_nodes = topology.nodes_of(culprit_ranks)
     h.cover(group, "The culprits are" if len(culprit_ranks) > 1 else "The culprit is")
-    _culprit_words(h, culprit_ranks)
+    h.culprit_words(culprit_ranks)
     best = a.best()
     gaps = [r for r in victims if r in best and best[r].kind == "missing-shared-wait"]
     victims = [r for r in victims if r not in gaps]

@@ -43,7 +43,7 @@ from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, ThreadDump
 from rankscope.datasets.readers import runfiles as rf
 from rankscope.datasets.readers.base import failed_dump
 from rankscope.datasets.readers.consolestacks import console_found
-from rankscope.datasets.readers.dumpscan import PACKED, finish, listed
+from rankscope.datasets.readers.dumpscan import PACKED, finish, listed, packed_dump
 from rankscope.datasets.readers.faulthandler import looks_like_traceback, parse_traceback_text
 from rankscope.datasets.readers.forked import map_batches, worker_count
 from rankscope.datasets.readers.identity import MANIFEST, Manifests, path_facts, read_manifest
@@ -322,10 +322,7 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         if suffix in _NOT_EVIDENCE:
             why = _PACKED_WHY if suffix in _PACKED else f"a {suffix[1:]} file that is neither metrics* nor timings*"
             sc.skipped.append(f"{rel} ({why})")
-            if suffix in _PACKED and path_facts(rel).rank is not None and not low.endswith((".tgz", ".tar", ".7z")):
-                # one rank's dump, compressed (rank3.txt.gz): a capture not read, as a failed one, never "missing"
-                err = "compressed, not read: unpack it first"
-                sc.found.append(Found(rel, failed_dump(rel, "unknown", err, kind="unreadable"), manifests.rows(rel), 0))
+            sc.found += packed_dump(rel, manifests.rows(rel)) if suffix in _PACKED else []
             return
     elif low.endswith(".exit.json"):
         sc.exits.append(Path(abs_path))

@@ -12,13 +12,25 @@ from typing import TYPE_CHECKING, Any
 from rankscope.datasets.domain.bounds import load_json_file, open_regular, to_float
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.readers import runfiles as rf
+from rankscope.datasets.readers.base import failed_dump
 from rankscope.datasets.readers.identity import Manifests, host_from_log_name, natural, path_facts
 from rankscope.datasets.readers.stackid import NO_RANK, Found, identify
 from rankscope.spine import InputError, RankscopeError
 
 PACKED = (".gz", ".tgz", ".zip", ".tar", ".xz", ".bz2", ".zst", ".7z")
 """Compressed files and archives: not read (the note says to unpack them); a compressed dump named for a rank
-stands for that rank as a capture not read."""
+stands for that rank as a capture not read (:func:`packed_dump`)."""
+
+
+def packed_dump(rel: str, rows: Any) -> list[Found]:
+    """One rank's dump, compressed (``rank3.txt.gz``, not an archive of several): a capture not read, as a
+    failed one, never a rank "missing"; [] when its name numbers no rank."""
+    if path_facts(rel).rank is None or rel.lower().endswith((".tgz", ".tar", ".7z", ".zip")):
+        return []
+    return [
+        Found(rel, failed_dump(rel, "unknown", "compressed, not read: unpack it first", kind="unreadable"), rows, 0)
+    ]
+
 
 if TYPE_CHECKING:
     from rankscope.datasets.readers.dumpdir import DumpDir, DumpFile, _Scan

@@ -1,0 +1,98 @@
+"""Stacks of a stuck job whose outliers a known pattern explains: stopped processes, rank 0's own duty, a
+data-bound job, and the two ends of a pipeline transfer that never completed (see :mod:`.hang`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rankscope.analytics.stacks.culprits import pipeline_ends
+from rankscope.analytics.stacks.duties import stuck_duty_words
+from rankscope.analytics.stacks.report import dominant_words
+from rankscope.analytics.verdict import Severity, SuspectGroup, Verdict, rank_ranges
+
+if TYPE_CHECKING:
+    from rankscope.analytics.stacks.hang import Hang
+
+
+def pipeline_ends_verdict(h: Hang) -> Verdict | None:
+    """Two adjacent pipeline stages each blocked in a transfer that waits on the other: both ends of a transfer
+    that never completed are the culprits, every other waiter in their pipeline is behind them."""
+    ends = pipeline_ends(h.a.clusters, h.topology)
+    if not ends:
+        return None
+    a = h.a
+    h.reasons.append(
+        f"{a.healthy_trainers} of {h.topology.world_size} ranks share the dominant stack(s): {dominant_words(a)}."
+    )
+    h.reasons.append(
+        f"Rank(s) {rank_ranges(ends)[:100]}: adjacent pipeline stages each blocked in a transfer that waits on the "
+        "other (one receives from the next stage, which receives from it): both ends of a transfer that never "
+        "completed (a lost message, a broken link, or a schedule that deadlocks); the other stages wait behind them."
+    )
+    topo = h.topology
+    idx = sorted({int(i) for i in topo.node_index[list(ends)]})
+    if len(idx) > max(1, int(h.cfg.max_cover_fraction * len(topo.node_names))):
+        h.reasons.append("They span too many of the job's nodes to isolate: nothing evicted; look at them first.")
+        return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=ends, evidence=h.evidence(ends))
+    nodes = tuple(topo.node_names[i] for i in idx)
+    members = tuple(int(r) for r in topo.ranks[np.isin(topo.node_index, idx)])
+    group = SuspectGroup("node", tuple(idx), members, nodes)
+    h.cover(group, "The culprits are")
+    h.culprit_words(ends)
+    victims = [r for r in range(topo.world_size) if r not in set(ends) and a.state_of(r) in WAITS_ON_PEERS]
+    if victims:
+        h.reasons.append(f"Rank(s) {rank_ranges(victims)[:200]} wait behind them: named here, not evicted.")
+    return h.verdict(
+        Severity.HANG,
+        round(0.6 + 0.1 * (len(idx) == 1), 3),
+        suspect_nodes=nodes,
+        culprit_nodes=nodes,
+        suspect_ranks=ends,
+        culprit_ranks=ends,
+        suspect_group=group,
+        evidence=h.evidence(ends, victims),
+    )
+
+
+def stopped_verdict(h: Hang, ranks: Sequence[int]) -> Verdict:
+    """The ranks the others wait for are stopped processes: the hang's cause, but no machine's fault."""
+    h.culprit_words(ranks)
+    h.reasons.append(
+        f"Rank(s) {rank_ranges(ranks)[:100]} are stopped (SIGSTOP, state T): a person, a debugger, job control or the "
+        "scheduler (a suspended node) stopped them, never a hardware fault. Nothing to evict: resume them "
+        "(kill -CONT) or find who stopped them."
+    )
+    return h.verdict(Severity.INCONCLUSIVE, 0.5, suspect_ranks=tuple(ranks), evidence=h.evidence(ranks))
+
+
+def main_duty_verdict(h: Hang) -> Verdict:
+    """Rank 0 alone stands out, in code no other rank ran: its own duties, which the job waits on by design."""
+    f = h.a.best().get(0)
+    if f is not None:
+        h.reasons.append(f"Rank 0 on {h.topology.node_of(0)}: {f.detail}.")
+    rounds = len(h.facts.analyses) if h.facts is not None else 1
+    h.reasons.append(stuck_duty_words(rounds, h.duty, h.a.state_of(0) or "compute"))
+    suspects = tuple(sorted(set(h.a.outlier_ranks) | {0}))
+    return h.verdict(Severity.INCONCLUSIVE, 0.4, suspect_ranks=suspects, evidence=h.evidence((0,)))
+
+
+WAITS_ON_PEERS = ("backward", "collective", "p2p")  # DDP's gradient all-reduce waits inside the autograd engine
+
+
+def busy_input_verdict(h: Hang, ranks: Sequence[int]) -> Verdict:
+    """Ranks wait on their own DataLoader, whose workers are at work as every rank's are, and every other rank
+    that stands out waits on its peers (a collective, a transfer, DDP's backward): they wait for those batches,
+    a data-bound job. In rounds that do not move, a slow and a stuck input pipeline look alike; neither is a
+    machine's fault (the workers run the dataset's code)."""
+    stuck = " in every round" if h.frozen else ""
+    h.reasons.append(
+        f"Rank(s) {rank_ranges(ranks)[:100]} wait for their next batch{stuck} while their DataLoader workers are at "
+        "work, as the other ranks' workers are: the input pipeline is producing, more slowly than the step, and the "
+        "other ranks wait on their peers (collectives, DDP's backward) for it. A data-bound job, not a machine "
+        "fault: nothing evicted. Look at the input pipeline (num_workers, storage, preprocessing, the dataset's "
+        "code) first" + ("; if the steps stopped, the dataset's code may loop." if stuck else ".")
+    )
+    return h.verdict(Severity.INCONCLUSIVE, 0.35, suspect_ranks=tuple(ranks), evidence=h.evidence(ranks))
