@@ -22,8 +22,8 @@ from typing import Any
 from rankscope.datasets.domain.bounds import FOREIGN, to_int
 from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry
 from rankscope.datasets.readers.forked import map_batches, worker_count
+from rankscope.datasets.readers.fr_columns import entries as all_entries
 from rankscope.datasets.readers.fr_entries import FrameCache, entry, new_entry, opt_i64
-from rankscope.datasets.readers.fr_entries import entries as all_entries
 from rankscope.datasets.readers.fr_files import (
     SNIFF_BYTES,
     is_fr_bytes,

@@ -10,7 +10,6 @@ import operator
 import re
 from collections.abc import Mapping
 from functools import lru_cache
-from itertools import repeat
 from typing import Any
 
 from rankscope.datasets.domain.bounds import INT64_MAX, INT64_MIN, MAX_LINE_NO, to_float, to_int
@@ -180,8 +179,8 @@ _LO, _HI = INT64_MIN, INT64_MAX
 
 
 def entry(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
-    """One raw FR record -> :class:`FREntry` (hot: called once per record of every rank). The fast path takes
-    the values as PyTorch writes them (ints, strings, lists); anything else goes the tolerant way."""
+    """One raw FR record -> :class:`FREntry`, for a dump :func:`entries` declines (some record is odd): a record
+    as PyTorch writes it (ints, strings, lists) the quick way, anything else the tolerant way."""
     try:
         (
             record_id,
@@ -221,41 +220,18 @@ def entry(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
         or not 0 <= (seq | record_id | op_id | p2p_seq | (t0 or 0) | (t1 or 0) | (t2 or 0) | (tmo or 0)) <= _HI
     ):  # (all ints: their OR is in [0, 2**63) when each one is; a negative one is checked the careful way)
         return _entry_tolerant(e, frame_cache)  # checks each field: a value out of 64 bits is a ValueError
-    split = _SPLIT.get(pname)
-    if split is None:
-        split = (*split_profiling_name(pname), pname)
-        if len(_SPLIT) < _INTERN_MAX:
-            _SPLIT[pname] = split
+    split = _split(pname)
     backend, op, src, dst, pname = split
     if pg_id.__class__ is not _INT and pg_id.__class__ is not str and pg_id is not None:
         return _entry_tolerant(e, frame_cache)  # (never hash what might be a tuple nested a million deep)
-    pid = _PG_ID.get(pg_id)
-    if pid is None:
-        pid = _PG_ID[pg_id] = str(pg_id) if pg_id is not None else ""
-    shared = _WORDS.get(state)
-    if shared is None and len(_WORDS) < _INTERN_MAX:
-        shared = _WORDS[state] = state
-    state = shared or state
+    pid, state = _pg_id(pg_id), _word(state)
     pg_name, pg_desc = pg
     if pg_name.__class__ is str and pg_desc.__class__ is str:  # one shared pair per group (strings only:
-        key = pg if pg.__class__ is tuple else (pg_name, pg_desc)  # 1.0 == 1 must not mix groups up)
-        group = _WORDS.get(key)
-        if group is None:
-            group = key
-            if len(_WORDS) < _INTERN_MAX:
-                _WORDS[key] = key
-        pg_name, pg_desc = group
-    get = e.get
-    duration, frames = get("duration_ms"), get("frames")
-    for last in _LAST.get(split, ()):  # a ring buffer repeats each op's sizes, dtypes and stack: compared in C
-        if last[0] == ins and last[1] == outs and last[2] == in_dt and last[3] == out_dt and last[4] == frames:
-            in_sizes, in_types, out_sizes, out_types, stack = last[5]
-            break
-    else:
-        static = _static(ins, outs, in_dt, out_dt, frames, pname, frame_cache)
-        in_sizes, in_types, out_sizes, out_types, stack = static
-        if _plain_static(static, frames, pname, frame_cache) and len(_LAST) < _INTERN_MAX:
-            _LAST[split] = ((ins, outs, in_dt, out_dt, frames, static), *_LAST.get(split, ())[: _RECENT - 1])
+        pg_name, pg_desc = _group((pg_name, pg_desc))  # 1.0 == 1 must not mix groups up)
+    duration = e.get("duration_ms")
+    in_sizes, in_types, out_sizes, out_types, stack = _recent_static(
+        split, ins, outs, in_dt, out_dt, e.get("frames"), frame_cache
+    )
     return new_entry(
         FREntry,
         (
@@ -286,81 +262,6 @@ def entry(e: Mapping[str, Any], frame_cache: FrameCache) -> FREntry:
             stack,
         ),
     )
-
-
-def entries(raw: list[Any] | tuple[Any, ...], frame_cache: FrameCache) -> list[FREntry] | None:
-    """A dump's records at once, field by field: :func:`entry`'s checks and conversions run in C over each
-    field's column (its types in one set, its range in one min and max), and only what a record carries
-    beyond its fields (sizes, dtypes, stack: mostly a repeat of a recent record's) is looked at one record
-    at a time. The same entries as ``[entry(e) for e in raw]``; None when any record is not as PyTorch
-    writes it (a key missing, a value of another type or out of range): the caller then takes them one by
-    one, the careful way. A value the static part refuses raises as :func:`entry` does."""
-    if not raw:
-        return []
-    if set(map(type, raw)) != _DICT:
-        return None
-    try:
-        cols = tuple(zip(*map(_MODERN, raw)))
-    except (KeyError, TypeError):
-        return None
-    rid, pg_id, pg, seq, p2p, op_id, names, t0, ins, in_dt, outs, out_dt, state, t1, t2, ret, tmo, is_p2p = cols
-    ints = rid + seq + p2p + op_id
-    times = t0 + t1 + t2 + tmo
-    if set(map(type, ints)) != _JUST_INT or min(ints) < 0 or max(ints) > _HI:
-        return None
-    if not set(map(type, times)) <= _INT_OR_NONE or not _in_range(times):
-        return None
-    if set(map(type, names)) != _JUST_STR or set(map(type, state)) != _JUST_STR:
-        return None
-    if not set(map(type, pg_id)) <= _PG_ID_TYPES or not set(map(type, pg)) <= _PAIR_TYPES:
-        return None
-    if set(map(len, pg)) != _JUST_TWO:
-        return None
-    pg_name, pg_desc = zip(*pg)
-    if set(map(type, pg_name + pg_desc)) != _JUST_STR:
-        return None
-    splits = list(map(_SPLIT.get, names))
-    if None in splits:
-        splits = [s or _split(n) for s, n in zip(splits, names)]
-    backend, op, src, dst, names = zip(*splits)
-    groups = {g: _group(g) for g in set(zip(pg_name, pg_desc))}
-    pg_name, pg_desc = zip(*map(groups.__getitem__, zip(pg_name, pg_desc)))
-    ids = {i: _pg_id(i) for i in set(pg_id)}
-    pids = [ids[i] or n for i, n in zip(pg_id, pg_name)] if "" in ids.values() else list(map(ids.__getitem__, pg_id))
-    words = {w: _word(w) for w in set(state)}
-    state = tuple(map(words.__getitem__, state))
-    dur = tuple(map(dict.get, raw, repeat("duration_ms")))
-    if not set(map(type, dur)) <= _FLOAT_OR_NONE:
-        dur = tuple(d if d.__class__ is float or d is None else _duration(d) for d in dur)
-    frames = tuple(map(dict.get, raw, repeat("frames")))
-    static = map(_recent_static, splits, ins, outs, in_dt, out_dt, frames, repeat(frame_cache))
-    in_sizes, in_types, out_sizes, out_types, stack = zip(*static)
-    return list(
-        map(
-            new_entry,
-            repeat(FREntry),
-            zip(
-                rid, pids, pg_name, pg_desc, seq, p2p, op_id, names, backend, op, map(bool, is_p2p), src, dst,
-                state, map(bool, ret), t0, t1, t2, dur, tmo, in_sizes, in_types, out_sizes, out_types, stack,
-            ),
-        )
-    )  # fmt: skip
-
-
-_DICT = {dict}
-_JUST_INT = {int}
-_JUST_STR = {str}
-_JUST_TWO = {2}
-_INT_OR_NONE = {int, type(None)}
-_FLOAT_OR_NONE = {float, type(None)}
-_PG_ID_TYPES = {int, str, type(None)}
-_PAIR_TYPES = {tuple, list}
-
-
-def _in_range(times: tuple[int | None, ...]) -> bool:
-    """Whether the ints among ``times`` (None aside) are in ``[0, 2**63)``."""
-    some = [t for t in times if t is not None]
-    return not some or (min(some) >= 0 and max(some) <= _HI)
 
 
 def _split(name: str) -> tuple[str, str, int | None, int | None, str]:

@@ -206,7 +206,7 @@ def _one_by_one(records: list[dict]):
 
 
 def _by_columns(records: list[dict]):
-    from rankscope.datasets.readers.fr_entries import entries
+    from rankscope.datasets.readers.fr_columns import entries
 
     try:
         return entries(records, {})
