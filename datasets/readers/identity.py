@@ -216,11 +216,12 @@ _NOT_HOST_WORDS = frozenset({"job", "jobs", "run", "exp", "experiment", "inciden
 
 
 def _host_like(name: str) -> bool:
-    """A folder name that reads as a machine's: a letter and a digit (``trn-k01``, ``gpu0115``), neither a date
-    or time stamp (``2026-12-01T21-00``) nor a long number, nor a job's, run's or incident's word (``job-1234``)."""
+    """A folder name that reads as a numbered machine's: a letter, ending in a digit (``trn-k01``, ``gpu0115``,
+    ``nid00207``; not a model's ``llama-7b``), neither a date or time stamp (``2026-12-01T21-00``) nor a long
+    number, nor a job's, run's or incident's word (``job-1234``)."""
     return (
         any(c.isalpha() for c in name)
-        and any(c.isdigit() for c in name)
+        and name[-1:].isdigit()
         and _STAMPISH.search(name) is None
         and not (_NOT_HOST_WORDS & set(re.split(r"[-_.]+|(?<=[a-z])(?=\d)", name.lower())))
     )

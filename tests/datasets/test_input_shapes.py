@@ -290,6 +290,7 @@ def test_py_spy_dumps_in_a_kubectl_prefix_stream_with_or_without_timestamps(tmp_
         ("hpc-gpu0115", "hpc-gpu0115"),
         ("trn-k01/pyspy-20261203-083301", "trn-k01"),  # a stamped capture folder under it is no machine
         ("job-1234", None),
+        ("llama-7b", None),
         ("2026-12-01T21-00", None),
     ],
 )
