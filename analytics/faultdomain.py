@@ -15,6 +15,23 @@ from rankscope.config import StackConfig
 from rankscope.datasets.domain.topology import KINDS, Topology
 
 
+def node_group(ranks: Sequence[int] | np.ndarray, topology: Topology) -> SuspectGroup:
+    """The machines of ``ranks`` themselves as the fault domain (kind ``node``, nodes in index order)."""
+    node_idx = np.unique(topology.node_index[np.asarray(ranks, dtype=np.int64)])
+    members = topology.ranks[np.isin(topology.node_index, node_idx)]
+    return SuspectGroup(
+        "node",
+        tuple(int(i) for i in node_idx),
+        tuple(int(r) for r in members),
+        tuple(topology.node_names[i] for i in node_idx),
+    )
+
+
+def node_limit(topology: Topology, max_fraction: float) -> int:
+    """The most nodes a fault domain may take: ``max_fraction`` of the job's, at least one."""
+    return max(1, int(max_fraction * len(topology.node_names)))
+
+
 def cover(
     outliers: Sequence[int], topology: Topology, *, max_fraction: float = StackConfig().max_cover_fraction
 ) -> SuspectGroup | None:
@@ -30,10 +47,8 @@ def cover(
     n_nodes_total = len(topology.node_names)
     own = np.unique(topology.node_index[out])
     if own.size == 1:  # every outlier on one machine: that machine is the fault domain
-        i = int(own[0])
-        ranks = topology.ranks[topology.node_index == i]
-        return SuspectGroup("node", (i,), tuple(int(r) for r in ranks), (topology.node_names[i],))
-    limit = max(1, int(max_fraction * n_nodes_total))
+        return node_group(out, topology)
+    limit = node_limit(topology, max_fraction)
     best = None
     for order, kind in enumerate(k for k in KINDS if k in topology.kinds()):
         gid = topology.group_ids(kind)
@@ -44,16 +59,7 @@ def cover(
         if node_idx.size <= limit and (best is None or key < best[0]):
             best = (key, kind, groups, topology.ranks[member], node_idx)
     if best is None:
-        node_idx = np.unique(topology.node_index[out])
-        if node_idx.size > limit and n_nodes_total > 1:
-            return None
-        ranks = topology.ranks[np.isin(topology.node_index, node_idx)]
-        return SuspectGroup(
-            "node",
-            tuple(int(i) for i in node_idx),
-            tuple(int(r) for r in ranks),
-            tuple(topology.node_names[i] for i in node_idx),
-        )
+        return None if own.size > limit and n_nodes_total > 1 else node_group(out, topology)
     _, kind, groups, ranks, node_idx = best
     return SuspectGroup(
         kind,
@@ -87,10 +93,8 @@ def smallest_group(
     out = np.unique(np.asarray(ranks, dtype=np.int64))
     own = np.unique(topology.node_index[out])
     if own.size == 1:
-        i = int(own[0])
-        members = topology.ranks[topology.node_index == i]
-        return SuspectGroup("node", (i,), tuple(int(r) for r in members), (topology.node_names[i],))
-    limit = max(1, int(max_fraction * len(topology.node_names)))
+        return node_group(out, topology)
+    limit = node_limit(topology, max_fraction)
     best = None
     for order, kind in enumerate(k for k in KINDS if k in topology.kinds()):
         gid = topology.group_ids(kind)

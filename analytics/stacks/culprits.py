@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rankscope.analytics.faultdomain import pp_neighbours
 from rankscope.analytics.stacks.clustering import Cluster
 from rankscope.analytics.stacks.snapshot import SnapshotAnalysis
 from rankscope.datasets.domain.topology import Topology
@@ -100,6 +101,7 @@ _WAITS_ON = {
 
 
 def _waits_on(c: Cluster) -> tuple[int, ...]:
+    """The neighbouring stages the innermost pipeline transfer among ``c``'s last frames waits on."""
     for key in reversed(c.signature[-8:]):  # innermost first
         hit = _WAITS_ON.get(key.split("@", 1)[0])
         if hit is not None:
@@ -108,27 +110,22 @@ def _waits_on(c: Cluster) -> tuple[int, ...]:
 
 
 def pipeline_ends(clusters: Sequence[Cluster], topology: Topology) -> tuple[int, ...]:
-    """Adjacent stages of one pipeline each blocked in a transfer that waits on the other (stage s on s+1, s+1
-    on s), among the trainer ``clusters`` (dominant or not: in a pipeline without replicas a stage's wait may be
-    the largest): both ends of a transfer that never completes; the stages before and after wait on them in a
-    chain. () without a pipeline in the ``topology``."""
+    """Ranks of adjacent stages of one pipeline each blocked in a transfer that waits on the other (a rank on its
+    next stage's, which waits on it), among the trainer ``clusters`` (dominant or not: in a pipeline without
+    replicas a stage's wait may be the largest): both ends of a transfer that never completes; the stages before
+    and after wait on them in a chain. () without a pipeline in the ``topology``."""
     if "pp" not in topology.kinds():
         return ()
-    gid, stage = topology.group_ids("pp"), topology.coords["pp"]
-    waits: dict[tuple[int, int], set[int]] = {}  # (pp group, stage) -> offsets its blocked ranks wait on
-    ranks: dict[tuple[int, int], list[int]] = {}
+    on_next = np.zeros(topology.world_size, dtype=bool)
+    on_prev = np.zeros(topology.world_size, dtype=bool)
     for c in clusters:
-        if c.role != "trainer" or c.state != "p2p" or not (offsets := _waits_on(c)):
-            continue
-        for r in c.ranks:
-            key = (int(gid[r]), int(stage[r]))
-            waits.setdefault(key, set()).update(offsets)
-            ranks.setdefault(key, []).append(r)
-    out: set[int] = set()
-    for (g, s), towards in waits.items():
-        if 1 in towards and -1 in waits.get((g, s + 1), ()):
-            out.update(ranks[(g, s)] + ranks[(g, s + 1)])
-    return tuple(sorted(out))
+        if c.role == "trainer" and c.state == "p2p" and (offsets := _waits_on(c)):
+            on_next[list(c.ranks)] |= 1 in offsets
+            on_prev[list(c.ranks)] |= -1 in offsets
+    after = pp_neighbours(topology)[:, 1]
+    first = np.flatnonzero(on_next & (after >= 0))
+    first = first[on_prev[after[first]]]
+    return tuple(int(r) for r in np.union1d(first, after[first]))
 
 
 def _send_direction(c: Cluster) -> int:

@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from rankscope.analytics.faultdomain import node_group, node_limit
 from rankscope.analytics.stacks.culprits import pipeline_ends
 from rankscope.analytics.stacks.duties import stuck_duty_words
 from rankscope.analytics.stacks.report import dominant_words
-from rankscope.analytics.verdict import Severity, SuspectGroup, Verdict, rank_ranges
+from rankscope.analytics.verdict import Severity, Verdict, rank_ranges
 
 if TYPE_CHECKING:
     from rankscope.analytics.stacks.hang import Hang
@@ -32,22 +31,19 @@ def pipeline_ends_verdict(h: Hang) -> Verdict | None:
         "other (one receives from the next stage, which receives from it): both ends of a transfer that never "
         "completed (a lost message, a broken link, or a schedule that deadlocks); the other stages wait behind them."
     )
-    topo = h.topology
-    idx = sorted({int(i) for i in topo.node_index[list(ends)]})
-    if len(idx) > max(1, int(h.cfg.max_cover_fraction * len(topo.node_names))):
+    group = node_group(ends, h.topology)
+    if len(group.nodes) > node_limit(h.topology, h.cfg.max_cover_fraction):
         h.reasons.append("They span too many of the job's nodes to isolate: nothing evicted; look at them first.")
         return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=ends, evidence=h.evidence(ends))
-    nodes = tuple(topo.node_names[i] for i in idx)
-    members = tuple(int(r) for r in topo.ranks[np.isin(topo.node_index, idx)])
-    group = SuspectGroup("node", tuple(idx), members, nodes)
+    nodes = group.nodes
     h.cover(group, "The culprits are")
     h.culprit_words(ends)
-    victims = [r for r in range(topo.world_size) if r not in set(ends) and a.state_of(r) in WAITS_ON_PEERS]
+    victims = [r for r in range(h.topology.world_size) if r not in set(ends) and a.state_of(r) in WAITS_ON_PEERS]
     if victims:
         h.reasons.append(f"Rank(s) {rank_ranges(victims)[:200]} wait behind them: named here, not evicted.")
     return h.verdict(
         Severity.HANG,
-        round(0.6 + 0.1 * (len(idx) == 1), 3),
+        round(0.6 + 0.1 * (len(nodes) == 1), 3),
         suspect_nodes=nodes,
         culprit_nodes=nodes,
         suspect_ranks=ends,
