@@ -24,15 +24,16 @@ from rankscope.datasets.readers.base import occurrence_rounds
 from rankscope.datasets.readers.identity import host_from_log_name
 from rankscope.datasets.readers.logprefix import TaskHosts, demux, prefix_kind
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
+from rankscope.datasets.readers.sniff import worker_tag
 from rankscope.datasets.readers.stackid import Found
 from rankscope.spine import InputError
 
-_HEADER = re.compile(
-    rb"(?m)^ {0,6}\S{1,260}?[:\]] ?(?:\d{4}-\d\d-\d\dT[\d:.]{8,20}(?:Z|[+-]\d\d:?\d\d) )?Process \d+: "
-)
+_RFC3339 = r"\d{4}-\d\d-\d\dT[\d:.]{8,20}(?:Z|[+-]\d\d:?\d\d) "
+"""The stamp ``kubectl logs --timestamps`` puts after its prefix."""
+_HEADER = re.compile(rb"(?m)^ {0,6}\S{1,260}?[:\]] ?(?:" + _RFC3339.encode() + rb")?Process \d+: ")
 """A py-spy process header behind a console prefix (``1: Process``, ``[pod/p/c] Process``, ``host: Process``), and
-behind the RFC 3339 stamp ``kubectl logs --timestamps`` puts after it."""
-_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]{8,20}(?:Z|[+-]\d\d:?\d\d) ")
+behind a kubectl stamp."""
+_STAMP = re.compile("^" + _RFC3339)
 
 
 class StreamDump(NamedTuple):
@@ -45,13 +46,10 @@ class StreamDump(NamedTuple):
     processes: tuple[ProcessDump, ...]
 
 
-_TORCHRUN = re.compile(r"^\[(rank|default)(\d{1,6})\]:")
-"""torchrun's per-worker prefix (``[rank3]:`` a global rank, ``[default3]:`` a local rank of the launcher)."""
-
-
 def _torchrun_console(head: bytes) -> bool:
+    """Most of a file's first lines carry torchrun's worker prefix (:func:`.sniff.worker_tag`)."""
     lines = [ln for ln in head.decode("utf-8", errors="replace").splitlines()[:400] if ln.strip()]
-    return len(lines) >= 4 and sum(_TORCHRUN.match(ln) is not None for ln in lines) >= 0.5 * len(lines)
+    return len(lines) >= 4 and sum(worker_tag(ln) is not None for ln in lines) >= 0.5 * len(lines)
 
 
 def console_found(abs_path: str, rel: str, head: bytes) -> list[Found]:
@@ -116,15 +114,23 @@ def _torchrun_streams(text: str, rel: str) -> list[tuple[int, str | None, str | 
     """(line number, ``"rank N"`` / ``"local_rank N"``, the file's machine, the line without its prefix)."""
     host = host_from_log_name(rel)
     out: list[tuple[int, str | None, str | None, str]] = []
+    spaced: dict[str, bool] = {}  # "[rank3]: Process ...": a space on every line of a worker is the prefix's
     for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw[:MAX_LINE_CHARS]
-        m = _TORCHRUN.match(line)
-        if m is None:
+        line, tags = raw[:MAX_LINE_CHARS], {}
+        while (tag := worker_tag(line)) is not None:  # [default0]:[rank0]: both, as torch may print them
+            tags[tag[0]] = tag[1]
+            line = line[tag[2] :]
+        if not tags:
             out.append((lineno, None, None, line))
             continue
-        key = f"{'rank' if m.group(1) == 'rank' else 'local_rank'} {int(m.group(2))}"
-        out.append((lineno, key, host, line[m.end() :]))
-    return out
+        kind = "rank" if "rank" in tags else "local_rank"
+        key = f"{kind} {tags[kind]}"
+        if line:
+            spaced[key] = spaced.get(key, True) and line[:1] == " "
+        out.append((lineno, key, host, line))
+    if not any(spaced.values()):
+        return out
+    return [(n, k, h, ln[1:] if k is not None and spaced.get(k) else ln) for n, k, h, ln in out]
 
 
 __all__ = ["StreamDump", "console_dumps", "console_found"]

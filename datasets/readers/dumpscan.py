@@ -110,7 +110,7 @@ def finish(
         shown = "; ".join(sc.skipped[:6]) + ("; ..." if len(sc.skipped) > 6 else "")
         notes.append(f"skipped {len(sc.skipped)} file(s) that are not evidence: {shown}")
     fr_ids = {abs_path: _file_identity(rel, manifests) for abs_path, rel in sc.fr}
-    read = [f for f in files if not f.path.endswith(PACKED)]  # compressed dumps stand for ranks, unread
+    read = any(not f.path.endswith(PACKED) for f in files)  # compressed dumps stand for ranks, unread
     if not (read or sc.fr or hook_fr or sc.metrics or sc.timings or sc.exits or steps or sc.logs or sc.elastic):
         lost = next((n for n in notes if n.startswith("ignored ") and NO_RANK in n), None)
         if lost:  # stack dumps were found: say why none is used, not that there were none

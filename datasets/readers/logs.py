@@ -31,7 +31,7 @@ from rankscope.datasets.domain.bounds import open_regular
 from rankscope.datasets.readers.identity import host_from_log_name, path_facts
 from rankscope.datasets.readers.logprefix import TaskHosts, demux, line_of, name_tasks, prefix_kind
 from rankscope.datasets.readers.logsteps import step_record
-from rankscope.datasets.readers.sniff import C10_LOG, GLOG, RAY, STAMP, WORKER_PREFIX
+from rankscope.datasets.readers.sniff import C10_LOG, GLOG, RAY, STAMP, worker_tag
 from rankscope.datasets.readers.torchelastic import SummaryParser, split_exception
 
 _PG = re.compile(
@@ -179,11 +179,10 @@ def _split(line: str) -> tuple[str, int | None, int | None, Stamp | None]:
     stamp: Stamp | None = None
     text = line
     for _ in range(5):
-        m = WORKER_PREFIX.match(text)
-        if m:
-            n = int(m.group("n"))
-            end = m.end()
-            if m.group("role").lower() == "rank":
+        tag = worker_tag(text)
+        if tag:
+            kind, n, end = tag
+            if kind == "rank":
                 rank = n
                 end += text[end : end + 1] == " "  # torch prints "[rank5]: " before a worker's traceback
             else:

@@ -33,6 +33,17 @@ HEAD_BYTES = 1 << 12
 
 # torchrun's worker prefixes: [rank<GLOBAL>]: and [<role><LOCAL>]: (role "default" unless --role), repeated
 WORKER_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_][A-Za-z0-9_-]*?)(?P<n>\d+)\]:")
+
+
+def worker_tag(text: str) -> tuple[str, int, int] | None:
+    """torchrun's worker prefix at the start of ``text``: (``"rank"`` for ``[rank5]:``, a global rank, or
+    ``"local_rank"`` for ``[<role>5]:``, a launcher's local rank; the number; where the prefix ends), else None."""
+    m = WORKER_PREFIX.match(text)
+    if m is None:
+        return None
+    return "rank" if m.group("role").lower() == "rank" else "local_rank", int(m.group("n")), m.end()
+
+
 # glog as torch's Python logging prints it ("W1201 15:30:21.521000 10673 torch/distributed/run.py:874] ")
 GLOG = re.compile(r"^(?P<lvl>[IWEF])(?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?) +\d+ +[^\]\s]+:\d+\] ?")
 # c10's C++ log prefix ("[E1201 04:51:27.502991676 ProcessGroupNCCL.cpp:632] ", older "[E ProcessGroupNCCL.cpp:574] ").

@@ -349,3 +349,13 @@ def test_a_compressed_rank_dump_stands_for_its_rank_as_a_capture_not_read(tmp_pa
         (tmp_path / f"rank{r}.txt.gz").write_bytes(gzip.compress(_text(probe_dir, r).encode()))
     with pytest.raises(InputError, match="unpack it first"):
         load_inputs(tmp_path, gpus_per_node=1)
+
+
+@pytest.mark.parametrize("prefix", ["[rank{r}]: ", "[default{r}]:[rank{r}]:", "[trainer{r}]:"])
+def test_torchrun_worker_prefixes_read_as_the_logs_read_them(tmp_path, probe_dir, prefix):
+    """torch's ``[rank3]: `` (a space before the line), both prefixes at once, and a launcher's ``--role``: the
+    worker prefixes as the log reader takes them (``[rank<N>]`` a global rank, any other role a local rank)."""
+    lines = [prefix.format(r=r) + ln for r in range(4) for ln in _text(probe_dir, r).splitlines()]
+    (tmp_path / "trn-s01.log").write_text("\n".join(lines) + "\n")
+    _, v = _verdict(tmp_path, gpus_per_node=4)
+    assert v.verdict.value == "hang" and v.culprit_ranks == (3,) and v.culprit_nodes == ("trn-s01",), v.explain()
