@@ -371,10 +371,12 @@ def main(argv: list[str] | None = None) -> None:
             n: [[r["rankscope_work_to_floor"], r["torchfrtrace_work_to_floor"]] for r in rs]
             for n, rs in by_ranks.items()
         },
+        "speedup_ceiling_by_ranks": {n: [r["torchfrtrace_work_to_floor"] for r in rs] for n, rs in by_ranks.items()},
         "note": "speedup_wall: whole processes (interpreter + imports: torch for torchfrtrace); speedup_work: "
         "time after imports (load + analysis). A timed-out torchfrtrace has speedup '>x'. "
         "work_to_unpickle_floor: [rankscope, torchfrtrace] work time over the time to read and unpickle the "
-        "dumps alone; speedup_work can be at most torchfrtrace's figure.",
+        "dumps alone; speedup_work can be at most torchfrtrace's figure, which is speedup_ceiling: the most any "
+        "analyzer that reads the dumps can reach (it grows with ranks and shrinks with deeper ring buffers, --steps).",
     }
     print(
         json.dumps(
