@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
 
 from rankscope.analytics.collectives.captures import Progress
 from rankscope.analytics.collectives.groups import GroupInfo, GroupKey
@@ -64,12 +66,11 @@ def p99(xs: list[float]) -> float | None:
 def newest_stamp(d: FRDump, last: int = 16) -> int:
     """The newest timestamp among a dump's ``last`` entries (0 when none has one): a lower bound on when it
     was taken (entries are in record order: the newest stamps are at the end)."""
-    best = 0
-    for e in d.entries[-last:]:
-        for t in (e.time_created_ns, e.time_discovered_started_ns, e.time_discovered_completed_ns):
-            if t and t > best:
-                best = t
-    return best
+    return max(chain(_ZERO, filter(None, chain.from_iterable(map(_STAMPS, d.entries[-last:])))))
+
+
+_STAMPS = attrgetter("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
+_ZERO = (0,)  # (None, 0 and negative stamps count for nothing)
 
 
 @dataclass(frozen=True)

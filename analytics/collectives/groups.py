@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -57,6 +58,9 @@ class GroupInfo:
         return f"pg {self.name}" + (f" ({self.desc})" if self.desc and self.desc != "undefined" else "")
 
 
+_PG_NAME = attrgetter("pg_name")  # (mapped in C over every entry of every rank)
+
+
 def group_keys(dumps: Sequence[FRDump]) -> tuple[dict[int, dict[str, GroupKey]], dict[GroupKey, tuple[int, ...]]]:
     """Per rank, its pg name -> group key; and each key's members where a pg_config gave them.
 
@@ -81,7 +85,7 @@ def group_keys(dumps: Sequence[FRDump]) -> tuple[dict[int, dict[str, GroupKey]],
                 known[(n, id(ranks))] = key
                 members.setdefault(key, ranks)
             keys[n] = key
-        for n in (*d.pg_status, *{e.pg_name for e in d.entries}):  # groups no pg_config lists: by name
+        for n in (*d.pg_status, *set(map(_PG_NAME, d.entries))):  # groups no pg_config lists: by name
             if n not in keys:
                 keys[n] = n
         out[d.rank] = keys
