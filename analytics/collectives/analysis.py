@@ -23,6 +23,7 @@ from rankscope.analytics.collectives.slow import lateness, mismatches, slow_rank
 from rankscope.analytics.collectives.tables import build_tables, dedupe, world_from
 from rankscope.analytics.collectives.waits import group_stalls, wait_graph
 from rankscope.analytics.faultdomain import node_lookup
+from rankscope.analytics.verdict import rank_ranges
 from rankscope.config import CollectivesConfig
 from rankscope.datasets.domain.flight_recorder import FRDump
 from rankscope.datasets.domain.topology import Topology
@@ -83,7 +84,7 @@ def _facts(
     def node(r: int) -> tuple[str, ...]:
         return (topology.node_of(r),) if topology is not None and r < topology.world_size else ()
 
-    notes = [n for d in unique for n in d.notes][:5] + clock.notes
+    notes = _dump_notes(unique) + clock.notes
     if dropped:
         notes.append(f"{len(dropped)} rank(s) had two dumps; one kept each ({'; '.join(dropped[:3])}).")
     f = CollectiveFacts(
@@ -123,3 +124,21 @@ def _unrecorded_p2p_neighbors(
         return tuple(m for m in topo.group_of("pp", r).ranks if abs(int(stage[m]) - int(stage[r])) == 1)
 
     return neighbors
+
+
+def _dump_notes(dumps: Sequence[FRDump], most: int = 5) -> list[str]:
+    """The readers' notes on the dumps, each said once with the ranks it holds for ("rank 3: pg_status of pg_id
+    0 ignored ..." on every rank of a wrapped buffer is one note, not one per rank)."""
+    by_text: dict[str, list[int]] = {}
+    loose: list[str] = []
+    for d in dumps:
+        for n in d.notes:
+            head, sep, text = n.partition(": ")
+            if sep and head == f"rank {d.rank}":
+                by_text.setdefault(text, []).append(d.rank)
+            else:
+                loose.append(n)
+    said = [
+        f"rank(s) {rank_ranges(rs)}: {text}" if len(rs) > 1 else f"rank {rs[0]}: {text}" for text, rs in by_text.items()
+    ]
+    return (said + loose)[:most]

@@ -18,6 +18,12 @@ alone cannot tell a hang from a healthy job. What can is time:
   cadence. A lower-bound clock can prove an op overdue, never young.
 - An op is **young** (a running job) when an explicit clock puts it under ``max(3 x ref, 1 s)``;
   between the two it is *aging* (longer than usual, not yet overdue); without a clock, *unknown*.
+- NCCL's recorder stamps ``time_discovered_*`` only when it retires an entry or dumps (``update_state`` runs in
+  ``retire_id`` and ``dump_entries``): an entry the dump holds unretired yet discovered started or completed was
+  discovered *by that dump*. Those stamps, when they agree (one pass) and are the newest in the dump, bound the
+  capture time from above too (:func:`dump_pass`), and so can prove a wait young (never overdue: that stays with
+  the lower bound). A rank whose dump has no such entry (every op in flight still queued) takes the latest pass
+  of the same capture, when the passes of all ranks agree within :data:`CAPTURE_SPREAD_NS`.
 """
 
 from __future__ import annotations
@@ -43,6 +49,11 @@ tells healthy from inconclusive (it never names a machine), so it is not a setti
 
 _SKEW_NS = 1_000_000_000
 """An explicit dump time this far before the dump's own newest stamp is not believed (wrong clock)."""
+PASS_NS = 1_000_000_000
+"""The stamps one ``dump_entries`` pass gives (it queries each entry's events in turn) lie within this."""
+CAPTURE_SPREAD_NS = 30_000_000_000
+"""Dumps of one capture (every rank asked at once) are taken within this of each other; passes further apart are
+separate captures, and a rank without a pass of its own borrows none."""
 
 
 SAMPLE_RANKS, SAMPLE_OPS = 16, 256
@@ -69,6 +80,28 @@ def newest_stamp(d: FRDump, last: int = 16) -> int:
     return max(chain(_ZERO, filter(None, chain.from_iterable(map(_STAMPS, d.entries[-last:])))))
 
 
+def dump_pass(d: FRDump, last: int = 64) -> int | None:
+    """When this dump was taken, from above: the discovery stamps of its unretired entries (NCCL stamps them in the
+    dump's own pass; retiring stamps and marks them retired), when they agree within :data:`PASS_NS` and none of
+    the dump's stamps is newer; else None (no such entry, gloo, or stamps another recorder wrote)."""
+    tail = d.entries[-last:]
+    found = [
+        t
+        for e in tail
+        if not e.retired and e.state in _DISCOVERED
+        for t in (e.time_discovered_started_ns, e.time_discovered_completed_ns)
+        if t
+    ]
+    if not found:
+        return None
+    hi, lo = max(found), min(found)
+    newest = max(chain(_ZERO, filter(None, chain.from_iterable(map(_STAMPS, tail)))))
+    if hi - lo > PASS_NS or newest > hi:
+        return None
+    return hi
+
+
+_DISCOVERED = ("started", "completed")
 _STAMPS = attrgetter("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
 _ZERO = (0,)  # (None, 0 and negative stamps count for nothing)
 
@@ -81,11 +114,12 @@ class Timing:
     age_s: float | None
     overdue_s: float | None  # the threshold it is measured against (None: nothing to measure it by)
     explicit: bool  # measured against an explicit capture time (else a lower bound)
+    at_most: bool = False  # age_s is an upper bound (the dump's own pass, :func:`dump_pass`)
 
     def words(self) -> str:
         if self.age_s is None:
             return "for an unknown time"
-        bound = "" if self.explicit else "at least "
+        bound = "" if self.explicit else "at most " if self.at_most else "at least "
         limit = f" (overdue after {self.overdue_s:.3g} s)" if self.overdue_s is not None else ""
         return f"for {bound}{self.age_s:.3g} s{limit}"
 
@@ -127,11 +161,30 @@ class Clock:
                 f"the recorded dump time of rank(s) {', '.join(map(str, bad[:8]))} is older than entries inside "
                 "the dump: not used as a clock"
             )
+        self.upper = {} if cfg.dumped_on_timeout else self._upper_bounds(by_rank)
+        """rank -> a capture time it was taken no later than (:func:`dump_pass`): what can prove a wait young."""
         self._ref: dict[str, float | None] = {}
         self._job_ref: tuple[float] | None = None
         self._t = t
         self.explicit = bool(self.now) and all(ex for _, ex in self.now.values())
         self.progress: Progress | None = None  # set when an earlier capture exists
+
+    def _upper_bounds(self, by_rank: Mapping[int, FRDump]) -> dict[int, int]:
+        """Each rank's :func:`dump_pass` bound; ranks without one take the latest, when every pass is of one
+        capture (within :data:`CAPTURE_SPREAD_NS`) and their own stamps are not newer."""
+        if self.explicit_all(by_rank):
+            return {}
+        own = {r: b for r, d in by_rank.items() if (b := dump_pass(d)) is not None}
+        if not own or max(own.values()) - min(own.values()) > CAPTURE_SPREAD_NS:
+            return own
+        latest = max(own.values())
+        for r in by_rank:
+            if r not in own and self.last_active.get(r, 0) <= latest:
+                own[r] = latest
+        return own
+
+    def explicit_all(self, by_rank: Mapping[int, FRDump]) -> bool:
+        return all(self.now.get(r, (0, False))[1] for r in by_rank)
 
     def _watchdog_clock(self, by_rank: Mapping[int, FRDump]) -> None:
         """Dumps written on a timeout: each was taken no earlier than the first op in flight could time out."""
@@ -238,9 +291,12 @@ class Clock:
         age = max(0.0, (ns - t0) / 1e9, since or 0.0)
         if overdue is not None and age >= overdue:
             return Timing(OVERDUE, age, overdue, explicit)
-        if not explicit:
-            return Timing(UNKNOWN, age, overdue, False)
         young = max(YOUNG_FACTOR * (ref or 0.0), YOUNG_FLOOR_S)
         if overdue is not None:
             young = min(young, overdue)
+        if not explicit:
+            upper = self.upper.get(r)
+            if upper is not None and since is None and (upper - t0) / 1e9 <= young:
+                return Timing(YOUNG, max(0.0, (upper - t0) / 1e9), overdue, False, at_most=True)
+            return Timing(UNKNOWN, age, overdue, False)
         return Timing(YOUNG if age <= young else AGING, age, overdue, True)

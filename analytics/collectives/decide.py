@@ -354,8 +354,14 @@ def quiet(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> C
     states = Counter(w.timing.state for w in waits)
     if states.keys() == {YOUNG}:
         oldest = max(waits, key=lambda w: w.timing.age_s or 0.0)
+        against = (
+            "the recorded capture time"
+            if all(w.timing.explicit for w in waits)
+            else "the capture time the dumps' own stamps bound (NCCL stamps the entries it finds started or "
+            "completed, not yet retired, while it dumps)"
+        )
         reasons.append(
-            f"All {len(waits)} op(s) in flight are young against the recorded capture time (the oldest: "
+            f"All {len(waits)} op(s) in flight are young against {against} (the oldest: "
             f"{wait_words(f, oldest)}): a running job."
         )
         return _running(f, reasons, evidence, 0.7)

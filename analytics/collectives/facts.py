@@ -62,6 +62,7 @@ class CollectiveFacts:
             "n_waits": len(waits),
             **{k: states.get(k, 0) for k in (OVERDUE, AGING, YOUNG, UNKNOWN)},
             "oldest_wait_seconds": round(max(ages), 3) if ages else None,
+            "dump_pass_ranks": len(self.clock.upper),  # ranks whose capture time NCCL's own stamps bound
         }
 
     def common(self) -> dict[str, Any]:

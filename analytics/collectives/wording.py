@@ -20,7 +20,8 @@ def pg_words(name: str, desc: str, kind: str) -> str:
 def wait_words(f: CollectiveFacts, w: Wait) -> str:
     info = f.groups[w.group]
     e = w.entry
-    what = f"{e.op} to/from rank(s) {rank_ranges(w.waited_for)}" if e.is_p2p else f"#{e.collective_seq_id} ({e.op})"
+    peers = f"rank(s) {rank_ranges(w.waited_for)}" if w.waited_for else "its peer (none waited for)"
+    what = f"{e.op} to/from {peers}" if e.is_p2p else f"#{e.collective_seq_id} ({e.op})"
     ref = f.clock.ref(w.group)
     usual = f"; normal in this group: {ref:.3g} s (p99 op latency or gap between ops)" if ref is not None else ""
     return f"rank {w.rank} has waited in {pg_words(info.name, info.desc, info.kind)} {what} {w.timing.words()}{usual}"

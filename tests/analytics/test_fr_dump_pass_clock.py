@@ -1,0 +1,73 @@
+"""NCCL's recorder stamps ``time_discovered_*`` when it retires an entry or dumps (``update_state`` in ``retire_id``
+and ``dump_entries``): an unretired entry found started or completed carries the time of the dump itself. These
+dumps were built by an outside tester from PyTorch's format, with that rule applied to them (an on-demand capture
+of a running job; two jobs dumped by the watchdog on its 600 s timeout), ring buffers cut to their last 48 entries.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from rankscope.analytics import diagnose
+from rankscope.analytics.collectives.clock import dump_pass
+from rankscope.datasets.loading.inputs import load_inputs
+from rankscope.datasets.readers.flight_recorder import read_fr_dir
+
+OUTSIDE = Path(__file__).resolve().parents[1] / "data" / "outside"
+
+
+def _unpacked(name: str, tmp_path: Path) -> Path:
+    with tarfile.open(OUTSIDE / name) as tar:
+        tar.extractall(tmp_path, filter="data")
+    (case,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    return case / "dumps"
+
+
+@pytest.mark.parametrize("layout", ["tp=4,pp=2,dp=4", None])
+def test_an_on_demand_capture_of_a_running_job_is_healthy(tmp_path: Path, layout: str | None) -> None:
+    """Every rank has ops in flight, a few ms old against the time the dump stamped: a running job. It was
+    `inconclusive` ("the dumps carry no capture time"), which the dev scorer counts as a miss for a clean job."""
+    v = diagnose(load_inputs(_unpacked("fr-nccl-ondemand-healthy-tp4pp2dp4.tar.xz", tmp_path), layout=layout))
+    assert v.verdict.value == "healthy" and not v.suspect_nodes and not v.culprit_ranks, v.explain()
+    assert any("dumps' own stamps bound" in r for r in v.reasons), v.reasons
+
+
+@pytest.mark.parametrize(
+    ("case", "layout", "culprit", "node"),
+    [
+        ("fr-nccl-timeout-compute-hang-tp8pp4dp2.tar.xz", "tp=8,pp=4,dp=2", 21, "node-2"),
+        ("fr-nccl-timeout-pipeline-send-tp4pp4dp4.tar.xz", "tp=4,pp=4,dp=4", 37, "node-4"),
+    ],
+)
+def test_watchdog_dumps_of_a_hang_name_the_rank_the_waits_end_at(
+    tmp_path: Path, case: str, layout: str, culprit: int, node: str
+) -> None:
+    """The peers' ops were found started by the dump, 600 s after they were created: overdue without any flag."""
+    v = diagnose(load_inputs(_unpacked(case, tmp_path), layout=layout, gpus_per_node=8))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (culprit,), v.explain()
+    assert v.suspect_nodes == (node,), v.explain()
+
+
+def test_the_pass_is_the_agreeing_newest_stamps_of_unretired_entries(tmp_path: Path) -> None:
+    dumps = read_fr_dir(_unpacked("fr-nccl-ondemand-healthy-tp4pp2dp4.tar.xz", tmp_path))
+    d = next(x for x in dumps if dump_pass(x) is not None)
+    at = dump_pass(d)
+    assert at == max(t for e in d.entries for t in (e.time_discovered_started_ns, e.time_discovered_completed_ns) if t)
+    i = next(i for i, e in enumerate(d.entries) if not e.retired and e.state in ("started", "completed"))
+    e = d.entries[i]
+
+    def with_entry(x):
+        return type(d)(**{**vars(d), "entries": (*d.entries[:i], x, *d.entries[i + 1 :])})
+
+    # one entry found 5 s before the others: not one pass (stamps another recorder, or an earlier dump, wrote)
+    early = e._replace(time_discovered_started_ns=at - 5_000_000_000, time_discovered_completed_ns=None)
+    assert dump_pass(with_entry(early)) is None
+    # an entry created after the "pass": the stamps are not the dump's time
+    late = d.entries[-1]._replace(time_created_ns=at + 2_000_000_000)
+    assert dump_pass(type(d)(**{**vars(d), "entries": (*d.entries[:-1], late)})) is None
+    # retired entries are stamped when retired: never a pass
+    retired = type(d)(**{**vars(d), "entries": tuple(x._replace(retired=True) for x in d.entries)})
+    assert dump_pass(retired) is None
