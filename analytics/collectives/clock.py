@@ -82,9 +82,12 @@ def newest_stamp(d: FRDump, last: int = 16) -> int:
 
 def dump_pass(d: FRDump, last: int = 64) -> int | None:
     """When this dump was taken, from above: the discovery stamps of its unretired entries (NCCL stamps them in the
-    dump's own pass; retiring stamps and marks them retired), when they agree within :data:`PASS_NS` and none of
-    the dump's stamps is newer; else None (no such entry, gloo, or stamps another recorder wrote)."""
+    dump's own pass; retiring stamps and marks them retired), when they agree within :data:`PASS_NS`, none of the
+    dump's stamps is newer and its retired entries show the lazy stamping (:func:`_lazy_stamps`); else None (no
+    such entry, gloo, or stamps another recorder wrote)."""
     tail = d.entries[-last:]
+    if not _lazy_stamps(tail):
+        return None
     found = [
         t
         for e in tail
@@ -101,6 +104,21 @@ def dump_pass(d: FRDump, last: int = 64) -> int | None:
     return hi
 
 
+def _lazy_stamps(tail: tuple[FREntry, ...]) -> bool:
+    """Whether this recorder stamps discoveries as PyTorch's does, lazily: retiring an entry stamps its start and
+    its completion in one ``update_state`` call, microseconds apart. A recorder whose retired entries show the two
+    stamps apart (as when each is stamped as it happens) has its unretired stamps at the start too, not at the
+    dump; so has one in ten of them (a start an earlier dump stamped is the odd one)."""
+    pairs = [
+        (e.time_discovered_started_ns, e.time_discovered_completed_ns)
+        for e in tail
+        if e.retired and e.time_discovered_started_ns and e.time_discovered_completed_ns
+    ]
+    apart = sum(1 for t0, t1 in pairs if abs(t1 - t0) > _ONE_CALL_NS)
+    return apart * 10 <= len(pairs)
+
+
+_ONE_CALL_NS = 1_000_000  # one update_state call stamps both within this
 _DISCOVERED = ("started", "completed")
 _STAMPS = attrgetter("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
 _ZERO = (0,)  # (None, 0 and negative stamps count for nothing)

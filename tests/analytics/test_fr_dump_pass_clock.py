@@ -6,6 +6,7 @@ of a running job; two jobs dumped by the watchdog on its 600 s timeout), ring bu
 
 from __future__ import annotations
 
+import pickle
 import tarfile
 from pathlib import Path
 
@@ -71,3 +72,31 @@ def test_the_pass_is_the_agreeing_newest_stamps_of_unretired_entries(tmp_path: P
     # retired entries are stamped when retired: never a pass
     retired = type(d)(**{**vars(d), "entries": tuple(x._replace(retired=True) for x in d.entries)})
     assert dump_pass(retired) is None
+    # a recorder that stamps each start as it happens (retired entries' start and completion apart): no pass
+    eager = tuple(
+        x._replace(time_discovered_started_ns=x.time_discovered_completed_ns - 40_000_000)
+        if x.retired and x.time_discovered_completed_ns
+        else x
+        for x in d.entries
+    )
+    assert dump_pass(type(d)(**{**vars(d), "entries": eager})) is None
+
+
+def test_a_hang_recorded_by_a_recorder_that_stamps_starts_as_they_happen_is_never_healthy(tmp_path: Path) -> None:
+    """Two outside testers wrote hung dumps whose stuck ops were stamped started when they started (PyTorch stamps
+    them when it dumps). Their unretired stamps then read as the dump's time and the waits as young: such dumps
+    must stay `inconclusive`, never `healthy`. Their retired entries give the recorder away."""
+    src = _unpacked("fr-nccl-timeout-compute-hang-tp8pp4dp2.tar.xz", tmp_path)
+    out = tmp_path / "eager"
+    out.mkdir()
+    for f in src.iterdir():
+        raw = pickle.loads(f.read_bytes())
+        seen = max(t for e in raw["entries"] for t in (e["time_created_ns"], e["time_discovered_completed_ns"]) if t)
+        for e in raw["entries"]:
+            if e["retired"] and e["time_discovered_completed_ns"]:
+                e["time_discovered_started_ns"] = e["time_discovered_completed_ns"] - 40_000_000
+            elif e["state"] == "started":  # its kernel began after all else the dump saw
+                e["time_discovered_started_ns"] = seen + 200_000
+        (out / f.name).write_bytes(pickle.dumps(raw, protocol=4))
+    v = diagnose(load_inputs(out, layout="tp=8,pp=4,dp=2", gpus_per_node=8))
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
