@@ -21,6 +21,7 @@ from typing import Any
 
 from rankscope.analytics.collectives.clock import AGING, OVERDUE, YOUNG
 from rankscope.analytics.collectives.facts import CollectiveFacts
+from rankscope.analytics.collectives.groups import GroupInfo
 from rankscope.analytics.collectives.result import CollectiveAnalysis, GroupStall
 from rankscope.analytics.collectives.waits import P2PWait, Wait, unrecorded_p2p_victims
 from rankscope.analytics.collectives.wording import culprit_words, pg_words, wait_words
@@ -157,11 +158,21 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
         return _inconclusive(f, reasons, evidence, 0.3)
     cset = set(culprits)
     p2p = [(g, r, peer, op) for g, r, peer, op in f.graph.p2p_waits if peer in cset]
-    stop, stopped = _stopped(f, cset, p2p, culprits, reasons)
+    inside = _inside_one(f, culprits) if strong else None
+    if inside is not None:
+        stopped = dict(stopped_pg=inside.name, stopped_kind=inside.kind, stopped_members=inside.ranks)
+        stop, stopped["stopped_index"] = None, inside.index
+    else:
+        stop, stopped = _stopped(f, cset, p2p, culprits, reasons)
     n_waiting = len(f.graph.waits)
     reasons.append(
         f"{n_waiting} rank(s) wait in unfinished ops ({len(overdue)} overdue); following who waits for whom "
         f"ends at rank(s) {rank_ranges(culprits)[:200]}, which wait for nobody: the culprit(s)."
+        if inside is None
+        else f"{n_waiting} rank(s) wait in unfinished ops ({len(overdue)} overdue); following who waits for whom "
+        f"ends inside {pg_words(inside.name, inside.desc, inside.kind)}: all {len(culprits)} of its members entered "
+        f"{f.graph.waits[culprits[0]][0].entry.profiling_name or 'one collective'} and none finished it, so the "
+        "fault is inside it (network, NVLink/NIC or GPU of its ranks), not a rank that failed to join."
     )
     for r in culprits[:50]:
         evidence.append(Evidence("flight_recorder", *culprit_words(f, r, p2p), (r,), f.node(r), 1.0 if strong else 0.5))
@@ -188,6 +199,23 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
         **stopped,
         **f.common(),
     )
+
+
+def _inside_one(f: CollectiveFacts, culprits: Sequence[int]) -> GroupInfo | None:
+    """The group whose every member is a culprit waiting in the same collective of it, blocked
+    by nobody: they all entered it and it never completed; else None."""
+    first = f.graph.waits.get(culprits[0]) if len(culprits) > 1 else None
+    if not first:
+        return None
+    w0 = first[0]
+    if w0.entry.is_p2p or tuple(sorted(culprits)) != tuple(sorted(f.groups[w0.group].ranks)):
+        return None
+    key = (w0.group, w0.entry.collective_seq_id)
+
+    def entered(r: int) -> bool:  # waits in that collective, for nobody: every member started it
+        return any((w.group, w.entry.collective_seq_id) == key and not w.waited_for for w in f.graph.waits.get(r, ()))
+
+    return f.groups[w0.group] if all(map(entered, culprits)) else None
 
 
 MAX_CULPRIT_NODE_FRACTION = 0.25

@@ -52,6 +52,18 @@ def test_watchdog_dumps_of_a_hang_name_the_rank_the_waits_end_at(
     assert v.suspect_nodes == (node,), v.explain()
 
 
+def test_a_tp_group_stuck_inside_its_collective_is_said_so(tmp_path: Path) -> None:
+    """All 8 members of one TP group (one node) started an all_gather that never completed; the job backs up
+    behind them. The reasons said the chain ends at ranks "which wait for nobody", and where the wavefront stops
+    was a downstream DP group one of them had not reached."""
+    dumps = _unpacked("fr-nccl-timeout-tp-group-stuck-inside-tp8pp4dp2.tar.xz", tmp_path)
+    v = diagnose(load_inputs(dumps, layout="tp=8,pp=4,dp=2", gpus_per_node=8))
+    assert v.verdict.value == "hang" and v.culprit_ranks == tuple(range(24, 32)), v.explain()
+    assert v.suspect_nodes == ("node-3",), v.explain()
+    assert any("ends inside pg 70 TENSOR_MODEL_PARALLEL_GROUP" in r and "none finished it" in r for r in v.reasons)
+    assert not any("wavefront stops" in r for r in v.reasons), v.reasons
+
+
 def test_the_pass_is_the_agreeing_newest_stamps_of_unretired_entries(tmp_path: Path) -> None:
     dumps = read_fr_dir(_unpacked("fr-nccl-ondemand-healthy-tp4pp2dp4.tar.xz", tmp_path))
     d = next(x for x in dumps if dump_pass(x) is not None)
