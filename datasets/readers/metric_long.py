@@ -63,9 +63,9 @@ def long_chunks(path: Path, node_label: str | None) -> Iterator[pa.Table]:
         if low.endswith((".parquet", ".pq")):
             yield from _parquet_chunks(path, node_label, scale)
             return
-        import polars as pl
+        from rankscope.datasets.readers.tables import read_csv_typed
 
-        table = pl.read_csv(path, infer_schema_length=10000).to_arrow()
+        table = read_csv_typed(path).to_arrow()
     except ParseError:
         raise
     except Exception as exc:

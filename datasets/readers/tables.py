@@ -56,12 +56,27 @@ def find_timing_files(directory: str | os.PathLike[str]) -> list[Path]:
     return _find(directory, "timings")
 
 
+MEASURED = ("value", "duration_s", "start_s")
+"""Columns that hold measurements: floats, though a file's first thousands of rows may all be whole numbers (a
+long-form metrics file written metric by metric: utilisation and clocks, then power)."""
+
+
+def read_csv_typed(path: Path, **kwargs: Any) -> pl.DataFrame:
+    """A CSV with :data:`MEASURED` columns read as floats and the others' types guessed from the first 10,000 rows,
+    else, when a later row does not fit the guess (whole numbers, then text), from every row."""
+    floats = dict.fromkeys(MEASURED, pl.Float64)
+    try:
+        return pl.read_csv(path, infer_schema_length=10000, schema_overrides=floats, **kwargs)
+    except pl.exceptions.ComputeError:
+        return pl.read_csv(path, infer_schema_length=None, schema_overrides=floats, **kwargs)
+
+
 def _load(path: Path) -> pl.DataFrame:
     check_regular(path)  # never hand a FIFO, a device or an oversized file to polars
     try:
         if path.name.lower().endswith((".parquet", ".pq")):
             return pl.read_parquet(path)
-        return pl.read_csv(path, infer_schema_length=10000, try_parse_dates=True)
+        return read_csv_typed(path, try_parse_dates=True)
     except (pl.exceptions.PolarsError, OSError, ValueError, pl.exceptions.PanicException) as exc:  # a panic too
         why = " ".join(str(exc).split())[:200]
         raise ParseError(path, f"unreadable {'Parquet' if 'parquet' in path.suffix else 'CSV'} ({why})") from None

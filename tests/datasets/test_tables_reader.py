@@ -99,3 +99,13 @@ def test_bad_timing_files(tmp_path):
 def test_no_files_gives_empty_frames():
     assert read_metrics([]).height == 0
     assert read_timings([]).height == 0
+
+
+def test_timings_with_whole_seconds_first_read_on(tmp_path):
+    """`duration_s` whole for the first 10,000 rows, fractional after: read, not refused."""
+    rows = ["rank,step,op,duration_s"] + [f"{i % 8},{i // 8},fwd,{1 + i % 2}" for i in range(12_000)]
+    rows += [f"{i % 8},{1500 + i // 8},fwd,1.25" for i in range(80)]
+    (tmp_path / "timings.csv").write_text("\n".join(rows) + "\n")
+    df = read_timings([tmp_path / "timings.csv"])
+    assert df.height == 12_080 and df["duration_s"].dtype == pl.Float64 and df["duration_s"].max() == 2.0
+
