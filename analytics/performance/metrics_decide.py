@@ -225,7 +225,26 @@ def decide_peer_change(cube: MetricCube, cfg: PerfConfig, notes: list[str], *, d
         f"{det.false_alarms_per_1000_machine_hours:g} false machine per 1,000 machine-hours; best score "
         f"{float(scores[best]):.1f} on {cube.machines[best]})"
     )
-    return job.out("healthy", [why], 0.8)
+    return job.out("healthy", [why, *_small_changes(det, cube)], 0.8)
+
+
+def _small_changes(det: Any, cube: MetricCube) -> list[str]:
+    """Machines whose raw score passed the threshold on a change too small or too shared to name anyone: said,
+    not hidden behind the capped score (the margin the effect floor, not the calibration, kept)."""
+    raw = getattr(det, "test_scores_", None)
+    if raw is None or not raw.size:
+        return []
+    top = np.where(np.isfinite(raw), raw, -np.inf).max(axis=1)
+    over = np.flatnonzero(top > det.threshold_)
+    if not over.size:
+        return []
+    worst = int(over[np.argmax(top[over])])
+    return [
+        f"{over.size} machine(s) passed the threshold on changes smaller than {det.min_effect:g} peer MADs or "
+        f"{det.min_relative_effect:.0%} of the metric's level, or shared by {det.max_shared_fraction:.0%} of the "
+        f"machines or more, which never name a machine (largest raw score {float(top[worst]):.1f} on "
+        f"{cube.machines[worst]})"
+    ]
 
 
 def decide_alerts(cube: MetricCube, cfg: PerfConfig, notes: list[str]) -> MetricFindings:

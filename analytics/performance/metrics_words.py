@@ -71,9 +71,11 @@ def sentence(machine: str, ev: dict[str, Any], window_s: float) -> str:
     """One change as the verdict says it: metric, GPU, reference, direction, size, onset, persistence, score."""
     feat = ev["feature"]
     where = f" on GPU {ev['gpu']}" if ev.get("gpu") is not None else ""
+    flat = ev["effect_peer_mads"] >= _FLAT  # the reference's spread was nil (a flag, a count): no multiple of it
+    score = "far" if flat or abs(ev["score"]) >= _FLAT else f"score {_score(ev['score'])}"
     held = (
-        f"held in {ev['quorum']:.0%} of the following {window_s:.0f} s; calibrated score {_score(ev['score'])} "
-        f"over threshold {_score(ev['threshold'])}"
+        f"held in {ev['quorum']:.0%} of the following {window_s:.0f} s; {score} over the calibrated threshold "
+        f"{_score(ev['threshold'])}"
     )
     xid = _xid(ev)
     if xid is not None:
@@ -81,11 +83,26 @@ def sentence(machine: str, ev: dict[str, Any], window_s: float) -> str:
     sib = ev["reference"] == "siblings"
     ref = "the machine's other GPUs" if sib else "its peers"
     verb = "rose" if ev["direction"] == "up" else "fell"
-    return (
-        f"{machine}: {feat}{where} {verb} relative to {ref} by {ev['effect_peer_mads']:.1f} "
-        f"{'sibling' if sib else 'peer'} MADs ({fmt(abs(ev['effect_units']))} {unit_of(feat, ev.get('kind'))}) from "
-        f"{iso(ev['onset_s'])}, against its own earlier relation to them, and {held}"
+    unit = unit_of(feat, ev.get("kind"))
+    size = (
+        (
+            "(a slowdown bit set) while theirs stayed clear"
+            if unit.startswith("(slowdown")
+            else f"by {fmt(abs(ev['effect_units']))} {unit} while they held steady"
+        )
+        if flat
+        else f"by {ev['effect_peer_mads']:.1f} {'sibling' if sib else 'peer'} MADs ({fmt(abs(ev['effect_units']))} "
+        f"{unit_of(feat, ev.get('kind'))})"
     )
+    return (
+        f"{machine}: {feat}{where} {verb} relative to {ref} {size} from {iso(ev['onset_s'])}, against its own "
+        f"earlier relation to them, and {held}"
+    )
+
+
+_FLAT = 1e4
+"""A change this many MADs of its reference (or a score this large) means the reference did not vary at all
+(MAD floored): the multiple says nothing, so it is not printed."""
 
 
 def waiting(cube: MetricCube, onset_s: float | None, exclude: set[int]) -> list[str]:

@@ -145,7 +145,9 @@ def test_xid_metric_is_worded_as_the_xid_not_as_a_size() -> None:
         "threshold": 12.8,
     }
     words = sentence("gpu-07", ev, 600.0)
-    assert "new Xid error" in words and "last Xid code" in words and "on GPU 3" in words and "5.7e+12" in words
+    assert "new Xid error" in words and "last Xid code" in words and "on GPU 3" in words
+    assert "far over the calibrated threshold 12.8" in words and "e+12" not in words  # a nil spread: no multiple
     assert "79" not in words  # the change against peers is no Xid code (a GPU holding Xid 31 then 79 rose by 48)
     flag = sentence("gpu-07", {**ev, "feature": "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "effect_units": 1.0}, 600.0)
-    assert "slowdown flag" in flag and "MHz" not in flag
+    assert "slowdown bit set" in flag and "while theirs stayed clear" in flag and "MHz" not in flag
+    assert "MADs" not in flag  # "by 1000000000.0 peer MADs" said nothing
