@@ -199,6 +199,9 @@ def _window_median(x: np.ndarray, n: int, starts: np.ndarray) -> np.ndarray:
     return np.asarray(w[..., n // 2])
 
 
+_HOLD = 4  # blocks an onset's move must hold in (all but one)
+
+
 def _best(
     sign: float,
     eff: np.ndarray,
@@ -215,11 +218,15 @@ def _best(
     e = eff[rows, best]
     fin = np.isfinite(st)
     kb = cand[best]
-    # the onset: the first block, from a window before the best one, that moved at least half the effect
+    # the onset: the first block, from a window before the best one, that moved at least half the effect and
+    # stayed moved (3 of it and the next 3 blocks: one noisy block minutes before a throughput change is no onset)
     cols = np.arange(z0.shape[1])[None, :]
     rel = sign * (z0 - base[rows, best][:, None])
     near = (cols >= (kb - n_post)[:, None]) & (cols < (kb + n_post)[:, None]) & valid
-    first = np.argmax(near & (rel >= 0.5 * np.where(fin, e, np.inf)[:, None]), axis=1)
+    moved = valid & (rel >= 0.5 * np.where(fin, e, np.inf)[:, None])
+    run = np.cumsum(np.pad(moved, ((0, 0), (1, _HOLD))), axis=1)
+    held = (run[:, _HOLD : _HOLD + moved.shape[1]] - run[:, : moved.shape[1]]) >= _HOLD - 1
+    first = np.argmax(near & moved & held, axis=1)
     first = np.where(first > 0, first, kb)
     return Best(st, np.where(fin, e, 0.0), np.where(fin, kb, -1), np.where(fin, first, -1))
 

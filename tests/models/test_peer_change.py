@@ -89,6 +89,18 @@ def test_one_bad_gpu_and_one_bad_nic_are_found():
     assert abs(ev["onset_s"] - 40 * 30) <= 60
 
 
+def test_the_onset_is_where_the_change_held_not_an_earlier_noisy_block():
+    """A NIC's throughput falls at block 50 and stays down; ten minutes before, one noisy block dipped as far.
+    The reported onset was that block (an outside tester's node_exporter case said 12:02 for a 12:07 fault)."""
+    g, n = _healthy(np.random.default_rng(4))
+    n[20, 50:, 0] += 40  # retransmits from block 50
+    n[20, 38, 0] += 40  # one 30 s burst, 12 blocks (6 minutes) before
+    det = PeerChangeDetector().fit(_cube(g, n))
+    assert set(np.flatnonzero(det.labels_)) == {20}
+    ev = det.evidence(20)[0]
+    assert ev["feature"] == "node_netstat_Tcp_RetransSegs" and abs(ev["onset_s"] - 50 * 30) <= 60, ev
+
+
 def test_directions():
     assert direction_of("DCGM_FI_DEV_SM_CLOCK") == "down"
     assert direction_of("DCGM_FI_DEV_GPU_TEMP") == "up"
