@@ -143,23 +143,41 @@ def iter_chunks(ms: MetricSet) -> Iterator[tuple[pa.Table, dict[str, str], list[
             yield conform_long(Path("metrics"), table.slice(off, CHUNK_ROWS), ms.node_label, scale), {}, []
     failed: list[InputError] = []
     for run in _scrape_runs(ms.files):
-        if len(run) > 1:  # small scrape files: read as one, unless one of them is not the plain case
-            from rankscope.datasets.readers.prometheus_batch import read_exposition_batch
-
-            chunk = read_exposition_batch([p for p, _ in run], node_label=ms.node_label)
-            if chunk is not None:
-                yield chunk
-                continue
-        for path, fmt in run:
-            try:
-                yield from _file_chunks(path, fmt, ms.node_label)
-            except InputError as exc:  # one bad file (cut mid-line, an interrupted copy) loses only itself
-                if len(ms.files) == 1 and ms.frame is None:
-                    raise
-                failed.append(exc)
-                yield _EMPTY, {}, [f"{exc}: skipped (the other metric files are read)"]
+        yield from _run_chunks(run, ms, failed)
     if failed and len(failed) == len(ms.files) and (ms.frame is None or not ms.frame.height):
         raise failed[0]
+
+
+_BISECT_MIN = 16
+"""A run of scrape files the batch reader refuses is halved down to this many files before they are read one by
+one: a truncated file among 2,560 costs a few batch attempts, not the whole run file by file (16 s against 3 s)."""
+
+
+def _run_chunks(
+    run: list[tuple[Path, str]], ms: MetricSet, failed: list[InputError]
+) -> Iterator[tuple[pa.Table, dict[str, str], list[str]]]:
+    """A run of small scrape files read as one, else its halves, else file by file (in order, so the samples,
+    types and notes are those of reading every file alone)."""
+    if len(run) > 1:  # small scrape files: read as one, unless one of them is not the plain case
+        from rankscope.datasets.readers.prometheus_batch import read_exposition_batch
+
+        chunk = read_exposition_batch([p for p, _ in run], node_label=ms.node_label)
+        if chunk is not None:
+            yield chunk
+            return
+        if len(run) >= 2 * _BISECT_MIN:
+            half = len(run) // 2
+            yield from _run_chunks(run[:half], ms, failed)
+            yield from _run_chunks(run[half:], ms, failed)
+            return
+    for path, fmt in run:
+        try:
+            yield from _file_chunks(path, fmt, ms.node_label)
+        except InputError as exc:  # one bad file (cut mid-line, an interrupted copy) loses only itself
+            if len(ms.files) == 1 and ms.frame is None:
+                raise
+            failed.append(exc)
+            yield _EMPTY, {}, [f"{exc}: skipped (the other metric files are read)"]
 
 
 def _scrape_runs(files: Iterable[tuple[Path, str]]) -> Iterator[list[tuple[Path, str]]]:

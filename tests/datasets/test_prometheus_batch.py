@@ -114,3 +114,32 @@ def test_scrape_files_named_by_their_paths_are_one_note(tmp_path: Path) -> None:
     cube = build_cube(open_metrics(tmp_path), block_s=30.0)
     named = [n for n in cube.notes if "no node/Hostname/instance label" in n]
     assert len(named) == 1 and named[0].startswith("12 file(s)") and "3 machine(s)" in named[0], cube.notes
+
+
+def test_a_bad_file_in_a_long_run_costs_only_its_part(tmp_path: Path, monkeypatch) -> None:
+    """A truncated scrape among 128: the run is halved until the bad file's part is small, and only that part is
+    read file by file (the whole run one by one took 16 s instead of 3 s at 2,560 files); the same samples."""
+    from rankscope.datasets.readers import metric_files
+
+    paths = []
+    for k in range(64):
+        for host in ("gpu-c-001", "gpu-c-002"):
+            p = tmp_path / host / f"{host}-dcgm-{T0 + 30 * k}.prom"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(_dcgm(host, k))
+            paths.append(p)
+    bad = paths[77]
+    bad.write_text(_dcgm("gpu-c-002", 38)[:-40])  # cut mid-line, as an interrupted copy leaves it
+    alone: list[Path] = []
+    real = metric_files._file_chunks
+
+    def counting(path, fmt, node_label):
+        alone.append(path)
+        return real(path, fmt, node_label)
+
+    monkeypatch.setattr(metric_files, "_file_chunks", counting)
+    chunks = list(iter_chunks(open_metrics(tmp_path)))
+    assert bad in alone and len(alone) < 32, len(alone)
+    skipped = [n for _, _, ns in chunks for n in ns if "skipped (the other metric files are read)" in n]
+    assert len(skipped) == 1 and bad.name in skipped[0]
+    assert sum(t.num_rows for t, _, _ in chunks) == sum(read_exposition(p)[0].num_rows for p in paths if p != bad)
