@@ -160,8 +160,7 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
     p2p = [(g, r, peer, op) for g, r, peer, op in f.graph.p2p_waits if peer in cset]
     inside = _inside_one(f, culprits) if strong else None
     if inside is not None:
-        stopped = dict(stopped_pg=inside.name, stopped_kind=inside.kind, stopped_members=inside.ranks)
-        stop, stopped["stopped_index"] = None, inside.index
+        stop, stopped = None, _stopped_at(inside)
     else:
         stop, stopped = _stopped(f, cset, p2p, culprits, reasons)
     n_waiting = len(f.graph.waits)
@@ -199,6 +198,10 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
         **stopped,
         **f.common(),
     )
+
+
+def _stopped_at(g: GroupInfo) -> dict[str, Any]:
+    return dict(stopped_pg=g.name, stopped_kind=g.kind, stopped_index=g.index, stopped_members=g.ranks)
 
 
 def _inside_one(f: CollectiveFacts, culprits: Sequence[int]) -> GroupInfo | None:

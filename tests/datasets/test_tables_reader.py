@@ -108,4 +108,3 @@ def test_timings_with_whole_seconds_first_read_on(tmp_path):
     (tmp_path / "timings.csv").write_text("\n".join(rows) + "\n")
     df = read_timings([tmp_path / "timings.csv"])
     assert df.height == 12_080 and df["duration_s"].dtype == pl.Float64 and df["duration_s"].max() == 2.0
-
