@@ -106,9 +106,10 @@ def dump_pass(d: FRDump, last: int = 64) -> int | None:
 
 def _lazy_stamps(tail: tuple[FREntry, ...]) -> bool:
     """Whether this recorder stamps discoveries as PyTorch's does, lazily: retiring an entry stamps its start and
-    its completion in one ``update_state`` call, microseconds apart. A recorder whose retired entries show the two
-    stamps apart (as when each is stamped as it happens) has its unretired stamps at the start too, not at the
-    dump; so has one in ten of them (a start an earlier dump stamped is the odd one)."""
+    its completion in one ``update_state`` call, microseconds apart. A recorder that stamps each as it happens
+    shows them apart, and its unretired entries' stamps are then their starts, not the dump's time. More than one
+    retired entry in ten with the two apart is such a recorder (an earlier dump stamping a start makes the odd
+    one); none with both stamps (timing off) tells nothing against it."""
     pairs = [
         (e.time_discovered_started_ns, e.time_discovered_completed_ns)
         for e in tail
@@ -190,7 +191,7 @@ class Clock:
     def _upper_bounds(self, by_rank: Mapping[int, FRDump]) -> dict[int, int]:
         """Each rank's :func:`dump_pass` bound; ranks without one take the latest, when every pass is of one
         capture (within :data:`CAPTURE_SPREAD_NS`) and their own stamps are not newer."""
-        if self.explicit_all(by_rank):
+        if all(self.now.get(r, (0, False))[1] for r in by_rank):  # explicit times everywhere: nothing to add
             return {}
         own = {r: b for r, d in by_rank.items() if (b := dump_pass(d)) is not None}
         if not own or max(own.values()) - min(own.values()) > CAPTURE_SPREAD_NS:
@@ -200,9 +201,6 @@ class Clock:
             if r not in own and self.last_active.get(r, 0) <= latest:
                 own[r] = latest
         return own
-
-    def explicit_all(self, by_rank: Mapping[int, FRDump]) -> bool:
-        return all(self.now.get(r, (0, False))[1] for r in by_rank)
 
     def _watchdog_clock(self, by_rank: Mapping[int, FRDump]) -> None:
         """Dumps written on a timeout: each was taken no earlier than the first op in flight could time out."""
