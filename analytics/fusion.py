@@ -140,6 +140,8 @@ def fuse(stack_verdict: Verdict | None, fr_verdict: Verdict | None) -> Verdict:
         "stack_verdict": s.verdict.value,
         "fr_verdict": f.verdict.value,
     }
+    if s.verdict.is_fault and not s.details.get("stuck_on_premise"):
+        details.pop("stuck_on_premise", None)  # the stacks' rounds showed it stuck: the FR premise is met
     wide = bool(suspect_nodes) or lead.verdict is Severity.MISMATCH
     return Verdict(
         lead.verdict,

@@ -25,3 +25,19 @@ FR_GLOO = REPO / "tests" / "data" / "fr_gloo"  # real gloo FR captures, small (s
 @pytest.fixture(scope="session")
 def fr_gloo() -> Path:
     return FR_GLOO
+
+
+@pytest.fixture()
+def fr_hang_past_timeout(tmp_path: Path) -> Path:
+    """``fr_gloo/hang`` (rank 3 missing from an all_reduce, dumped 8 s in) as a capture taken 70 s into the hang,
+    past the job's 60 s collective timeout: the clocked hang the recovery executor acts on. Taken 8 s in, younger
+    than that timeout, the same dumps are a hang on a premise (a long pause on rank 3 looks alike)."""
+    import json
+
+    out = tmp_path / "fr-hang-70s"
+    out.mkdir()
+    for f in sorted((FR_GLOO / "hang").iterdir()):
+        raw = json.loads(f.read_text())
+        raw["rankscope_dump_time_ns"] += 62_000_000_000
+        (out / f.name).write_text(json.dumps(raw))
+    return out

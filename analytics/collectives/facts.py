@@ -53,6 +53,7 @@ class CollectiveFacts:
         waits = list(self.graph.all_waits())
         states = Counter(w.timing.state for w in waits)
         ages = [w.timing.age_s for w in waits if w.timing.age_s is not None]
+        timeouts = [w.entry.timeout_ms / 1e3 for w in waits if w.timing.state == OVERDUE and w.entry.timeout_ms]
         now = self.clock.now.values()
         kind = "none" if not now else "explicit" if self.clock.explicit else "lower-bound"
         if now and not self.clock.explicit and any(ex for _, ex in now):
@@ -62,6 +63,7 @@ class CollectiveFacts:
             "n_waits": len(waits),
             **{k: states.get(k, 0) for k in (OVERDUE, AGING, YOUNG, UNKNOWN)},
             "oldest_wait_seconds": round(max(ages), 3) if ages else None,
+            "timeout_seconds": min(timeouts, default=None),  # the job's own: overdue waits younger may be a pause
             "dump_pass_ranks": len(self.clock.upper),  # ranks whose capture time NCCL's own stamps bound
         }
 

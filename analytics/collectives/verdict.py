@@ -56,6 +56,16 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
             **common,
         )
     # hang
+    if _before_timeout(a):  # overdue against the job's rhythm, not yet its own timeout: a long pause looks alike
+        te = a.time_evidence
+        common["details"] = {**details, "stuck_on_premise": True}
+        common["reasons"] = (
+            *a.reasons,
+            f"The waits ({te['oldest_wait_seconds']:.3g} s at most) are overdue against this job's own rhythm but "
+            f"younger than its collective timeout ({te['timeout_seconds']:.3g} s), in one capture: a long pause on "
+            "the rank waited for (a checkpoint, an evaluation) looks alike. A second capture, or the logs' timeouts, "
+            "confirm it.",
+        )
     culprits = a.culprit_ranks
     if culprits:  # the wait-for chain ends at them: their machines, never their healthy peers' (precision first)
         suspect_ranks = culprits
@@ -74,10 +84,11 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
             if not culprits and a.stopped_index >= 0:
                 indices = (a.stopped_index,)
         group = SuspectGroup(kind, indices, suspect_ranks, suspect_nodes)
-    reasons = a.reasons
+    reasons = tuple(common["reasons"])
     if culprits and suspect_nodes:
+        act = "Once confirmed, isolate" if common["details"].get("stuck_on_premise") else "Isolate"
         reasons = reasons + (
-            f"Isolate {len(suspect_nodes)} node(s) ({_words(kind)}); culprit rank(s) "
+            f"{act} {len(suspect_nodes)} node(s) ({_words(kind)}); culprit rank(s) "
             f"{rank_ranges(culprits)[:200]} on {', '.join(culprit_nodes[:8])}.",
         )
     return Verdict(
@@ -89,6 +100,14 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
         suspect_group=group,
         **{**common, "reasons": reasons},
     )
+
+
+def _before_timeout(a: CollectiveAnalysis) -> bool:
+    """A hang whose oldest overdue wait is younger than the job's own collective timeout, from one capture (two
+    captures that show no progress, or a dump the watchdog wrote on the timeout, are evidence enough)."""
+    te = a.time_evidence
+    age, timeout = te.get("oldest_wait_seconds"), te.get("timeout_seconds")
+    return age is not None and timeout is not None and age < timeout and not a.progress
 
 
 def _words(kind: str) -> str:

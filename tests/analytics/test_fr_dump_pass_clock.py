@@ -112,3 +112,24 @@ def test_a_hang_recorded_by_a_recorder_that_stamps_starts_as_they_happen_is_neve
         (out / f.name).write_bytes(pickle.dumps(raw, protocol=4))
     v = diagnose(load_inputs(out, layout="tp=8,pp=4,dp=2", gpus_per_node=8))
     assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
+
+
+@pytest.mark.parametrize(("timeout_ms", "premise"), [(600_000, False), (3_600_000, True)])
+def test_a_hang_younger_than_the_job_s_own_timeout_rests_on_a_premise(
+    tmp_path: Path, timeout_ms: int, premise: bool
+) -> None:
+    """The peers have waited about 600 s. Against a 10-minute collective timeout that is the watchdog's own
+    finding; against a 1-hour one, a long pause on rank 21 (a checkpoint, an evaluation) looks alike in one
+    capture: still a hang naming rank 21, flagged `stuck_on_premise` so the executor collects more, never evicts."""
+    src = _unpacked("fr-nccl-timeout-compute-hang-tp8pp4dp2.tar.xz", tmp_path)
+    out = tmp_path / "dumps"
+    out.mkdir()
+    for f in src.iterdir():
+        raw = pickle.loads(f.read_bytes())
+        for e in raw["entries"]:
+            e["timeout_ms"] = timeout_ms
+        (out / f.name).write_bytes(pickle.dumps(raw, protocol=4))
+    v = diagnose(load_inputs(out, layout="tp=8,pp=4,dp=2", gpus_per_node=8))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (21,), v.explain()
+    assert bool(v.details.get("stuck_on_premise")) is premise, v.details
+    assert any("younger than its collective timeout (3.6e+03 s)" in r for r in v.reasons) is premise, v.reasons

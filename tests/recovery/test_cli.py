@@ -24,8 +24,8 @@ FR_HANG = Path(__file__).resolve().parents[1] / "data" / "fr_gloo" / "hang"  # t
 
 
 @pytest.fixture()
-def verdict_file(tmp_path: Path) -> Path:
-    res = _run("diagnose", FR_HANG, "--gpus-per-node", "1", "--format", "json")
+def verdict_file(tmp_path: Path, fr_hang_past_timeout: Path) -> Path:
+    res = _run("diagnose", fr_hang_past_timeout, "--gpus-per-node", "1", "--format", "json")
     assert res.exit_code == 0, res.output
     path = tmp_path / "verdict.json"
     path.write_text(res.stdout)
@@ -60,10 +60,16 @@ def test_plan_from_a_verdict_file_is_json_with_every_field_and_the_same_bytes_tw
     assert not (tmp_path / "a.jsonl").exists()  # plan changes nothing
 
 
-def test_plan_diagnoses_a_dump_directory_and_a_store_first(probe_dir: Path, tmp_path: Path) -> None:
-    res = _run("plan", FR_HANG, "--gpus-per-node", "1", "--audit", tmp_path / "a.jsonl")
+def test_plan_diagnoses_a_dump_directory_and_a_store_first(
+    probe_dir: Path, tmp_path: Path, fr_hang_past_timeout: Path
+) -> None:
+    res = _run("plan", fr_hang_past_timeout, "--gpus-per-node", "1", "--audit", tmp_path / "a.jsonl")
     assert res.exit_code == 0, res.output
     assert "evict node-3" in res.stdout and "hang verdict" in res.stdout
+    # the same dumps taken 8 s in, younger than the job's 60 s timeout: a pause on rank 3 looks alike
+    res = _run("plan", FR_HANG, "--gpus-per-node", "1")
+    assert res.exit_code == 0, res.output
+    assert "- evict" not in res.stdout, res.stdout
     # one py-spy snapshot and no time: rank 3 is named, but it is a hang only if the job was stuck when it was
     # captured (a healthy job caught at one instant looks alike): collect another round before evicting
     res = _run("plan", probe_dir / "pyspy" / "text", "--gpus-per-node", "1")
@@ -81,10 +87,12 @@ def test_plan_diagnoses_a_dump_directory_and_a_store_first(probe_dir: Path, tmp_
     assert [a["kind"] for a in p["actions"]] == ["collect"]
 
 
-def test_recover_is_a_dry_run_by_default_and_records_it_in_the_store(tmp_path: Path) -> None:
+def test_recover_is_a_dry_run_by_default_and_records_it_in_the_store(
+    tmp_path: Path, fr_hang_past_timeout: Path
+) -> None:
     st = tmp_path / "store"
-    hang = tmp_path / "hang"  # the hook's clocked Flight Recorder dumps beside the probe's py-spy stacks
-    shutil.copytree(FR_HANG, hang)
+    hang = tmp_path / "hang"  # the hook's clocked Flight Recorder dumps, past the job's timeout
+    shutil.copytree(fr_hang_past_timeout, hang)
     _run("ingest", hang, "--store", st, "--job", "probe", "--gpus-per-node", "1")
     res = _run("recover", st, "--job", "probe", "--backend", "slurm", "--slurm-job-id", "4242")
     assert res.exit_code == 0, res.output

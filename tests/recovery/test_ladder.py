@@ -564,7 +564,7 @@ def test_bad_input_names_the_field() -> None:
         LadderConfig(metric_jump_factor=1.0)
 
 
-def test_real_diagnose_output_is_accepted(probe_dir: Path) -> None:
+def test_real_diagnose_output_is_accepted(probe_dir: Path, fr_hang_past_timeout: Path) -> None:
     import sys
 
     out = subprocess.run(
@@ -573,7 +573,7 @@ def test_real_diagnose_output_is_accepted(probe_dir: Path) -> None:
             "-m",
             "rankscope",
             "diagnose",
-            str(Path(__file__).resolve().parents[1] / "data" / "fr_gloo" / "hang"),  # a clocked hang
+            str(fr_hang_past_timeout),  # a clocked hang, captured past the job's collective timeout
             "--gpus-per-node",
             "1",
             "--format",
