@@ -98,8 +98,7 @@ def dump_pass(d: FRDump, last: int = 64) -> int | None:
     if not found:
         return None
     hi, lo = max(found), min(found)
-    newest = max(chain(_ZERO, filter(None, chain.from_iterable(map(_STAMPS, tail)))))
-    if hi - lo > PASS_NS or newest > hi:
+    if hi - lo > PASS_NS or newest_stamp(d, last) > hi:
         return None
     return hi
 
@@ -180,19 +179,17 @@ class Clock:
                 f"the recorded dump time of rank(s) {', '.join(map(str, bad[:8]))} is older than entries inside "
                 "the dump: not used as a clock"
             )
-        self.upper = {} if cfg.dumped_on_timeout else self._upper_bounds(by_rank)
+        self.explicit = bool(self.now) and all(ex for _, ex in self.now.values())
+        self.upper = {} if cfg.dumped_on_timeout or self.explicit else self._upper_bounds(by_rank)
         """rank -> a capture time it was taken no later than (:func:`dump_pass`): what can prove a wait young."""
         self._ref: dict[str, float | None] = {}
         self._job_ref: tuple[float] | None = None
         self._t = t
-        self.explicit = bool(self.now) and all(ex for _, ex in self.now.values())
         self.progress: Progress | None = None  # set when an earlier capture exists
 
     def _upper_bounds(self, by_rank: Mapping[int, FRDump]) -> dict[int, int]:
         """Each rank's :func:`dump_pass` bound; ranks without one take the latest, when every pass is of one
         capture (within :data:`CAPTURE_SPREAD_NS`) and their own stamps are not newer."""
-        if all(self.now.get(r, (0, False))[1] for r in by_rank):  # explicit times everywhere: nothing to add
-            return {}
         own = {r: b for r, d in by_rank.items() if (b := dump_pass(d)) is not None}
         if not own or max(own.values()) - min(own.values()) > CAPTURE_SPREAD_NS:
             return own

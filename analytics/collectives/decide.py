@@ -21,7 +21,6 @@ from typing import Any
 
 from rankscope.analytics.collectives.clock import AGING, OVERDUE, YOUNG
 from rankscope.analytics.collectives.facts import CollectiveFacts
-from rankscope.analytics.collectives.groups import GroupInfo
 from rankscope.analytics.collectives.result import CollectiveAnalysis, GroupStall
 from rankscope.analytics.collectives.waits import P2PWait, Wait, unrecorded_p2p_victims
 from rankscope.analytics.collectives.wording import culprit_words, pg_words, wait_words
@@ -159,20 +158,23 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
     cset = set(culprits)
     p2p = [(g, r, peer, op) for g, r, peer, op in f.graph.p2p_waits if peer in cset]
     inside = _inside_one(f, culprits) if strong else None
-    if inside is not None:
-        stop, stopped = None, _stopped_at(inside)
-    else:
+    head = f"{len(f.graph.waits)} rank(s) wait in unfinished ops ({len(overdue)} overdue); following who waits for"
+    if inside is None:
         stop, stopped = _stopped(f, cset, p2p, culprits, reasons)
-    n_waiting = len(f.graph.waits)
-    reasons.append(
-        f"{n_waiting} rank(s) wait in unfinished ops ({len(overdue)} overdue); following who waits for whom "
-        f"ends at rank(s) {rank_ranges(culprits)[:200]}, which wait for nobody: the culprit(s)."
-        if inside is None
-        else f"{n_waiting} rank(s) wait in unfinished ops ({len(overdue)} overdue); following who waits for whom "
-        f"ends inside {pg_words(inside.name, inside.desc, inside.kind)}: all {len(culprits)} of its members entered "
-        f"{f.graph.waits[culprits[0]][0].entry.profiling_name or 'one collective'} and none finished it, so the "
-        "fault is inside it (network, NVLink/NIC or GPU of its ranks), not a rank that failed to join."
-    )
+        reasons.append(
+            f"{head} whom ends at rank(s) {rank_ranges(culprits)[:200]}, which wait for nobody: the culprit(s)."
+        )
+    else:
+        g = f.groups[inside.group]
+        stop, stopped = (
+            None,
+            dict(stopped_pg=g.name, stopped_kind=g.kind, stopped_index=g.index, stopped_members=g.ranks),
+        )
+        reasons.append(
+            f"{head} whom ends inside {pg_words(g.name, g.desc, g.kind)}: all {len(culprits)} of its members entered "
+            f"{inside.entry.profiling_name or inside.entry.op} and none finished it, so the fault is inside it "
+            "(network, NVLink/NIC or GPU of its ranks), not a rank that failed to join."
+        )
     for r in culprits[:50]:
         evidence.append(Evidence("flight_recorder", *culprit_words(f, r, p2p), (r,), f.node(r), 1.0 if strong else 0.5))
     if stop is not None and stop.waiting_ranks:
@@ -200,13 +202,9 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
     )
 
 
-def _stopped_at(g: GroupInfo) -> dict[str, Any]:
-    return dict(stopped_pg=g.name, stopped_kind=g.kind, stopped_index=g.index, stopped_members=g.ranks)
-
-
-def _inside_one(f: CollectiveFacts, culprits: Sequence[int]) -> GroupInfo | None:
-    """The group whose every member is a culprit waiting in the same collective of it, blocked
-    by nobody: they all entered it and it never completed; else None."""
+def _inside_one(f: CollectiveFacts, culprits: Sequence[int]) -> Wait | None:
+    """The wait of the culprits when they are exactly one group's members, all in the same collective of it and
+    blocked by nobody (they all entered it and it never completed); else None."""
     first = f.graph.waits.get(culprits[0]) if len(culprits) > 1 else None
     if not first:
         return None
@@ -218,7 +216,7 @@ def _inside_one(f: CollectiveFacts, culprits: Sequence[int]) -> GroupInfo | None
     def entered(r: int) -> bool:  # waits in that collective, for nobody: every member started it
         return any((w.group, w.entry.collective_seq_id) == key and not w.waited_for for w in f.graph.waits.get(r, ()))
 
-    return f.groups[w0.group] if all(map(entered, culprits)) else None
+    return w0 if all(map(entered, culprits)) else None
 
 
 MAX_CULPRIT_NODE_FRACTION = 0.25

@@ -56,16 +56,7 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
             **common,
         )
     # hang
-    if _before_timeout(a):  # overdue against the job's rhythm, not yet its own timeout: a long pause looks alike
-        te = a.time_evidence
-        common["details"] = {**details, "stuck_on_premise": True}
-        common["reasons"] = (
-            *a.reasons,
-            f"The waits ({te['oldest_wait_seconds']:.3g} s at most) are overdue against this job's own rhythm but "
-            f"younger than its collective timeout ({te['timeout_seconds']:.3g} s), in one capture: a long pause on "
-            "the rank waited for (a checkpoint, an evaluation) looks alike. A second capture, or the logs' timeouts, "
-            "confirm it.",
-        )
+    premise = _before_timeout(a)  # overdue against the job's rhythm, not yet its own timeout: a pause looks alike
     culprits = a.culprit_ranks
     if culprits:  # the wait-for chain ends at them: their machines, never their healthy peers' (precision first)
         suspect_ranks = culprits
@@ -84,9 +75,18 @@ def verdict(analysis: CollectiveAnalysis, topology: Topology | None, *, job: str
             if not culprits and a.stopped_index >= 0:
                 indices = (a.stopped_index,)
         group = SuspectGroup(kind, indices, suspect_ranks, suspect_nodes)
-    reasons = tuple(common["reasons"])
+    reasons = a.reasons
+    if premise:
+        te = a.time_evidence
+        common["details"] = {**details, "stuck_on_premise": True}
+        reasons = reasons + (
+            f"The waits ({te['oldest_wait_seconds']:.3g} s at most) are overdue against this job's own rhythm but "
+            f"younger than its collective timeout ({te['timeout_seconds']:.3g} s), in one capture: a long pause on "
+            "the rank waited for (a checkpoint, an evaluation) looks alike. A second capture, or the logs' timeouts, "
+            "confirm it.",
+        )
     if culprits and suspect_nodes:
-        act = "Once confirmed, isolate" if common["details"].get("stuck_on_premise") else "Isolate"
+        act = "Once confirmed, isolate" if premise else "Isolate"
         reasons = reasons + (
             f"{act} {len(suspect_nodes)} node(s) ({_words(kind)}); culprit rank(s) "
             f"{rank_ranges(culprits)[:200]} on {', '.join(culprit_nodes[:8])}.",

@@ -92,7 +92,7 @@ def sentence(machine: str, ev: dict[str, Any], window_s: float) -> str:
         )
         if flat
         else f"by {ev['effect_peer_mads']:.1f} {'sibling' if sib else 'peer'} MADs ({fmt(abs(ev['effect_units']))} "
-        f"{unit_of(feat, ev.get('kind'))})"
+        f"{unit})"
     )
     return (
         f"{machine}: {feat}{where} {verb} relative to {ref} {size} from {iso(ev['onset_s'])}, against its own "

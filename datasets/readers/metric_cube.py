@@ -18,6 +18,7 @@ from rankscope.datasets.domain.bounds import FOREIGN
 from rankscope.datasets.domain.metrics import LevelCube, MetricCube, MetricSet
 from rankscope.datasets.readers.metric_binning import COUNTER, BlockRule, Stream, resolve_unknown, stream
 from rankscope.datasets.readers.metric_series import fold_plan
+from rankscope.datasets.readers.prometheus import PATH_NAMED
 from rankscope.spine import InputError
 
 
@@ -184,19 +185,14 @@ def _assign(out: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
     out[rows] = values
 
 
-_PATH_NAMED = re.compile(
-    r"^(?P<file>[^\s:]+): no node/Hostname/instance label: machine named (?P<name>'.*') from its path$"
-)
-
-
 def _dedupe(items: list[str], limit: int = 20) -> list[str]:
     """Each note once, with how often it was said; the readers' per-file "named from its path" notes (a
     node_exporter without the label: one per scrape file, thousands) as one."""
     seen: dict[str, int] = {}
-    named = [m for m in map(_PATH_NAMED.match, items) if m]
+    named = [m for m in map(PATH_NAMED.match, items) if m]
     if len(named) > 1:
         machines = {m["name"] for m in named}
-        items = [it for it in items if not _PATH_NAMED.match(it)]
+        items = [it for it in items if not PATH_NAMED.match(it)]
         items.insert(
             0,
             f"{len(named)} file(s) with no node/Hostname/instance label: machine named from the path "

@@ -358,7 +358,7 @@ def assign_machine(path: Path, frame: Any, node_label: str | None, notes: list[s
         mcol = next((c for c in MACHINE_LABELS if c in cols), None)
     if mcol is None:
         name = machine_from_name(path)
-        notes.append(f"{path.name}: no node/Hostname/instance label: machine named {name!r} from its path")
+        notes.append(path_named_note(path, name))
         frame = frame.with_columns(pl.lit(name).alias("node"))
     else:
         node = pl.col(mcol).cast(pl.Utf8)
@@ -408,3 +408,14 @@ def as_chunk(frame: Any) -> pa.Table:
 def instance_host(node: Any) -> Any:
     """An ``instance`` label's host: ``10.0.0.7:9100`` -> ``10.0.0.7``, ``[::1]:9100`` -> ``::1``."""
     return node.str.replace(r"^\[(.*)\]:\d+$", "$1").str.replace(r"^([^:\[\]]+):\d+$", "$1")
+
+
+def path_named_note(path: Path, name: str) -> str:
+    """The note on a scrape file with no machine label, named from its path (:data:`PATH_NAMED` reads it back)."""
+    return f"{path.name}: no node/Hostname/instance label: machine named {name!r} from its path"
+
+
+PATH_NAMED = re.compile(
+    r"^(?P<file>[^\s:]+): no node/Hostname/instance label: machine named (?P<name>'.*') from its path$"
+)
+"""One :func:`path_named_note`: thousands of them (one per scrape file) are said as one (``metric_cube``)."""

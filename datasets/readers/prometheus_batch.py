@@ -29,6 +29,7 @@ from rankscope.datasets.readers.prometheus import (
     instance_host,
     label_columns,
     machine_from_name,
+    path_named_note,
     scrape_time,
     type_declarations,
 )
@@ -145,7 +146,7 @@ def _machines(frame: Any, paths: list[Path], node_label: str | None, notes: list
     unnamed = sorted(i for i, c in chosen.items() if c is None)
     names = {i: machine_from_name(paths[i]) for i in unnamed}
     for i in unnamed:
-        notes.append(f"{paths[i].name}: no node/Hostname/instance label: machine named {names[i]!r} from its path")
+        notes.append(path_named_note(paths[i], names[i]))
     node = pl.lit(None, pl.Utf8)
     if mcol is not None:
         frame = _fill_within_file(frame, mcol, [i for i, c in chosen.items() if c == mcol], paths, notes)
