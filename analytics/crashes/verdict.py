@@ -12,6 +12,9 @@ here is the one people apply by hand (and torchrun's "first observed failure"), 
 3. The culprit is the earliest primary exit (plus any other primary within ``tie_seconds``, as clocks of
    different hosts differ by milliseconds). With no primary at all, the earliest exit, at lower
    confidence. A rank that vanished without a record (SIGKILL, the OOM killer) is primary.
+   A bare abort (SIGABRT with no error of its own) no earlier than its peers' collective timeouts is cascade
+   too: that is how the NCCL watchdog takes a rank down, and a process still alive when the others' waits
+   timed out did not cause them by dying (if it hung, the hang's evidence names it).
 4. The same primary error on many ranks (``widespread_fraction`` of the world, at least 2) is a
    code, data or configuration fault, not a machine: the verdict names the ranks and evicts nothing.
    So is a first failure whose error says the ranks disagreed on a collective (:data:`CODE_FAULT_PATTERNS`:
@@ -83,6 +86,27 @@ def is_cascade(e: ProcessExit) -> bool:
 
 _OWN_SIGNALS = ("Segmentation fault", "Bus error", "Illegal instruction", "Floating point exception")
 _WAITS = re.compile(r"all_reduce|all_gather|reduce_scatter|broadcast|barrier|\bwait|recv|send|all_to_all|synchronize")
+
+
+_TIMED_OUT = re.compile(r"time ?out|timed out", re.I)
+
+
+def _bare_abort(e: ProcessExit) -> bool:
+    """An abort known only as such: SIGABRT with no error of its own (torchrun's "Signal 6 (SIGABRT) received
+    by PID ..."), or faulthandler's "Fatal Python error: Aborted"."""
+    if e.kind == "Fatal Python error":
+        return e.message.startswith("Aborted")
+    return e.kind == "SIGABRT" and (e.message.startswith("Signal 6") or bool(_UNINFORMATIVE.search(e.message)))
+
+
+def _aborted_with_timeouts(incident: Sequence[ProcessExit], tie_s: float) -> set[int]:
+    """The ids of the bare aborts no earlier than the first collective timeout among the cascade (within
+    ``tie_s``): the watchdog's teardown of a rank that was alive through its peers' waits, not their cause."""
+    timeouts = [e.time for e in incident if e.timed and is_cascade(e) and _TIMED_OUT.search(e.message)]
+    if not timeouts:
+        return set()
+    first = min(timeouts)
+    return {id(e) for e in incident if e.timed and _bare_abort(e) and e.time >= first - tie_s}
 
 
 def _own_fault(e: ProcessExit) -> bool:
@@ -162,8 +186,9 @@ def facts(
         )
         for e in incident
     }
-    primary = tuple(e for e in incident if not is_cascade(e))
-    cascade = tuple(e for e in incident if is_cascade(e))
+    torn_down = _aborted_with_timeouts(incident, cfg.tie_seconds)
+    primary = tuple(e for e in incident if not is_cascade(e) and id(e) not in torn_down)
+    cascade = tuple(e for e in incident if is_cascade(e) or id(e) in torn_down)
     by_sig: dict[str, list[ProcessExit]] = {}
     for e in primary:
         if not _UNINFORMATIVE.search(e.message):  # "exit code 1" on many ranks says nothing of a shared cause
@@ -281,8 +306,9 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
         ]
     else:
         confidence = 0.5
+        torn = " or is an abort at its peers' collective timeouts" if any(map(_bare_abort, f.incident)) else ""
         reasons = [
-            f"Every failure reports a lost peer; the earliest is rank {first.rank} on {f.node_of(first)} "
+            f"Every failure reports a lost peer{torn}; the earliest is rank {first.rank} on {f.node_of(first)} "
             f"({first.describe()}). The root cause left no record here (its process may have been killed)."
         ]
     for e in culprits[1:3]:
@@ -298,9 +324,14 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
         when = f"{lo:.1f}-{hi:.1f} s later" if lo >= 0 else f"between {-lo:.1f} s before and {hi:.1f} s after it"
         if not first.timed:
             when = "too"
+        lost = [e for e in cascade if is_cascade(e)]
+        how = f"with errors that report a lost peer ({_short_kind(lost[0])})" if lost else ""
+        if len(lost) < len(cascade):
+            aborts = f"{len(cascade) - len(lost)} aborted at their peers' collective timeouts (the watchdog's teardown)"
+            how = f"{how.replace('with', f'{len(lost)} with', 1)}, {aborts}" if lost else aborts
         reasons.append(
-            f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {when} "
-            f"with errors that report a lost peer ({_short_kind(cascade[0])}): a cascade, not separate faults."
+            f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {when} {how}: a "
+            "cascade, not separate faults."
         )
     others = [e for e in f.primary if e not in culprits]
     if others:
@@ -326,7 +357,7 @@ def _first_failure(f: CrashFacts, topology: Topology | None, job: str) -> Verdic
             Evidence(
                 "events",
                 "cascade-failure",
-                _short_kind(f.cascade[0]),
+                _short_kind(next((e for e in f.cascade if is_cascade(e)), f.cascade[0])),
                 tuple(e.rank for e in f.cascade),
                 merge_nodes([f.node_of(e) for e in f.cascade]),
                 0.2,

@@ -93,6 +93,30 @@ def test_only_cascade_errors_name_the_earliest_at_low_confidence() -> None:
     assert "left no record" in v.reasons[0]
 
 
+BARE_ABORT = "Signal 6 (SIGABRT) received by PID 4242"  # torchrun's summary of a rank with no error of its own
+
+
+def test_a_bare_abort_with_its_peers_collective_timeouts_is_their_teardown_not_their_cause() -> None:
+    # the NCCL watchdog aborts the process: a rank whose log was cut is known only by its SIGABRT, in the same
+    # second as its peers' timeouts; it was alive through their 600 s wait, so its death did not cause it
+    exits = [ex(r, 0.0, "DistBackendError", NCCL_TIMEOUT) for r in (0, 1, 2, 4, 6, 7)]
+    exits += [ex(r, 0.4, "SIGABRT", BARE_ABORT) for r in (3, 5)]
+    f = crashes.facts(exits, TOPO)
+    assert f is not None and f.primary == () and len(f.cascade) == 8
+    v = crashes.verdict(f, TOPO)
+    assert v.details["crash"]["n_primary"] == 0 and v.confidence == 0.5
+    assert "abort at its peers' collective timeouts" in v.reasons[0]
+
+
+def test_a_bare_abort_before_its_peers_timeouts_or_without_any_is_still_the_first_failure() -> None:
+    early = [ex(5, 0.0, "SIGABRT", BARE_ABORT)] + [ex(r, 600.0, "DistBackendError", NCCL_TIMEOUT) for r in (0, 1, 2)]
+    v = crash_verdict(early, TOPO)
+    assert v is not None and v.culprit_ranks == (5,) and v.details["crash"]["n_primary"] == 1
+    torn = [ex(5, 0.0, "SIGABRT", BARE_ABORT)] + [ex(r, 0.5, "SIGTERM", "terminated by a signal") for r in (0, 1)]
+    v = crash_verdict(torn, TOPO)  # its agent SIGTERMed the others: no timeout, the abort is the first failure
+    assert v is not None and v.culprit_ranks == (5,) and v.confidence >= 0.9
+
+
 def test_the_same_error_on_many_ranks_is_a_code_fault_not_a_machine() -> None:
     exits = [ex(r, 0.01 * r, "ValueError", f"bad shape [4, {r}] in layer 12") for r in range(6)]
     v = crash_verdict(exits, TOPO)

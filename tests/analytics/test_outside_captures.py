@@ -1116,3 +1116,12 @@ def test_pipeline_stages_receiving_from_each_other_are_both_ends(case, layout, g
     v = diagnose(load_inputs(OUTSIDE / case, layout=layout, gpus_per_node=gpn))
     assert v.verdict.value == "hang" and v.culprit_ranks == ranks, v.explain()
     assert v.culprit_nodes == nodes and v.suspect_nodes == nodes, v.explain()
+
+
+def test_bare_aborts_in_the_second_of_their_peers_timeouts_are_the_watchdog_s_teardown_not_a_first_failure():
+    """Consoles filtered with ``--local-ranks-filter`` hide local rank 7 of each host: those four ranks are known
+    only from their agents' summaries, SIGABRT in the same second as 27 peers' watchdog timeouts. They were the
+    "first failure" and all 4 machines were evicted; the logs' laggard (rank 10, never enqueued work 1121) is
+    the fault."""
+    v = diagnose(load_inputs(OUTSIDE / "nccl-local-ranks-filter-hidden-aborts"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (10,) and v.suspect_nodes == ("gpu-g02",), v.explain()
