@@ -18,7 +18,7 @@ import numpy as np
 from rankscope.analytics.faultdomain import cover, related_mask, smallest_group
 from rankscope.analytics.stacks.collection import CaptureProblem
 from rankscope.analytics.stacks.culprits import STRONG, culprits
-from rankscope.analytics.stacks.duties import DUTY_STATES, main_process_duty
+from rankscope.analytics.stacks.duties import DUTY_STATES, duty_ranks, main_process_duty
 from rankscope.analytics.stacks.evidence import stack_evidence
 from rankscope.analytics.stacks.facts import StackFacts
 from rankscope.analytics.stacks.frames import PEER_WAIT_STATES
@@ -73,8 +73,14 @@ class Hang:
     common: dict[str, Any]
     problems: list[CaptureProblem]
     frozen: bool = False  # time evidence says the job was stuck (frozen rounds, or long after the last step)
-    duty: str = ""  # a frame rank 0 ran that no other rank ran in any snapshot (see :mod:`.duties`)
     facts: StackFacts | None = None
+
+    def duty_of(self, ranks: Sequence[int]) -> str:
+        """A frame ``ranks`` (rank 0, or replica 0 as a whole) ran in this snapshot that no other rank ran in any
+        snapshot: the job's own duty (see :mod:`.duties`); "" otherwise."""
+        if self.facts is None:
+            return ""
+        return main_process_duty(self.facts, ranks, {self.a.snapshot}, duty_ranks(self.topology))
 
     def verdict(self, kind: Severity, confidence: float, **fields: Any) -> Verdict:
         reasons = list(self.reasons)
@@ -151,7 +157,6 @@ def hang_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str) -> 
         common_fields(facts, topology, job, a),
         problems_of(facts),
         m.kind in ("stuck", "still"),
-        main_process_duty(facts, (0,), {a.snapshot}),  # rank 0 in its own code now, not only once
         facts,
     )
     return _too_little(h) or pipeline_ends_verdict(h) or _no_outlier(h) or _localized(h)
@@ -220,8 +225,8 @@ def _stuck_alike(h: Hang) -> Verdict:
     a = h.a
     runners = frozen_runners(a, h.facts.progress if h.facts is not None else None)
     if runners:
-        if runners == (0,) and h.duty:
-            return main_duty_verdict(h)
+        if h.duty_of(runners):
+            return main_duty_verdict(h, runners)
         h.reasons.append(frozen_runner_words(runners))
         return _strong(h, runners, [])
     trainer = [c for c in a.clusters if c.role == "trainer"]
@@ -259,6 +264,17 @@ def _victims(h: Hang, culprit_ranks: Sequence[int]) -> tuple[list[int], list[int
     return [int(r) for r in others[ok]], [int(r) for r in others[~ok]]
 
 
+def _in_own_duty(h: Hang, ranks: Sequence[int]) -> bool:
+    """Whether ``ranks`` (rank 0, or replica 0 as a whole) are all at work in their own code (not a stuck child,
+    a device wait or a missing dump), code no other rank ran: the job's duty."""
+    best = h.a.best()
+    own_code = all(
+        (f := best.get(r)) is not None and f.kind == "not-in-collective" and h.a.state_of(r) in DUTY_STATES
+        for r in ranks
+    )
+    return own_code and bool(h.duty_of(ranks))
+
+
 def _localized(h: Hang) -> Verdict:
     """Outliers mapped onto a fault domain (hang) with their likeliest culprits, or inconclusive."""
     a, topology = h.a, h.topology
@@ -270,10 +286,8 @@ def _localized(h: Hang) -> Verdict:
     stopped = {p.rank for p in h.problems if p.kind == "stopped"}
     if strong and culprit_ranks and set(culprit_ranks) <= stopped:
         return stopped_verdict(h, culprit_ranks)
-    finding = a.best().get(0)
-    own_code = finding is not None and finding.kind == "not-in-collective"  # not a stuck child or a missing dump
-    if strong and tuple(culprit_ranks) == (0,) and h.duty and a.state_of(0) in DUTY_STATES and own_code:
-        return main_duty_verdict(h)
+    if strong and _in_own_duty(h, culprit_ranks):
+        return main_duty_verdict(h, culprit_ranks)
     if a.busy_input and all(r in a.busy_input or a.state_of(r) in WAITS_ON_PEERS for r in a.outlier_ranks):
         return busy_input_verdict(h, a.busy_input)
     if strong:

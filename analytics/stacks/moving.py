@@ -23,7 +23,7 @@ from rankscope.analytics.performance.failslow import (
     flag_round,
     vote,
 )
-from rankscope.analytics.stacks.duties import duty_words, main_process_duty
+from rankscope.analytics.stacks.duties import duty_ranks, duty_who, duty_words, main_process_duty
 from rankscope.analytics.stacks.facts import StackFacts
 from rankscope.analytics.stacks.motion import Motion
 from rankscope.analytics.stacks.report import (
@@ -63,9 +63,12 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
         else None
     )
     d = v.degrader if v is not None else None
-    duty = main_process_duty(facts, d.culprit_ranks, {s for s, f in d.per_round if 0 in f}) if d and not slowed else ""
+    duty = ""
+    if d is not None and not slowed:
+        flagged = {s for s, f in d.per_round if not set(d.culprit_ranks).isdisjoint(f)}
+        duty = main_process_duty(facts, d.culprit_ranks, flagged, duty_ranks(topology))
     if duty and d is not None:
-        reasons.append(duty_words(f"stood out in {d.flags} of {len(rounds)} rounds", duty))
+        reasons.append(duty_words(f"stood out in {d.flags} of {len(rounds)} rounds", duty, duty_who(d.culprit_ranks)))
         v, few = None, True
     if v is not None and v.degrader is not None and (len(rounds) >= VOTE_ROUNDS or slowed):
         return _failslow(facts, topology, v.degrader, reasons, common, v.others)
@@ -154,9 +157,11 @@ def _steps_and_stacks(
         return None
     culprit_ranks = tuple(int(x) for x in flagged)
     n = len(rounds)
-    duty = "" if steps.slowdown else main_process_duty(facts, culprit_ranks, {r.snapshot for r in rounds})
+    flagged_in = {r.snapshot for r in rounds}
+    duty = "" if steps.slowdown else main_process_duty(facts, culprit_ranks, flagged_in, duty_ranks(topology))
     if duty:
-        reasons.append(duty_words(f"ran its own code while most ranks waited in all {n} snapshot(s)", duty))
+        how = f"ran its own code while most ranks waited in all {n} snapshot(s)"
+        reasons.append(duty_words(how, duty, duty_who(culprit_ranks)))
         return None
     culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in group.nodes)
     for rk in culprit_ranks[:5]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from rankscope.analytics.faultdomain import node_group, node_limit
 from rankscope.analytics.stacks.culprits import pipeline_ends
-from rankscope.analytics.stacks.duties import stuck_duty_words
+from rankscope.analytics.stacks.duties import duty_who, stuck_duty_words
 from rankscope.analytics.stacks.report import dominant_words
 from rankscope.analytics.verdict import Severity, Verdict, rank_ranges
 
@@ -64,15 +64,19 @@ def stopped_verdict(h: Hang, ranks: Sequence[int]) -> Verdict:
     return h.verdict(Severity.INCONCLUSIVE, 0.5, suspect_ranks=tuple(ranks), evidence=h.evidence(ranks))
 
 
-def main_duty_verdict(h: Hang) -> Verdict:
-    """Rank 0 alone stands out, in code no other rank ran: its own duties, which the job waits on by design."""
-    f = h.a.best().get(0)
-    if f is not None:
-        h.reasons.append(f"Rank 0 on {h.topology.node_of(0)}: {f.detail}.")
+def main_duty_verdict(h: Hang, ranks: Sequence[int]) -> Verdict:
+    """Rank 0 (or replica 0 as a whole) alone stands out, in code no other rank ran: the job's own duties, which
+    the job waits on by design."""
+    best = h.a.best()
+    for r in ranks[:3]:
+        f = best.get(r)
+        if f is not None:
+            h.reasons.append(f"Rank {r} on {h.topology.node_of(r)}: {f.detail}.")
     rounds = len(h.facts.analyses) if h.facts is not None else 1
-    h.reasons.append(stuck_duty_words(rounds, h.duty, h.a.state_of(0) or "compute"))
-    suspects = tuple(sorted(set(h.a.outlier_ranks) | {0}))
-    return h.verdict(Severity.INCONCLUSIVE, 0.4, suspect_ranks=suspects, evidence=h.evidence((0,)))
+    duty = h.duty_of(ranks)
+    h.reasons.append(stuck_duty_words(rounds, duty, h.a.state_of(ranks[0]) or "compute", duty_who(ranks)))
+    suspects = tuple(sorted(set(h.a.outlier_ranks) | set(ranks)))
+    return h.verdict(Severity.INCONCLUSIVE, 0.4, suspect_ranks=suspects, evidence=h.evidence(tuple(ranks)))
 
 
 WAITS_ON_PEERS = ("backward", "collective", "p2p")  # DDP's gradient all-reduce waits inside the autograd engine

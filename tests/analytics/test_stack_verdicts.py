@@ -317,6 +317,38 @@ def test_a_culprit_whose_replica_spans_most_nodes_is_named_and_its_victims_are_n
     assert victims == {0, 4, 5, 8, 9}
 
 
+def _checkpoint_round(tmp_path: Path, writers: range) -> Inputs:
+    """tp=4,dp=16 on 16 nodes x 4: ``writers`` in Megatron's save_checkpoint -> torch.save, the rest in its barrier."""
+    write = _fh(
+        "_write_files_from_queue@/t/distributed/checkpoint/filesystem.py:323",
+        "save@/t/serialization.py:967",
+        "save_checkpoint@/m/megatron/training/checkpointing.py:512",
+        "train@/m/megatron/training/training.py:1402",
+    )
+    barrier = _fh(
+        "barrier@/t/distributed/distributed_c10d.py:4635",
+        "save_checkpoint@/m/megatron/training/checkpointing.py:540",
+        "train@/m/megatron/training/training.py:1402",
+    )
+    for r in range(64):
+        (tmp_path / f"rank{r}.txt").write_text(write if r in writers else barrier)
+    return load_inputs(tmp_path, layout="tp=4,dp=16", gpus_per_node=4)
+
+
+def test_a_checkpoint_data_parallel_replica_0_writes_alone_evicts_nobody(tmp_path: Path) -> None:
+    """Megatron's (and DeepSpeed's) checkpoint writers are the model-parallel ranks of data-parallel rank 0; one
+    round caught them writing while 60 ranks waited in the barrier after it (an outside tester's 512-rank case):
+    a hang evicting their machine, as only rank 0 alone was taken for the job's own duty."""
+    v = stack_verdict(_checkpoint_round(tmp_path, range(4)))
+    assert v.verdict == "inconclusive" and no_suspect(v), v.explain()
+    assert "Data-parallel replica 0 (ranks 0-3)" in v.explain() and "_write_files_from_queue" in v.explain()
+
+
+def test_the_same_checkpoint_code_on_another_replica_stays_a_hang(tmp_path: Path) -> None:
+    v = stack_verdict(_checkpoint_round(tmp_path, range(4, 8)))
+    assert v.verdict == "hang" and v.culprit_ranks == (4, 5, 6, 7) and v.suspect_nodes == ("node-1",), v.explain()
+
+
 def test_strong_culprits_in_unrelated_groups_are_inconclusive(tmp_path: Path) -> None:
     busy = _fh("matmul@/job/train.py:95", "forward@/job/train.py:171", "<module>@/job/train.py:332")
     wait = _fh("all_reduce@/t/distributed_c10d.py:3252", "main@/job/train.py:201", "<module>@/job/train.py:332")
