@@ -191,7 +191,7 @@ def _fr_moved(inputs: Inputs, fr_dumps: Sequence[FRDump], fr_facts: Any, f: stac
         f"in between ({p['n_advanced']} of {p['n_ranks_in_both']} ranks issued or finished ops), into ops issued "
         "since",
     )
-    return StepEvidence(float("nan"), 0.0, 0, True, False, None, words, source="flight_recorder")
+    return StepEvidence(float("nan"), 0.0, 0, True, False, None, words, source="flight_recorder", between_rounds=True)
 
 
 def _steps(inputs: Inputs, timings: Any, f: stacks.StackFacts) -> Any:
@@ -230,14 +230,17 @@ def _logged_steps(inputs: Inputs, log_facts: LogFacts | None, f: stacks.StackFac
     ended += [x.time for x in inputs.logs.launcher if x.time is not None] + list(inputs.logs.stopped)
     if any(bound - 1.0 <= t <= first for t in ended):  # the captured processes ended before that step
         return None
-    from rankscope.analytics.performance.failslow import StepEvidence, logged_slowdown
+    from rankscope.analytics.performance.failslow import StepEvidence, logged_slowdown, stepped_between
 
     words = [f"the logs show a step completed {first - bound:.0f} s after the last snapshot's time"]
     slow = logged_slowdown(inputs.logs.steps)  # and, where they time each step, whether the steps slowed
     if slow is not None:
         per = " per sample" if any(r.batch for r in inputs.logs.steps) else ""
         words.append(f"the logged step time{per} rose {slow[1] / slow[0]:.1f}x at step {slow[2]}")
-    return StepEvidence(first, 0.0, 0, True, False, slow, tuple(words))
+    snaps = {a.snapshot for a in f.analyses}
+    timed = {**inputs.snapshot_latest, **inputs.snapshot_times}  # a file time where none is written (see there)
+    between = stepped_between([s.time for s in inputs.logs.steps if s.time is not None], timed, snaps)
+    return StepEvidence(first, 0.0, 0, True, False, slow, tuple(words), between_rounds=between)
 
 
 def _kept_stepping(fr_v: Verdict, steps: Any) -> Verdict:

@@ -280,6 +280,22 @@ class StepEvidence:
     slowdown: tuple[float, float, int] | None
     words: tuple[str, ...]
     source: str = "steps"  # or "flight_recorder": its captures, taken with the stack rounds, show the ranks moved
+    between_rounds: bool | None = None
+    """Whether a step completed between the first and the last snapshot's time: the rounds saw the job at
+    different steps. False: none did (the rounds caught one stall several times, as good as one snapshot);
+    None: unknown (fewer than two snapshots with a time). A snapshot without a time written in the evidence
+    takes its files' modification time: copying makes those later and closer together, so they can only find
+    fewer steps in between (withholding a name, never giving one)."""
+
+
+def stepped_between(ends: Any, snapshot_times: Mapping[int, float | None], snapshots: Any = None) -> bool | None:
+    """Whether any of the step end times ``ends`` lies strictly between the earliest and the latest of the
+    snapshots' times (``snapshots``: those to consider, default all); None with fewer than two timed ones."""
+    times = [t for s, t in snapshot_times.items() if t is not None and (snapshots is None or s in snapshots)]
+    if len(times) < 2:
+        return None
+    lo, hi = min(times), max(times)
+    return any(lo < float(e) < hi for e in ends)
 
 
 def _per_step(timings: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -416,4 +432,7 @@ def step_evidence(
     slow = _slowdown(steps, dur)
     if slow is not None:
         words.append(f"steps slowed from {slow[0]:.2f} s to {slow[1]:.2f} s at step {slow[2]}")
-    return StepEvidence(last_end, cadence, int(steps.size), progressing, stuck, slow, tuple(words))
+    between = stepped_between(end, {**(snapshot_latest or {}), **snapshot_times})
+    return StepEvidence(
+        last_end, cadence, int(steps.size), progressing, stuck, slow, tuple(words), between_rounds=between
+    )

@@ -83,11 +83,17 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
             "evicting."
         )
         v, few = None, True
+    if steps is not None and steps.progressing and steps.between_rounds is False and steps.slowdown is None:
+        reasons.append(
+            f"No step completed between the {len(rounds)} rounds: they caught one stall several times (a single "
+            "sample of the job), and the step times show no slowdown: no slow rank named."
+        )
     if (
         steps is not None
         and steps.progressing
         and steps.source == "steps"  # the Flight Recorder's progress counts no steps: it names no slow rank
-        and (len(rounds) >= 2 or steps.slowdown is not None)
+        # rounds that caught one stall (no step between them) are one sample: the steps must show a slowdown
+        and ((len(rounds) >= 2 and steps.between_rounds is not False) or steps.slowdown is not None)
     ):
         named = _steps_and_stacks(facts, topology, rounds, steps, reasons, common)
         if named is not None:

@@ -186,6 +186,16 @@ def test_frozen_stacks_while_steps_complete_are_fail_slow_not_a_hang(tmp_path):
     )
     v = diagnose(inp.procs, inp.topology, job="t", timings=moving, snapshot_times=times)
     assert v.verdict == "fail-slow" and v.culprit_ranks == (2,) and "slow, not hung" in v.reasons[0]
+    # an outside tester's real capture: three rounds 2 s apart inside one 6 s DataLoader stall of rank 2, the steps
+    # completing only after the last: the rounds sampled the job once, and fail-slow evicted its machine
+    after = hung.vstack(
+        pl.DataFrame(
+            {"rank": [2, 2], "step": [4, 5], "op": ["step"] * 2, "duration_s": [2.0] * 2, "start_s": [1010.5, 1012.5]}
+        )
+    )
+    v = diagnose(inp.procs, inp.topology, job="t", timings=after, snapshot_times=times)
+    assert v.verdict != "fail-slow" and not v.suspect_nodes, v.explain()
+    assert "No step completed between the 2 rounds" in v.explain()
 
 
 def test_a_dump_cut_short_joins_the_stack_it_is_the_inner_part_of(tmp_path):
