@@ -103,6 +103,13 @@ class PathFacts:
     log_dir_layout: bool  # under torchrun's <run_id>/attempt_<k>/<local_rank>/
 
 
+_POD_LOG_DIR = re.compile(
+    r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?_(?P<pod>[a-z0-9](?:[-.a-z0-9]*[a-z0-9])?)_"
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+)
+"""The kubelet's folder of a pod's logs on its node: ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/0.log``."""
+
+
 @lru_cache(maxsize=1 << 16)
 def _dir_facts(dirpart: str) -> tuple[int | None, int | None, int | None, str | None, bool]:
     parts = [p for p in dirpart.split("/") if p]
@@ -112,6 +119,8 @@ def _dir_facts(dirpart: str) -> tuple[int | None, int | None, int | None, str | 
         m = SNAPSHOT_DIR.match(part)
         if m:
             snap = int_text(m.group(1), lo=0, hi=2**31 - 1)  # a snapshot number the store's int32 holds, or none
+    if len(parts) >= 2 and (m := _POD_LOG_DIR.match(parts[-2])):  # <ns>_<pod>_<uid>/<container>/: the pod
+        return snap, None, None, m.group("pod"), False
     # torchrun --log-dir: .../<run_id>/attempt_<k>/<local_rank>/
     if len(parts) >= 2 and parts[-1].isdigit() and _ATTEMPT.match(parts[-2]):
         local, log_dir = int(parts[-1]), True

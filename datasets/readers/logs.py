@@ -194,7 +194,7 @@ def _split(line: str) -> tuple[str, int | None, int | None, Stamp | None]:
             stamp = _parse_stamp(m) or stamp
             text = text[m.end() :]
             continue
-        m = RAY.match(text) or _TAG_BEFORE_STAMP.match(text)
+        m = RAY.match(text) or _TAG_BEFORE_STAMP.match(text) or (_CRI_STREAM.match(text) if stamp else None)
         if m:
             text = text[m.end() :]
             continue
@@ -204,6 +204,11 @@ def _split(line: str) -> tuple[str, int | None, int | None, Stamp | None]:
 
 _TAG_BEFORE_STAMP = re.compile(r"^\[[A-Za-z][\w.-]{0,30}\] (?=\d{4}-\d\d-\d\d[ T_]\d\d:)")
 """A logger's tag in front of its time stamp (torchtitan's ``[titan] 2026-12-03 06:12:12,582 - root - INFO - ...``)."""
+
+
+_CRI_STREAM = re.compile(r"^(?:stdout|stderr) [FP] ")
+"""The stream and tag the container runtime puts after its time stamp in the node's pod log files
+(``/var/log/pods/<ns>_<pod>_<uid>/<container>/0.log``: ``2026-12-01T09:00:00.38Z stderr F <the line>``)."""
 
 
 MAX_LOG_LINE = 1 << 16

@@ -1125,3 +1125,17 @@ def test_bare_aborts_in_the_second_of_their_peers_timeouts_are_the_watchdog_s_te
     the fault."""
     v = diagnose(load_inputs(OUTSIDE / "nccl-local-ranks-filter-hidden-aborts"))
     assert v.verdict.value == "hang" and v.culprit_ranks == (10,) and v.suspect_nodes == ("gpu-g02",), v.explain()
+
+
+def test_pod_log_files_as_the_kubelet_keeps_them_are_read_and_named_by_their_pod():
+    """``/var/log/pods/<namespace>_<pod>_<uid>/<container>/0.log``: each line behind the container runtime's time and
+    ``stderr F``. Nothing was read ("no evidence"); the pod, not the container folder, is the machine."""
+    v = diagnose(load_inputs(OUTSIDE / "k8s-var-log-pods-cri"))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (14,), v.explain()
+    assert v.suspect_nodes == ("gpt-pretrain-worker-1",), v.explain()
+
+
+def test_a_console_with_nothing_tied_to_a_rank_says_which_logs_were_read():
+    v = diagnose(load_inputs(OUTSIDE / "deepspeed-pdsh-console-no-rank-tags"))
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
+    assert "1 log file(s) read (deepspeed-launch.log) held nothing tied to a rank" in v.explain(), v.explain()
