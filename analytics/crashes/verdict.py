@@ -321,7 +321,7 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
         )
     if cascade and f.primary:
         lo, hi = min(e.time for e in cascade) - first.time, max(e.time for e in cascade) - first.time
-        when = f"{lo:.1f}-{hi:.1f} s later" if lo >= 0 else f"between {-lo:.1f} s before and {hi:.1f} s after it"
+        when = _when(lo, hi)
         if not first.timed:
             when = "too"
         lost = [e for e in cascade if is_cascade(e)]
@@ -340,6 +340,22 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
             f"{rank_ranges(e.rank for e in others)} (first: {others[0].describe()})."
         )
     return confidence, reasons
+
+
+def _when(lo: float, hi: float) -> str:
+    """When the cascade failed, from its earliest and latest offsets to the first failure (another host's clock
+    may put some of it, or all of it, before)."""
+
+    def one(x: float) -> str:
+        return f"{x:.1f} s later" if x >= 0 else f"{-x:.1f} s before it (by another clock)"
+
+    if round(lo, 1) == round(hi, 1):
+        return one(lo)
+    if lo >= 0:
+        return f"{lo:.1f}-{hi:.1f} s later"
+    if hi < 0:
+        return f"{-hi:.1f}-{-lo:.1f} s before it (by another clock)"
+    return f"between {-lo:.1f} s before and {hi:.1f} s after it"
 
 
 def _first_failure(f: CrashFacts, topology: Topology | None, job: str) -> Verdict:

@@ -265,3 +265,22 @@ def test_death_signal_ignores_dumps_written_before_the_process_was_last_seen_ali
     mtime = f.stat().st_mtime
     assert death_signal(8, tmp_path, since=mtime + 5) is None  # a stack request answered earlier, then SIGKILL
     assert death_signal(8, tmp_path, since=mtime - 5)[0] == "SIGTERM"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("offsets", "words"),
+    [
+        ((633.0, 633.0), "failed 633.0 s later with"),  # it read "633.0-633.0 s later"
+        (
+            (-87.0, -87.0),
+            "failed 87.0 s before it (by another clock) with",
+        ),  # "between 87.0 s before and -87.0 s after"
+        ((-2.0, 3.0), "failed between 2.0 s before and 3.0 s after it with"),
+        ((1.0, 4.0), "failed 1.0-4.0 s later with"),
+    ],
+)
+def test_the_cascade_s_time_reads_right_whatever_the_clocks(offsets: tuple[float, float], words: str) -> None:
+    exits = [ex(6, 100.0, message="CUDA error: uncorrectable ECC error encountered")]
+    exits += [ex(r, 100.0 + t, "DistBackendError", NCCL_TIMEOUT) for r, t in zip((0, 1), offsets)]
+    v = crash_verdict(exits, TOPO)
+    assert v is not None and v.culprit_ranks == (6,) and words in v.reasons[1], v.reasons
