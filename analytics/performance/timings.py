@@ -101,6 +101,11 @@ def topology_for(timings: pl.DataFrame, topology: Topology | None, notes: list[s
     if per_rank.height != world:
         raise InputError(f"timings: ranks must be 0..{world - 1} without gaps (found {per_rank.height} ranks)")
     nodes = per_rank["node"].cast(pl.Utf8).fill_null("").to_list() if "node" in per_rank.columns else [""] * world
+    if notes is not None and not all(nodes):
+        notes.append(
+            "timings: no node column names the machines: each such rank stands for itself (rank-<N>), no machine; "
+            "add a node column, or give --gpus-per-node to name them node-<rank // N>"
+        )
     nodes = [n or f"rank-{r}" for r, n in zip(per_rank["rank"].to_list(), nodes)]
     dims = {d: per_rank[d].to_list() for d in DIMS if d in per_rank.columns and per_rank[d].null_count() == 0}
     if dims:

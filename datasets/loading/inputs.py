@@ -93,6 +93,16 @@ def _from_dir(
     else:  # metrics/timings only: the timing analysis builds its topology from the timing columns
         topo = None
     inferred = inferred_nodes(topo, nodes) if (world_ranks or coords or layout is not None) else ()
+    timings = src.timings
+    if topo is None and gpus_per_node and timings is not None and "node" not in timings.columns:
+        # timings that name no machine, and the user said how many ranks a machine holds: node-<rank // G>,
+        # as --gpus-per-node promises (without it each rank stands alone, rank-<N>)
+        import polars as pl
+
+        from rankscope.datasets.readers.identity import natural
+
+        timings = timings.with_columns(node=pl.format("node-{}", pl.col("rank") // gpus_per_node))
+        inferred = tuple(sorted(set(timings["node"].unique().to_list()), key=natural))
     if inferred:
         notes.append(inferred_note(inferred, g))
     notes += names.notes()
@@ -113,7 +123,7 @@ def _from_dir(
         tuple(procs),
         tuple(src.fr),
         src.metrics,
-        src.timings,
+        timings,
         tuple(notes),
         str(root),
         exits=tuple(src.exits),

@@ -95,3 +95,23 @@ def test_alibaba_pai_job_1_healthy_stretches_name_nobody(pai_job_1):
     for lo, hi in ((1, 1741), (2001, 2988)):
         v = _verdict(pai_job_1.filter(pl.col("step").is_between(lo, hi)))
         assert v.suspect_nodes == (), (lo, hi, v.reasons)
+
+
+@pytest.mark.parametrize("gpus_per_node", [None, 4])
+def test_timings_without_a_node_column_name_node_k_only_when_told_how_many_ranks_a_machine_holds(
+    tmp_path, gpus_per_node
+):
+    """An outside tester's timings.csv with no node column and ``--gpus-per-node 8``: the slow rank's machine was
+    named ``rank-13``, though --gpus-per-node promises node-<rank // N> for unnamed machines."""
+    from rankscope.analytics import diagnose
+    from rankscope.datasets.loading.inputs import load_inputs
+
+    _frame(np.random.default_rng(0), slow=5).drop("node").write_csv(tmp_path / "timings.csv")
+    inp = load_inputs(tmp_path, gpus_per_node=gpus_per_node)
+    v = diagnose(inp)
+    assert v.verdict == "fail-slow" and v.culprit_ranks == (5,), v.explain()
+    if gpus_per_node:
+        assert v.culprit_nodes == ("node-1",) and "node-1" in v.details["inferred_node_names"], v.explain()
+        assert any("machine names inferred as node-<rank // 4>" in n for n in v.details["notes"]), v.details
+    else:
+        assert v.culprit_nodes == ("rank-5",) and "no node column names the machines" in v.explain(), v.explain()
