@@ -353,6 +353,15 @@ def _stage_imbalance(p: _Peers, cfg: StragglerConfig, busy: np.ndarray, slow_set
     return out
 
 
+def warm_up(log_ratio: np.ndarray, min_log: float) -> int:
+    """How many of the first steps are the job's warm-up: the leading run of steps slower than the job's usual
+    by ``min_log`` or more, when it ended within the first quarter of the steps (a job slow from its first step
+    to its last has no warm-up: it is slow). 0 when there is none."""
+    slow = np.nan_to_num(log_ratio, nan=0.0) > min_log
+    lead = int(np.argmin(slow)) if not slow.all() else slow.size
+    return lead if 0 < lead <= slow.size // 4 else 0
+
+
 def _job_wide(p: _Peers, cfg: StragglerConfig, total: np.ndarray) -> Imbalance | None:
     """Every worker slower together (a job-wide change)."""
     k, min_log = cfg.min_episode_steps, float(np.log(cfg.min_slowdown_ratio))
@@ -360,15 +369,21 @@ def _job_wide(p: _Peers, cfg: StragglerConfig, total: np.ndarray) -> Imbalance |
         warnings.simplefilter("ignore", RuntimeWarning)
         job = np.nanmedian(total, axis=1)
         lj = np.log(job / np.nanmedian(job[: max(k, job.size // 5)]))
+    lj = lj.copy()
+    lj[: warm_up(lj, min_log)] = 0.0  # compilation, caches, the first collectives: not a change of the job
     (ep,) = episodes(lj[:, None], min_log=min_log, k=k, noise=noise(lj))
     if ep is None or ep.significance < cfg.min_significance:
         return None
+    lasted = ep.end >= lj.size - k  # to the last steps: the job changed
+    if not lasted and ep.end - ep.start < max(2 * k, lj.size // 10):
+        return None  # a few slow steps that passed (a restart's warm-up, a checkpoint): no change of the job
+    how = "" if lasted else f" for {ep.end - ep.start} steps"
     return Imbalance(
         "job-wide",
         ep.ratio,
         "every rank",
         int(p.steps[ep.start]),
-        f"every worker became {ep.ratio:.2f}x slower together from step {int(p.steps[ep.start])}: a job-wide "
+        f"every worker became {ep.ratio:.2f}x slower together{how} from step {int(p.steps[ep.start])}: a job-wide "
         "change (data, configuration or shared infrastructure), no machine is blamed",
     )
 

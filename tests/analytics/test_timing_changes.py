@@ -115,3 +115,39 @@ def test_timings_without_a_node_column_name_node_k_only_when_told_how_many_ranks
         assert any("machine names inferred as node-<rank // 4>" in n for n in v.details["notes"]), v.details
     else:
         assert v.culprit_nodes == ("rank-5",) and "no node column names the machines" in v.explain(), v.explain()
+
+
+def _job(rng, steps=1200, workers=32, warm=10):
+    d = rng.lognormal(0, 0.03, (steps, workers))
+    d[:warm] *= 5.5  # compilation, caches, the first collectives
+    return d
+
+
+def _rows(d, start=None):
+    s, w = np.meshgrid(np.arange(1, d.shape[0] + 1), np.arange(d.shape[1]), indexing="ij")
+    cols = {"rank": w.ravel(), "step": s.ravel(), "op": "forward-backward", "duration_s": d.ravel()}
+    if start is not None:
+        cols["start_s"] = np.repeat(start, d.shape[1])
+    return pl.DataFrame({**cols, "node": [f"gpu-h{i // 8:03d}" for i in w.ravel()]})
+
+
+def test_warm_up_steps_are_no_job_wide_slowdown_and_the_real_one_is_told():
+    """An outside tester's 64 ranks with 10 warm-up steps 5.5x: "every worker became 5.47x slower together from
+    step 1"; the job's real 1.5x slowdown from step 600 went untold."""
+    d = _job(np.random.default_rng(1))
+    d[599:] *= 1.5
+    v = _verdict(_rows(d))
+    assert not v.suspect_nodes and "1.50x slower together from step 600" in v.explain(), v.explain()
+    steady = _verdict(_rows(_job(np.random.default_rng(2))))
+    assert steady.verdict == "healthy" and not steady.suspect_nodes, steady.explain()
+
+
+def test_steps_a_restart_runs_again_count_once():
+    """Steps 1-700, then a restart from the step-600 checkpoint re-runs 601-700 (with its own warm-up): both runs'
+    times were added, "every worker became 2.00x slower together from step 601"."""
+    rng = np.random.default_rng(3)
+    first, again = _job(rng, steps=700), _job(rng, steps=600)
+    start = np.concatenate([np.cumsum(first.max(axis=1)), 1000.0 + np.cumsum(again.max(axis=1))])
+    rows = pl.concat([_rows(first, start[:700]), _rows(again, start[700:]).with_columns(pl.col("step") + 600)])
+    v = _verdict(rows)
+    assert v.verdict == "healthy" and not v.suspect_nodes, v.explain()
