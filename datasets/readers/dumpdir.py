@@ -59,6 +59,7 @@ _READ_WHOLE = frozenset((*_STACK_KINDS, "json", "empty"))
 _ONE_READ = 1 << 20  # files smaller than this are read whole at once (their kind is sniffed from the bytes)
 _COMMON_SUFFIXES = frozenset((".txt", ".json"))  # stack dumps: go straight to the content
 _TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
+_LINES_SUFFIXES = (".jsonl", ".ndjson")  # JSON Lines: one record per line (timings)
 _EXPOSITION_SUFFIXES = (".prom", ".metrics", ".openmetrics")  # Prometheus text exposition by name
 _PACKED = frozenset(PACKED)
 _PACKED_WHY = "compressed or an archive: unpack it first, e.g. gunzip -r or tar xf, and point rankscope at the folder"
@@ -313,7 +314,7 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
         if low.startswith("metrics") and low.endswith(_TABLE_SUFFIXES):
             sc.metrics.append(Path(abs_path))
             return
-        if low.startswith("timings") and low.endswith(_TABLE_SUFFIXES):
+        if low.startswith("timings") and low.endswith(_TABLE_SUFFIXES + _LINES_SUFFIXES):
             sc.timings.append(Path(abs_path))
             return
         if low.endswith(_EXPOSITION_SUFFIXES):

@@ -20,6 +20,8 @@ from rankscope.datasets.domain.bounds import check_regular, epoch_range, limits
 from rankscope.spine import InputError, ParseError
 
 SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
+LINES_SUFFIXES = (".jsonl", ".ndjson")
+"""JSON Lines (one record per line, the columns as keys): read for timings."""
 METRIC_COLUMNS = {"ts": None, "node": pl.Utf8, "metric": pl.Utf8, "value": pl.Float64}
 METRIC_OPTIONAL = {"gpu": pl.Int32, "rank": pl.Int32, "job": pl.Utf8}
 TIMING_COLUMNS = {"rank": pl.Int32, "step": pl.Int64, "op": pl.Utf8, "duration_s": pl.Float64}
@@ -35,14 +37,14 @@ TIMING_OPTIONAL = {
 }
 
 
-def _find(directory: str | os.PathLike[str], prefix: str) -> list[Path]:
+def _find(directory: str | os.PathLike[str], prefix: str, suffixes: tuple[str, ...] = SUFFIXES) -> list[Path]:
     root = Path(directory)
     if not root.is_dir():
         raise InputError(f"{root}: not a directory")
     return sorted(
         p
         for p in root.rglob(f"{prefix}*")
-        if p.is_file() and p.name.lower().endswith(SUFFIXES) and not p.name.startswith(".")
+        if p.is_file() and p.name.lower().endswith(suffixes) and not p.name.startswith(".")
     )
 
 
@@ -52,8 +54,8 @@ def find_metric_files(directory: str | os.PathLike[str]) -> list[Path]:
 
 
 def find_timing_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """CSV/Parquet files under ``directory`` whose names start with ``timings``."""
-    return _find(directory, "timings")
+    """CSV/Parquet/JSON Lines files under ``directory`` whose names start with ``timings``."""
+    return _find(directory, "timings", SUFFIXES + LINES_SUFFIXES)
 
 
 MEASURED = ("value", "duration_s", "start_s")
@@ -76,10 +78,20 @@ def _load(path: Path) -> pl.DataFrame:
     try:
         if path.name.lower().endswith((".parquet", ".pq")):
             return pl.read_parquet(path)
+        if path.name.lower().endswith(LINES_SUFFIXES):  # every row's keys and types, not the first rows'
+            df = pl.read_ndjson(path, infer_schema_length=None)
+            return df.with_columns(pl.col(c).cast(pl.Float64, strict=False) for c in MEASURED if c in df.columns)
         return read_csv_typed(path, try_parse_dates=True)
     except (pl.exceptions.PolarsError, OSError, ValueError, pl.exceptions.PanicException) as exc:  # a panic too
         why = " ".join(str(exc).split())[:200]
-        raise ParseError(path, f"unreadable {'Parquet' if 'parquet' in path.suffix else 'CSV'} ({why})") from None
+        fmt = (
+            "Parquet"
+            if "parquet" in path.suffix
+            else "JSON Lines"
+            if path.name.lower().endswith(LINES_SUFFIXES)
+            else "CSV"
+        )
+        raise ParseError(path, f"unreadable {fmt} ({why})") from None
 
 
 def _conform(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
 
@@ -108,3 +110,20 @@ def test_timings_with_whole_seconds_first_read_on(tmp_path):
     (tmp_path / "timings.csv").write_text("\n".join(rows) + "\n")
     df = read_timings([tmp_path / "timings.csv"])
     assert df.height == 12_080 and df["duration_s"].dtype == pl.Float64 and df["duration_s"].max() == 2.0
+
+
+def test_timings_as_json_lines_are_read_and_a_broken_line_named(tmp_path):
+    """An outside tester's ``timings.jsonl`` (one record per line) was skipped as "a large JSON object with no
+    Flight Recorder keys", and the run refused."""
+    rows = [
+        {"rank": r, "step": s, "op": "fwd", "duration_s": 1 if s < 3 else 1.25, "node": f"h{r // 2}"}
+        for s in range(1, 5)
+        for r in range(4)
+    ]  # whole seconds first, decimals later
+    (tmp_path / "timings.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    assert find_timing_files(tmp_path) == [tmp_path / "timings.jsonl"]
+    df = read_timings([tmp_path / "timings.jsonl"])
+    assert df.height == 16 and df["duration_s"].dtype == pl.Float64 and df["duration_s"].max() == 1.25
+    (tmp_path / "timings.jsonl").write_text('{"rank": 0, "step": 1, "op": "fwd", "duration_s": 1.0}\n{"rank": 1, "st\n')
+    with pytest.raises(ParseError, match=r"timings\.jsonl.*unreadable JSON Lines"):
+        read_timings([tmp_path / "timings.jsonl"])
