@@ -131,6 +131,22 @@ def _groups(logs: LogEvidence) -> dict[str, list[WatchdogRecord]]:
     return out
 
 
+def _one_unnamed_group(groups: Mapping[str, list[WatchdogRecord]], waits: list[WatchdogRecord], world: int) -> bool:
+    """Whether timeouts whose lines name no process group (torch before 2.3: "[Rank 3] Watchdog caught collective
+    operation timeout: WorkNCCL(SeqNum=1121, OpType=ALLREDUCE, ...)") are one stall of the whole job: no line
+    names any group, every one is the same work (sequence number and op), and at least half the world timed out
+    in it. Several groups of one job stall at different works; a subgroup's stall holds less of the world."""
+    if set(groups) != {"?"} or not world:
+        return False
+    works = {(w.seq, w.op) for w in waits if w.kind == "timeout"} | {
+        (w.seq, None) for w in waits if w.kind != "timeout"
+    }
+    seqs = {s for s, _ in works}
+    ops = {o for _, o in works if o is not None}
+    ranks = {w.rank for w in waits if w.rank is not None}
+    return len(seqs) == 1 and len(ops) <= 1 and 2 * len(ranks) >= world
+
+
 def stalls(logs: LogEvidence, topology: Topology | None, world: int) -> list[GroupStall]:
     """Every group with a timeout, with its waiters, lagging and silent members."""
     groups = _groups(logs)
@@ -138,10 +154,13 @@ def stalls(logs: LogEvidence, topology: Topology | None, world: int) -> list[Gro
     out = []
     for key, recs in groups.items():
         waits = [w for w in recs if w.kind in ("timeout", "failure") and w.seq is not None]
-        if not waits or key == "?":
+        if not waits or (key == "?" and not _one_unnamed_group(groups, waits, world)):
             continue
         seq = max(w.seq for w in waits if w.seq is not None)
-        members = _membership(key, [w for w in recs if w.pg_rank is not None] or recs, world, topology)
+        if key == "?":  # torch before 2.3 names no group; one stall of most of the world is the world's group
+            members = {r: r for r in range(world)}
+        else:
+            members = _membership(key, [w for w in recs if w.pg_rank is not None] or recs, world, topology)
         counters = _counters(recs)
         waiters = sorted({w.rank for w in waits if w.rank is not None})
         mem = sorted(set(members.values()) | set(waiters))
@@ -239,6 +258,13 @@ def _seq_of(found: list[GroupStall], group: str) -> int:
 
 def _name(found: list[GroupStall], group: str) -> str:
     s = next(s for s in found if s.group == group)
+    return group_name(s)
+
+
+def group_name(s: GroupStall) -> str:
+    """How the words name a stalled group: ``pg <GUID or id> (<desc>)``, or the one group of lines that name none."""
+    if s.group == "?":
+        return "the job's group (its lines name none, as before torch 2.3)"
     return f"pg {s.group}" + (f" ({s.desc})" if s.desc and s.desc != s.group else "")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from rankscope.analytics.logs.facts import LogFacts
+from rankscope.analytics.logs.facts import LogFacts, group_name
 from rankscope.analytics.verdict import Evidence, Severity, Verdict, merge_nodes, rank_ranges
 from rankscope.datasets.domain.topology import Topology
 
@@ -28,7 +28,7 @@ def _when(t: float | None) -> str:
 def _stall_words(f: LogFacts) -> list[str]:
     out = []
     for s in f.stalls[:3]:
-        name = f"pg {s.group}" + (f" ({s.desc})" if s.desc and s.desc != s.group else "")
+        name = group_name(s)
         secs = f" after {s.timeout_ms / 1000:.0f} s" if s.timeout_ms else ""
         out.append(
             f"NCCL watchdog: {len(s.waiters)} of {len(s.members)} member(s) of {name} timed out{secs} in work "
