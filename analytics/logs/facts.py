@@ -39,6 +39,8 @@ class GroupStall:
     blocked_elsewhere: tuple[int, ...]  # members that did not reach it because they time out in another group
     first_time: float | None
     timeout_ms: int | None
+    ops: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """When the waiters time out in different collectives at this work (a desync): each op and its ranks."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,10 @@ def stalls(logs: LogEvidence, topology: Topology | None, world: int) -> list[Gro
         outside = [r for r in mem if r not in waiters and r not in lagging]
         t = [w.time for w in waits if w.time is not None]
         tos = [w.timeout_ms for w in recs if w.timeout_ms]
+        by_op: dict[str, set[int]] = defaultdict(set)
+        for w in waits:
+            if w.kind == "timeout" and w.op and w.seq == seq and w.rank is not None:
+                by_op[w.op].add(w.rank)
         out.append(
             GroupStall(
                 key,
@@ -181,6 +187,7 @@ def stalls(logs: LogEvidence, topology: Topology | None, world: int) -> list[Gro
                 tuple(r for r in outside if r in timed_out),
                 min(t) if t else None,
                 max(tos) if tos else None,
+                tuple(sorted((op, tuple(sorted(rs))) for op, rs in by_op.items())) if len(by_op) > 1 else (),
             )
         )
     return sorted(out, key=lambda s: (s.first_time or 0.0, s.group))

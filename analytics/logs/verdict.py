@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from rankscope.analytics.logs.facts import LogFacts, group_name
+from rankscope.analytics.logs.facts import GroupStall, LogFacts, group_name
 from rankscope.analytics.verdict import Evidence, Severity, Verdict, merge_nodes, rank_ranges
 from rankscope.datasets.domain.topology import Topology
 
@@ -63,6 +63,7 @@ def _details(f: LogFacts) -> dict[str, object]:
                     "waiters": rank_ranges(s.waiters),
                     "lagging": list(s.lagging),
                     "silent": list(s.silent),
+                    "ops": {op: list(rs) for op, rs in s.ops},
                 }
                 for s in f.stalls
             ],
@@ -77,6 +78,9 @@ def verdict(f: LogFacts, topology: Topology | None, *, job: str = "") -> Verdict
     """The decision the logs support (see the module docstring)."""
     if not f.hang_evidence:
         return _quiet(f, job)
+    split = next((s for s in f.stalls if s.ops), None)
+    if split is not None:
+        return _desync(f, split, job)
     reasons = _stall_words(f)
     if not f.laggards:
         if f.unresolved:
@@ -129,6 +133,31 @@ def verdict(f: LogFacts, topology: Topology | None, *, job: str = "") -> Verdict
         culprit_ranks=ranks,
         reasons=tuple(reasons),
         evidence=evidence,
+        sources=("logs",),
+        world_size=f.world,
+        details=_details(f),
+    )
+
+
+def _desync(f: LogFacts, s: GroupStall, job: str) -> Verdict:
+    """The members of one group time out in different collectives at the same work: they issued different calls
+    (a code or data path that diverged on some ranks), a program fault, not a machine: ``mismatch``."""
+    ops = sorted(s.ops, key=lambda o: -len(o[1]))
+    few = tuple(sorted(r for _, rs in ops[1:] for r in rs))
+    said = ", ".join(f"rank(s) {rank_ranges(rs)} in {op}" for op, rs in ops[::-1])
+    reasons = [
+        f"The members of {group_name(s)} time out in different collectives at work {s.seq}: {said}. The ranks "
+        "issued different calls (a code or data path that diverged on some of them), a program fault, not a "
+        "machine: nothing to evict. TORCH_DISTRIBUTED_DEBUG=DETAIL names the calls.",
+        *_stall_words(f),
+    ]
+    return Verdict(
+        Severity.MISMATCH,
+        job=job,
+        confidence=0.7,
+        suspect_ranks=few,
+        reasons=tuple(reasons),
+        evidence=(Evidence("logs", "collective-mismatch", reasons[0][:300], few, (), 0.6),),
         sources=("logs",),
         world_size=f.world,
         details=_details(f),
