@@ -89,20 +89,12 @@ def diagnose(inputs: Inputs, config: Config | None = None, *, sources: Collectio
     if perf_v is not None:
         verdicts.append(perf_v)
     if not verdicts:
-        logs_read = sorted(set(inputs.logs.files)) if inputs.logs is not None and not context else []
-        if logs_read:  # say what was read, so the user knows it was seen and why it did not count
-            context.append(
-                f"{len(logs_read)} log file(s) read ({', '.join(logs_read[:3])}{', ...' if len(logs_read) > 3 else ''})"
-                " held nothing tied to a rank: no NCCL/gloo timeout, traceback, failure summary or step line with a "
-                "rank (a torchrun [rank<N>]:/[default<N>]: tag, a <host>/<run_id>/attempt_<k>/<local_rank>/ log "
-                "folder, or a [Rank <N>] in the line); see the README's inputs for the log layouts read"
-            )
         return Verdict(
             Severity.INCONCLUSIVE,
             job=job,
             reasons=(
                 "no evidence: no stacks, Flight Recorder dumps, exits, metrics or timings were found"
-                if not context or logs_read
+                if not context
                 else "no failure of its own: every process exit reports a lost peer or a deliberate stop",
                 *context,
                 *notes,

@@ -258,12 +258,14 @@ def _build(
     blocks: dict[int, list[ProcessDump]] = defaultdict(list)
     launcher: list[LauncherFailure] = [e for f in reads for e in f.summary]
     offset = zone_offset(launcher, err_local, ranks)
+    used = {f.rel for f in reads if f.summary}  # files that told something of a rank
     for f, key, st in plan:
         rank = _stream_rank(f, key, st, ranks)
         key_host = ranks.host_of(f) or ""
         host = "" if key_host.startswith(UNNAMED) else key_host  # a machine name, or none
         if rank is None:
             continue
+        used.add(f.rel)
         seen.setdefault(rank, host)
         if host:
             out.names.setdefault(rank, (host, f.host_source if f.host else "log"))
@@ -313,6 +315,14 @@ def _build(
             out.names.setdefault(e.rank, (e.host, "log"))
         seen.setdefault(e.rank, e.host if is_machine_name(e.host) else "")
     _stacks(out, blocks, seen)
+    unused = sorted({f.rel for f in reads} - used)
+    if unused:
+        shown = ", ".join(unused[:3]) + (", ..." if len(unused) > 3 else "")
+        notes.append(
+            f"{len(unused)} log file(s) read ({shown}) held nothing tied to a rank: no torchrun [rank<N>]:/"
+            "[default<N>]: tag, <host>/<run_id>/attempt_<k>/<local_rank>/ folder, [Rank <N>] or failure summary "
+            "(see the README's inputs for the log layouts read); not used"
+        )
     out.evidence = LogEvidence(
         tuple(wd),
         tuple(gloo),
