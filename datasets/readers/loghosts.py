@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rankscope.datasets.readers.identity import slurm_task
+from rankscope.datasets.readers.identity import natural, slurm_task
 from rankscope.datasets.readers.logs import FileRead, Stream, to_epoch
 
 
@@ -123,7 +123,8 @@ def latest_attempts(
         )
     n_old = len(reads) - len(kept) + len(errors) - len(kept_errors)
     if n_old:
-        runs = sorted(r for r in latest if latest[r] > 0)
+        dropped = [rel for rel in [f.rel for f in reads] + [rel for rel, _ in errors] if old(rel)]
+        runs = sorted({m.group(1) for rel in dropped if (m := _ATTEMPT_DIR.match(rel))}, key=natural)
         notes.append(
             f"{n_old} log or error file(s) of earlier attempts not used: the job restarted ({', '.join(runs[:3])}: "
             "latest attempt " + ", ".join(str(latest[r]) for r in runs[:3]) + "); the verdict is about its latest"

@@ -84,6 +84,17 @@ def test_an_empty_log_of_a_later_attempt_still_says_the_job_restarted():
     assert not v.suspect_nodes and not v.culprit_ranks and v.verdict.value != "crash", v.explain()
 
 
+def test_the_restart_note_names_the_trees_whose_earlier_attempt_it_left_out(tmp_path):
+    """It named the first three restarted trees, whether or not their earlier attempt left a file (an outside
+    tester's note listed three hosts holding nothing, not the one that did)."""
+    root = tmp_path / "s10"
+    shutil.copytree(REVIEW / "s10", root)
+    shutil.rmtree(root / "ml-gpu-017" / "llama_ft_4c1" / "attempt_0")
+    v = diagnose(load_inputs(root))
+    (note,) = [n for n in v.details["notes"] if "earlier attempts not used" in n]
+    assert "(ml-gpu-018/llama_ft_4c1: latest attempt 1)" in note, note
+
+
 def test_gloo_timeouts_give_gloo_dumps_a_clock_when_they_tie():
     """A real 4-rank gloo job on 2 hosts: rank 2 (``trn-a02``) sleeps instead of calling all_reduce #11; each
     rank dumped Flight Recorder on demand 4 s into the wait; ranks 0, 1, 3 then failed with gloo's "Timed out
