@@ -221,7 +221,14 @@ def sinks(
         return lags, sorted(r for r in silent if r not in strong)
     first = min((s.first_time for s in found if s.first_time is not None), default=None)
     leads = {r for r in silent if _leads_everywhere(found, r)}
-    ok = [r for r in leads if first is None or alive_after.get(r, float("-inf")) >= first - 1.0 or r in stuck_watchdog]
+    # untimed logs corroborate silence only where the lines named its group: the group of lines that name none
+    # is itself inferred (see _one_unnamed_group), and two inferences make no eviction
+    named = {r for r in leads if all(g != "?" for g in silent[r])}
+    ok = [
+        r
+        for r in leads
+        if (r in named if first is None else alive_after.get(r, float("-inf")) >= first - 1.0) or r in stuck_watchdog
+    ]
     # several silent (its machine's other ranks torn down with it), one whose heartbeat monitor aborted it
     beats = [r for r in leads if r in stuck_watchdog]
     if (len(ok) == 1 and len(silent) == 1) or len(beats) == 1:

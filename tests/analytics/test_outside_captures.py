@@ -1144,7 +1144,7 @@ def test_a_console_with_nothing_tied_to_a_rank_says_which_logs_were_read():
 def test_timeouts_of_lines_that_name_no_group_are_the_job_s_one_stall():
     """torch 2.1 names no process group in its watchdog lines: the 15 ranks' timeouts in work 1121 were dropped
     as "group unknown", and the silent rank 5 went unmentioned; one work most of the world times out in is the
-    job's group. Two works (several groups) stay unknown."""
+    job's group. The group inferred and the logs untimed, rank 5's silence is pointed at, not evicted."""
     v = diagnose(load_inputs(OUTSIDE / "nccl-torch21-unnamed-group-silent-rank"))
-    assert v.verdict.value == "hang" and v.culprit_ranks == (5,) and v.suspect_nodes == ("gpu-b101",), v.explain()
-    assert "lines name none" in v.explain()
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
+    assert "lines name none" in v.explain() and "rank(s) 5 printed no timeout" in v.explain(), v.explain()
