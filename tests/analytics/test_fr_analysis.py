@@ -471,3 +471,36 @@ def test_a_rank_with_two_records_of_one_collective_disagrees_with_ranks_that_hav
     assert sorted((len(sig), ranks) for sig, ranks in t.sigs[key].items()) == [(1, [1]), (2, [0])]
     again = {**twice, 1: replace(dumps[1], entries=(*dumps[1].entries, e))}  # the same pair on its peer
     assert key not in build_tables(again, keys, groups).sigs
+
+
+def _as_rooted(dumps: list[FRDump], op: str, dtype_of: dict[int, str] | None = None) -> list[FRDump]:
+    """Each rank's first collective turned into ``op`` (gather or scatter) rooted at rank 0: only the root holds
+    the gathered output (gather) or the scattered input (scatter), the others an empty list, as PyTorch records."""
+    out = []
+    for d in dumps:
+        entries = list(d.entries)
+        i = next(i for i, e in enumerate(entries) if not e.is_p2p)
+        mine = ((dtype_of or {}).get(d.rank, "Byte"),)
+        root = mine if d.rank == 0 else ()
+        ins, outs = (mine, root) if op == "gather" else (root, mine)
+        entries[i] = entries[i]._replace(
+            op=op,
+            profiling_name=f"{entries[i].backend}:{op}",
+            input_dtypes=ins,
+            output_dtypes=outs,
+            input_sizes=((8,),) if ins else (),
+            output_sizes=((8,),) if outs else (),
+        )
+        out.append(replace(d, entries=tuple(entries)))
+    return out
+
+
+@pytest.mark.parametrize("op", ["gather", "scatter"])
+def test_rooted_collectives_whose_members_hold_one_side_empty_are_no_mismatch(op: str) -> None:
+    """torch.distributed.checkpoint gathers and scatters through rank 0: only the root holds the output of a
+    gather (the input of a scatter). A healthy 8-rank DCP job's dumps were a `mismatch` ("dtypes mismatch")."""
+    syn = generate_fr("dp=8", fault="clean", seed=0)
+    a = collectives.facts(_as_rooted(syn.dumps(), op), syn.topology)
+    assert a.status == "healthy" and a.mismatches == (), [m.expected for m in a.mismatches]
+    odd = collectives.facts(_as_rooted(syn.dumps(), op, {5: "Float"}), syn.topology)  # rank 5 sends Float
+    assert odd.status == "mismatch" and odd.mismatch_ranks == (5,)
