@@ -297,10 +297,26 @@ def _is_dcp_step(file: str) -> bool:
 
 def _is_c10d_wait(fn: str, file: str) -> bool:
     """``Work.wait`` of an async collective (``dist.all_reduce(..., async_op=True).wait()``, DDP/FSDP and
-    Megatron's gradient sync): py-spy shows it as ``wait`` in ``distributed_c10d.py`` or ``c10d``."""
-    return fn in ("wait", "_wait", "wait_all", "block_current_stream") and (
+    Megatron's gradient sync): py-spy shows it as ``wait`` in ``distributed_c10d.py`` or ``c10d``; a functional
+    collective's (tensor parallel's DTensor redistribution) as ``wait_tensor`` in ``_functional_collectives.py``."""
+    return fn in ("wait", "_wait", "wait_all", "block_current_stream", "wait_tensor") and (
         "distributed_c10d" in file or "/c10d" in file or "_functional_collectives" in file
     )
+
+
+_COLLECTIVE_NAME = re.compile(
+    r"^_?(?:all_?gather|reduce_?scatter|all_?reduce|all_to_all|broadcast|(?:monitored_)?barrier|gather|scatter|reduce)"
+    r"(?:_|$)"
+)
+"""The collectives of ``distributed_c10d.py`` and ``_functional_collectives.py`` by their name's stem, whatever
+the release calls the variant (``all_gather_single`` and ``reduce_scatter_single``, FSDP2's in torch 2.13;
+``all_gather_into_tensor_coalesced``; ``reduce_scatter_tensor``)."""
+
+
+def _is_c10d_collective(fn: str, file: str) -> bool:
+    """A collective call of torch.distributed's own modules, named by its stem (:data:`_COLLECTIVE_NAME`)."""
+    f = file.replace("\\", "/")
+    return f.endswith(("distributed_c10d.py", "_functional_collectives.py")) and bool(_COLLECTIVE_NAME.match(fn))
 
 
 def is_startup(frames: Sequence[FrameLike]) -> tuple[bool, int]:
@@ -354,7 +370,7 @@ def _classify(frames: Sequence[FrameLike], role: str) -> tuple[str, int]:
             return "p2p", i
         if fn in COLLECTIVE_OPS and _is_dist(f.file) and not _is_dcp_step(f.file):
             return "collective", i
-        if _is_c10d_wait(fn, f.file):
+        if _is_c10d_wait(fn, f.file) or _is_c10d_collective(fn, f.file):
             return "collective", i
         if fn in DATALOADER_WAIT and "utils/data" in f.file.replace("\\", "/"):
             return "dataloader-wait", i

@@ -1148,3 +1148,21 @@ def test_timeouts_of_lines_that_name_no_group_are_the_job_s_one_stall():
     v = diagnose(load_inputs(OUTSIDE / "nccl-torch21-unnamed-group-silent-rank"))
     assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
     assert "lines name none" in v.explain() and "rank(s) 5 printed no timeout" in v.explain(), v.explain()
+
+
+@pytest.mark.parametrize(
+    ("capture", "layout", "verdict", "ranks", "node"),
+    [
+        ("fsdp2-rank-asleep-before-forward-5rounds", None, "hang", (2,), "gpu-a17"),
+        ("fsdp2-tp-rank-asleep-5rounds", "tp=4,dp=2", "hang", (1,), "gpu-a17"),
+        ("fsdp2-tp-throttled-rank-5rounds", "tp=4,dp=2", "fail-slow", (6,), "gpu-b03"),
+        ("fsdp2-healthy-3rounds", None, "healthy", (), None),
+    ],
+)
+def test_real_fsdp2_and_tensor_parallel_captures(capture, layout, verdict, ranks, node):
+    """Real FSDP2 and FSDP2 x DTensor tensor-parallel gloo jobs, five py-spy rounds: the peers wait in
+    ``all_gather_single`` or in a functional collective's ``wait_tensor``. Those waits were read as compute:
+    the hangs were inconclusive and the throttled rank healthy."""
+    v = diagnose(load_inputs(OUTSIDE / capture, layout=layout))
+    assert v.verdict.value == verdict and v.culprit_ranks == ranks, v.explain()
+    assert v.suspect_nodes == ((node,) if node else ()), v.explain()

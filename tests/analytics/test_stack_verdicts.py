@@ -421,6 +421,33 @@ _PIPE_BUSY = """    forward (torch/nn/modules/linear.py:125)
 """
 
 
+@pytest.mark.parametrize(
+    ("function", "file"),
+    [
+        ("all_gather_single", "distributed_c10d.py"),  # FSDP2's unshard in torch 2.13
+        ("reduce_scatter_single", "distributed_c10d.py"),  # its gradient reduce-scatter
+        ("all_gather_into_tensor_coalesced", "distributed_c10d.py"),
+        ("wait_tensor", "_functional_collectives.py"),  # DTensor tensor parallel's wait on its collective
+        ("reduce_scatter_tensor", "_functional_collectives.py"),
+    ],
+)
+def test_collectives_of_fsdp2_and_tensor_parallel_are_waits_on_peers(function: str, file: str) -> None:
+    """An outside tester's real FSDP2 and FSDP2 x TP captures: ranks blocked in ``all_gather_single`` and in
+    ``wait_tensor`` (under ``OpOverloadPacket.__call__``) were read as running their own code, so a rank asleep
+    before its forward was no hang and a throttled one no fail-slow."""
+    from rankscope.analytics.stacks.frames import classify
+    from rankscope.datasets.domain.stacks import Frame
+
+    frames = (
+        Frame("OpOverloadPacket.__call__", "/venv/lib/python3.11/site-packages/torch/_ops.py", 1279),
+        Frame(function, f"/venv/lib/python3.11/site-packages/torch/distributed/{file}", 142),
+        Frame("forward", "/job/train.py", 102),
+    )
+    assert classify(frames)[0] == "collective"
+    own = (Frame("all_gather_rows", "/job/train.py", 12), Frame("forward", "/job/train.py", 102))
+    assert classify(own)[0] == "compute"  # a name alone, outside torch.distributed, is the job's own code
+
+
 def test_torch_pipelining_stage_waiting_on_its_p2p_work_is_a_p2p_wait(tmp_path: Path) -> None:
     # torch.distributed.pipelining waits with ``for w in work: w.wait()`` (C++ below): py-spy's innermost
     # frame is _wait_batch_p2p. Read as compute, a pipeline hang looked like a running job (an outside
