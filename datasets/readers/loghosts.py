@@ -247,3 +247,18 @@ def file_mtime(path: str) -> float | None:
         return os.stat(path).st_mtime
     except OSError:
         return None
+
+
+def unused_note(reads: Sequence[FileRead], used: set[str]) -> list[str]:
+    """The note listing log files that held nothing tied to a rank and nothing of a launcher (no failure summary,
+    stop or finish line): read, and not used."""
+    told = used | {f.rel for f in reads if f.summary or f.stop_stamps or f.stopped_at or f.finished_ok or f.failures}
+    unused = sorted({f.rel for f in reads} - told)
+    if not unused:
+        return []
+    shown = ", ".join(unused[:3]) + (", ..." if len(unused) > 3 else "")
+    return [
+        f"{len(unused)} log file(s) read ({shown}) held nothing tied to a rank: no torchrun [rank<N>]:/"
+        "[default<N>]: tag, <host>/<run_id>/attempt_<k>/<local_rank>/ folder, [Rank <N>] or launcher lines "
+        "(see the README's inputs for the log layouts read); not used"
+    ]

@@ -32,11 +32,12 @@ from rankscope.datasets.readers.loghosts import (
     lived_on,
     machine_names,
     repeated,
+    unused_note,
     year_of,
     zone_offset,
 )
 from rankscope.datasets.readers.logs import _LAUNCHER_EXC, FileRead, Stream, read_log_files, to_epoch
-from rankscope.datasets.readers.torchelastic import ElasticError, read_error_file, split_exception
+from rankscope.datasets.readers.torchelastic import SIGNALS, ElasticError, read_error_file, split_exception
 from rankscope.spine import InputError
 
 
@@ -258,7 +259,7 @@ def _build(
     blocks: dict[int, list[ProcessDump]] = defaultdict(list)
     launcher: list[LauncherFailure] = [e for f in reads for e in f.summary]
     offset = zone_offset(launcher, err_local, ranks)
-    used = {f.rel for f in reads if f.summary}  # files that told something of a rank
+    used: set[str] = set()  # files that told something of a rank
     for f, key, st in plan:
         rank = _stream_rank(f, key, st, ranks)
         key_host = ranks.host_of(f) or ""
@@ -315,14 +316,7 @@ def _build(
             out.names.setdefault(e.rank, (e.host, "log"))
         seen.setdefault(e.rank, e.host if is_machine_name(e.host) else "")
     _stacks(out, blocks, seen)
-    unused = sorted({f.rel for f in reads} - used)
-    if unused:
-        shown = ", ".join(unused[:3]) + (", ..." if len(unused) > 3 else "")
-        notes.append(
-            f"{len(unused)} log file(s) read ({shown}) held nothing tied to a rank: no torchrun [rank<N>]:/"
-            "[default<N>]: tag, <host>/<run_id>/attempt_<k>/<local_rank>/ folder, [Rank <N>] or failure summary "
-            "(see the README's inputs for the log layouts read); not used"
-        )
+    notes += unused_note(reads, used)
     out.evidence = LogEvidence(
         tuple(wd),
         tuple(gloo),
@@ -395,8 +389,6 @@ def _exits(
                 kind, message = exc
             else:
                 code = -(s.exitcode or 0)
-                from rankscope.datasets.readers.torchelastic import SIGNALS
-
                 kind = SIGNALS.get(code, f"exit code {s.exitcode}")
                 message = s.error or f"exit code {s.exitcode}"
             source = s.source
