@@ -360,6 +360,10 @@ def _when(lo: float, hi: float) -> str:
 
 def _first_failure(f: CrashFacts, topology: Topology | None, job: str) -> Verdict:
     confidence, reasons = _first_failure_words(f)
+    if not f.primary and any(map(_bare_abort, f.cascade)):
+        # the ranks ended together at their collective timeouts: the earliest of them is no cause, and naming
+        # its machine would evict by the order of a teardown; the hang's own evidence names the culprit
+        return _torn_down(f, confidence, reasons, job)
     nodes = merge_nodes([f.node_of(e) for e in f.culprits])
     ranks = tuple(sorted(e.rank for e in f.culprits))
     evidence = [
@@ -395,6 +399,34 @@ def _first_failure(f: CrashFacts, topology: Topology | None, job: str) -> Verdic
         reasons=tuple(reasons),
         suspect_group=group,
         evidence=tuple(evidence),
+        sources=("events",),
+        world_size=f.world,
+        details={"crash": _details(f)},
+    )
+
+
+def _torn_down(f: CrashFacts, confidence: float, reasons: list[str], job: str) -> Verdict:
+    """Every exit a collective timeout or the watchdog's abort at them: a hang torn down, its culprit unknown here."""
+    reasons.append(
+        "The job was torn down at its collective timeouts (a hang): which rank it waited for is not in the exits; "
+        "the stacks, Flight Recorder dumps or the watchdog lines' counters name it. Nothing evicted from the exits."
+    )
+    return Verdict(
+        Severity.CRASH,
+        job=job,
+        confidence=min(confidence, 0.3),
+        suspect_ranks=tuple(sorted(e.rank for e in f.culprits)),
+        reasons=tuple(reasons),
+        evidence=(
+            Evidence(
+                "events",
+                "cascade-failure",
+                _short_kind(next((e for e in f.cascade if is_cascade(e)), f.cascade[0])),
+                tuple(e.rank for e in f.cascade),
+                (),
+                0.2,
+            ),
+        ),
         sources=("events",),
         world_size=f.world,
         details={"crash": _details(f)},
