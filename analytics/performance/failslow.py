@@ -292,10 +292,14 @@ def stepped_between(ends: Any, snapshot_times: Mapping[int, float | None], snaps
     """Whether any of the step end times ``ends`` lies strictly between the earliest and the latest of the
     snapshots' times (``snapshots``: those to consider, default all); None with fewer than two timed ones."""
     times = [t for s, t in snapshot_times.items() if t is not None and (snapshots is None or s in snapshots)]
-    if len(times) < 2:
-        return None
+    if len(times) < 2 or max(times) - min(times) < MIN_ROUNDS_SPAN_S:
+        return None  # rounds a second apart, or file times a copy made alike: no window to look in
     lo, hi = min(times), max(times)
     return any(lo < float(e) < hi for e in ends)
+
+
+MIN_ROUNDS_SPAN_S = 1.0
+"""Snapshot times closer together than this tell nothing of steps between them (a copy gives files one time)."""
 
 
 def _per_step(timings: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

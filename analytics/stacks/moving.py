@@ -70,8 +70,11 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
     if duty and d is not None:
         reasons.append(duty_words(f"stood out in {d.flags} of {len(rounds)} rounds", duty, duty_who(d.culprit_ranks)))
         v, few = None, True
-    if v is not None and v.degrader is not None and (len(rounds) >= VOTE_ROUNDS or slowed):
+    one_stall = steps is not None and steps.progressing and steps.between_rounds is False and not slowed
+    if v is not None and v.degrader is not None and (len(rounds) >= VOTE_ROUNDS or slowed) and not one_stall:
         return _failslow(facts, topology, v.degrader, reasons, common, v.others)
+    if v is not None and v.degrader is not None and one_stall:  # one stall seen in every round: said below
+        v, few = None, True
     if v is not None and v.degrader is not None:  # too few rounds for the vote alone: a near miss, in words
         d = v.degrader
         r0 = d.culprit_ranks[0]
@@ -83,7 +86,7 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
             "evicting."
         )
         v, few = None, True
-    if steps is not None and steps.progressing and steps.between_rounds is False and steps.slowdown is None:
+    if one_stall:
         reasons.append(
             f"No step completed between the {len(rounds)} rounds: they caught one stall several times (a single "
             "sample of the job), and the step times show no slowdown: no slow rank named."
