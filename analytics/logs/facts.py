@@ -16,6 +16,7 @@ alive after its peers timed out, and every wait in the job leads to it). Cascade
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -133,6 +134,9 @@ def _groups(logs: LogEvidence) -> dict[str, list[WatchdogRecord]]:
     return out
 
 
+_P2P_OP = re.compile(r"send|recv", re.I)
+
+
 def _one_unnamed_group(groups: Mapping[str, list[WatchdogRecord]], waits: list[WatchdogRecord], world: int) -> bool:
     """Whether timeouts whose lines name no process group (torch before 2.3: "[Rank 3] Watchdog caught collective
     operation timeout: WorkNCCL(SeqNum=1121, OpType=ALLREDUCE, ...)") are one stall of the whole job: no line
@@ -172,7 +176,8 @@ def stalls(logs: LogEvidence, topology: Topology | None, world: int) -> list[Gro
         tos = [w.timeout_ms for w in recs if w.timeout_ms]
         by_op: dict[str, set[int]] = defaultdict(set)
         for w in waits:
-            if w.kind == "timeout" and w.op and w.seq == seq and w.rank is not None:
+            # a pipeline link's two ends wait in SEND and RECV at one p2p sequence number: no desync
+            if w.kind == "timeout" and w.op and w.seq == seq and w.rank is not None and not _P2P_OP.search(w.op):
                 by_op[w.op].add(w.rank)
         out.append(
             GroupStall(

@@ -78,9 +78,8 @@ def verdict(f: LogFacts, topology: Topology | None, *, job: str = "") -> Verdict
     """The decision the logs support (see the module docstring)."""
     if not f.hang_evidence:
         return _quiet(f, job)
-    split = next((s for s in f.stalls if s.ops), None)
-    if split is not None:
-        return _desync(f, split, job)
+    if f.stalls and f.stalls[0].ops:  # the first group to stall split over two collectives: the others wait on it
+        return _desync(f, f.stalls[0], job)
     reasons = _stall_words(f)
     if not f.laggards:
         if f.unresolved:

@@ -40,3 +40,12 @@ def test_members_timing_out_in_different_collectives_at_one_work_are_a_desync_no
     v = verdict(f, None)
     assert v.verdict == "mismatch" and not v.suspect_nodes and v.suspect_ranks == (7,), v.explain()
     assert "rank(s) 7 in BROADCAST" in v.reasons[0]
+
+
+def test_a_pipeline_link_s_two_ends_in_send_and_recv_are_no_desync():
+    recs = tuple(
+        WatchdogRecord("timeout", r, "h", 100.0, pg_id="7", pg_rank=i, seq=31, op=op, timeout_ms=600000)
+        for i, (r, op) in enumerate(((0, "SEND"), (8, "RECV")))
+    )
+    (s,) = stalls(LogEvidence(watchdog=recs), None, 16)
+    assert s.ops == ()
