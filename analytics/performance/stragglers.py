@@ -30,6 +30,7 @@ from rankscope.analytics.performance.timings import (
     check_timings,
     group_reference,
     is_comm_op,
+    latest_run,
     matrices,
     sum_ops,
     topology_for,
@@ -414,10 +415,10 @@ def find_stragglers(
 ) -> StragglerReport:
     """Slow ranks (each against its symmetric peers) and imbalances in per-rank op timings."""
     cfg = config or StragglerConfig()
-    df = check_timings(timings)
+    notes: list[str] = []
+    df = latest_run(check_timings(timings), notes)
     if df.height == 0:
         raise InputError("timings: no rows with a finite duration_s")
-    notes: list[str] = []
     p = _peers(df, topology_for(df, topology, notes))
     slow_ranks, imbalances = _blame(p, *_rank_episodes(p, cfg), cfg.max_slow_machine_fraction)
     total = sum_ops(list(p.mats.values()))  # steps x ranks, all ops (what the job waits for)

@@ -72,22 +72,30 @@ def check_timings(timings: pl.DataFrame) -> pl.DataFrame:
         raise InputError("timings: duration_s has negative values")
     if df.filter(pl.col("rank") < 0).height:
         raise InputError("timings: rank has negative values")
-    return latest_run(df)
+    return df
 
 
-def latest_run(df: pl.DataFrame) -> pl.DataFrame:
+def latest_run(df: pl.DataFrame, notes: list[str] | None = None) -> pl.DataFrame:
     """Each rank's steps from the run that did them last: a restart from a checkpoint re-runs steps (``601``
     after ``700``), and adding both runs' times would double those steps. A rank's run changes where, in the
-    order of ``start_s``, its step number goes back; without ``start_s`` the rows are kept as they are (several
-    rows of one step and op, micro-batches, add up)."""
+    order of ``start_s`` (ties in step order), its step number goes back below one it already did; without
+    ``start_s`` the rows are kept as they are (several rows of one step and op, micro-batches, add up). Rows
+    left out are said in ``notes`` (a step column that counts within each epoch restarts too)."""
     if "start_s" not in df.columns or df["start_s"].null_count() or df.height == 0:
         return df
-    runs = df.sort("rank", "start_s").with_columns(
-        _run=(pl.col("step") < pl.col("step").shift(1)).fill_null(False).cast(pl.Int64).cum_sum().over("rank")
+    back = pl.col("step") < pl.col("step").cum_max().shift(1)
+    runs = df.sort("rank", "start_s", "step", maintain_order=True).with_columns(
+        _run=back.fill_null(False).cast(pl.Int64).cum_sum().over("rank")
     )
     if runs["_run"].max() == 0:
         return df
-    return runs.filter(pl.col("_run") == pl.col("_run").max().over("rank", "step")).drop("_run")
+    kept = runs.filter(pl.col("_run") == pl.col("_run").max().over("rank", "step")).drop("_run")
+    if notes is not None and kept.height < df.height:
+        notes.append(
+            f"timings: {df.height - kept.height} row(s) of steps run again later (a restart; or a step column "
+            "that counts within each epoch) not used: each step's time is from the run that did it last"
+        )
+    return kept
 
 
 def topology_for(timings: pl.DataFrame, topology: Topology | None, notes: list[str] | None = None) -> Topology:

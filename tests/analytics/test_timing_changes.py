@@ -151,3 +151,16 @@ def test_steps_a_restart_runs_again_count_once():
     rows = pl.concat([_rows(first, start[:700]), _rows(again, start[700:]).with_columns(pl.col("step") + 600)])
     v = _verdict(rows)
     assert v.verdict == "healthy" and not v.suspect_nodes, v.explain()
+
+
+def test_tied_start_times_in_any_row_order_drop_nothing_and_a_restart_says_what_it_left_out():
+    from rankscope.analytics.performance.timings import latest_run
+
+    rows = pl.DataFrame({"rank": [0] * 6, "step": [1, 2, 3, 4, 5, 6], "op": "fwd", "duration_s": 0.4,
+                         "start_s": [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]})  # fmt: skip
+    shuffled = rows.sample(fraction=1.0, shuffle=True, seed=4)  # whole-second stamps, rows not in step order
+    assert latest_run(shuffled).height == 6
+    notes: list[str] = []
+    again = rows.vstack(pl.DataFrame({"rank": [0, 0], "step": [5, 6], "op": "fwd", "duration_s": 0.4,
+                                      "start_s": [9.0, 10.0]}))  # fmt: skip
+    assert latest_run(again, notes).height == 6 and "2 row(s) of steps run again later" in notes[0]
