@@ -316,7 +316,11 @@ the release calls the variant (``all_gather_single`` and ``reduce_scatter_single
 def _is_c10d_collective(fn: str, file: str) -> bool:
     """A collective call of torch.distributed's own modules, named by its stem (:data:`_COLLECTIVE_NAME`)."""
     f = file.replace("\\", "/")
-    return f.endswith(("distributed_c10d.py", "_functional_collectives.py")) and bool(_COLLECTIVE_NAME.match(fn))
+    return (
+        f.endswith(("distributed_c10d.py", "_functional_collectives.py"))
+        and bool(_COLLECTIVE_NAME.match(fn))
+        and not fn.endswith(("_meta", "_setup_context"))  # fake-tensor shapes and autograd set-up: no wait
+    )
 
 
 def is_startup(frames: Sequence[FrameLike]) -> tuple[bool, int]:

@@ -225,7 +225,8 @@ def _stuck_alike(h: Hang) -> Verdict:
     a = h.a
     runners = frozen_runners(a, h.facts.progress if h.facts is not None else None)
     if runners:
-        if h.duty_of(runners):
+        # replica 0 as a whole is excused only at work in its own code (a lock or queue wait is no duty)
+        if h.duty_of(runners) and (runners == (0,) or all(h.a.state_of(r) in DUTY_STATES for r in runners)):
             return main_duty_verdict(h, runners)
         h.reasons.append(frozen_runner_words(runners))
         return _strong(h, runners, [])

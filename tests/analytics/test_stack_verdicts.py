@@ -446,6 +446,9 @@ def test_collectives_of_fsdp2_and_tensor_parallel_are_waits_on_peers(function: s
     assert classify(frames)[0] == "collective"
     own = (Frame("all_gather_rows", "/job/train.py", 12), Frame("forward", "/job/train.py", 102))
     assert classify(own)[0] == "compute"  # a name alone, outside torch.distributed, is the job's own code
+    fc = "/venv/lib/python3.11/site-packages/torch/distributed/_functional_collectives.py"
+    meta = (Frame("all_gather_tensor_meta", fc, 700), Frame("forward", "/job/train.py", 102))
+    assert classify(meta)[0] == "compute"  # torch.compile's fake-tensor shapes: no wait on peers
 
 
 def test_torch_pipelining_stage_waiting_on_its_p2p_work_is_a_p2p_wait(tmp_path: Path) -> None:
