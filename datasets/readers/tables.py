@@ -8,6 +8,7 @@ naming the file and the problem.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterable
 from datetime import datetime, timezone
@@ -73,13 +74,27 @@ def read_csv_typed(path: Path, **kwargs: Any) -> pl.DataFrame:
         return pl.read_csv(path, infer_schema_length=None, schema_overrides=floats, **kwargs)
 
 
+def _read_lines(path: Path) -> pl.DataFrame:
+    """A JSON Lines file; a last line cut short (a job killed while it wrote) is left out, any other bad line
+    refuses the file."""
+    try:
+        return pl.read_ndjson(path, infer_schema_length=None)
+    except pl.exceptions.ComputeError:
+        lines = path.read_bytes().splitlines()
+        while lines and not lines[-1].strip():
+            lines.pop()
+        if len(lines) < 2:
+            raise
+        return pl.read_ndjson(io.BytesIO(b"\n".join(lines[:-1])), infer_schema_length=None)
+
+
 def _load(path: Path) -> pl.DataFrame:
     check_regular(path)  # never hand a FIFO, a device or an oversized file to polars
     try:
         if path.name.lower().endswith((".parquet", ".pq")):
             return pl.read_parquet(path)
         if path.name.lower().endswith(LINES_SUFFIXES):  # every row's keys and types, not the first rows'
-            df = pl.read_ndjson(path, infer_schema_length=None)
+            df = _read_lines(path)
             return df.with_columns(pl.col(c).cast(pl.Float64, strict=False) for c in MEASURED if c in df.columns)
         return read_csv_typed(path, try_parse_dates=True)
     except (pl.exceptions.PolarsError, OSError, ValueError, pl.exceptions.PanicException) as exc:  # a panic too

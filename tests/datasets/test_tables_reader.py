@@ -124,6 +124,9 @@ def test_timings_as_json_lines_are_read_and_a_broken_line_named(tmp_path):
     assert find_timing_files(tmp_path) == [tmp_path / "timings.jsonl"]
     df = read_timings([tmp_path / "timings.jsonl"])
     assert df.height == 16 and df["duration_s"].dtype == pl.Float64 and df["duration_s"].max() == 1.25
-    (tmp_path / "timings.jsonl").write_text('{"rank": 0, "step": 1, "op": "fwd", "duration_s": 1.0}\n{"rank": 1, "st\n')
+    cut = '{"rank": 0, "step": 1, "op": "fwd", "duration_s": 1.0}\n{"rank": 1, "st\n'  # killed while writing
+    (tmp_path / "timings.jsonl").write_text(cut)
+    assert read_timings([tmp_path / "timings.jsonl"]).height == 1
+    (tmp_path / "timings.jsonl").write_text('{"rank": 1, "st\n' + cut)  # a bad line inside: refused, named
     with pytest.raises(ParseError, match=r"timings\.jsonl.*unreadable JSON Lines"):
         read_timings([tmp_path / "timings.jsonl"])
