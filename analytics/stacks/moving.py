@@ -76,15 +76,7 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
     if v is not None and v.degrader is not None and one_stall:  # one stall seen in every round: said below
         v, few = None, True
     if v is not None and v.degrader is not None:  # too few rounds for the vote alone: a near miss, in words
-        d = v.degrader
-        r0 = d.culprit_ranks[0]
-        reasons.append(
-            f"Rank(s) {rank_ranges(d.culprit_ranks)} stood out in {d.flags} of {len(rounds)} rounds, but "
-            f"{len(rounds)} rounds are fewer than the {VOTE_ROUNDS} ByteRobust's fail-slow vote takes: dumps taken "
-            "one rank after another, or a phase of the step every round caught alike, make a few rounds agree "
-            f"(rank {r0} on {topology.node_of(r0)}). Take {VOTE_ROUNDS} rounds, or give the step times, before "
-            "evicting."
-        )
+        reasons.append(_too_few_rounds(v.degrader, len(rounds), topology))
         v, few = None, True
     if one_stall:
         reasons.append(
@@ -124,6 +116,17 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
         reasons=tuple(reasons),
         details=details(facts, {"rounds": []}),
         **common,
+    )
+
+
+def _too_few_rounds(d: Degrader, n: int, topology: Topology) -> str:
+    """Words for a rank the vote flagged in fewer rounds than it takes (``d``: the vote's degrader)."""
+    r0 = d.culprit_ranks[0]
+    return (
+        f"Rank(s) {rank_ranges(d.culprit_ranks)} stood out in {d.flags} of {n} rounds, but {n} rounds are fewer "
+        f"than the {VOTE_ROUNDS} ByteRobust's fail-slow vote takes: dumps taken one rank after another, or a phase "
+        f"of the step every round caught alike, make a few rounds agree (rank {r0} on {topology.node_of(r0)}). "
+        f"Take {VOTE_ROUNDS} rounds, or give the step times, before evicting."
     )
 
 
