@@ -49,7 +49,14 @@ from rankscope.datasets.readers.forked import map_batches, worker_count
 from rankscope.datasets.readers.identity import MANIFEST, Manifests, path_facts, read_manifest
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
-from rankscope.datasets.readers.sniff import HEAD_BYTES, json_kind, json_kind_from_head, sniff
+from rankscope.datasets.readers.sniff import (
+    HEAD_BYTES,
+    LINES_SUFFIXES,
+    TABLE_SUFFIXES,
+    json_kind,
+    json_kind_from_head,
+    sniff,
+)
 from rankscope.datasets.readers.stackid import Found
 from rankscope.datasets.readers.walk import walk
 from rankscope.spine import InputError, LimitError, RankscopeError, paused_gc, progress
@@ -58,8 +65,6 @@ _STACK_KINDS = ("pyspy-text", "pyspy-error", "traceback", "pyspy-json")
 _READ_WHOLE = frozenset((*_STACK_KINDS, "json", "empty"))
 _ONE_READ = 1 << 20  # files smaller than this are read whole at once (their kind is sniffed from the bytes)
 _COMMON_SUFFIXES = frozenset((".txt", ".json"))  # stack dumps: go straight to the content
-_TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
-_LINES_SUFFIXES = (".jsonl", ".ndjson")  # JSON Lines: one record per line (timings)
 _EXPOSITION_SUFFIXES = (".prom", ".metrics", ".openmetrics")  # Prometheus text exposition by name
 _PACKED = frozenset(PACKED)
 _PACKED_WHY = "compressed or an archive: unpack it first, e.g. gunzip -r or tar xf, and point rankscope at the folder"
@@ -311,10 +316,10 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
     low = fname.lower()
     suffix = low[low.rfind(".") :] if "." in low else ""
     if suffix not in _COMMON_SUFFIXES:
-        if low.startswith("metrics") and low.endswith(_TABLE_SUFFIXES):
+        if low.startswith("metrics") and low.endswith(TABLE_SUFFIXES):
             sc.metrics.append(Path(abs_path))
             return
-        if low.startswith("timings") and low.endswith(_TABLE_SUFFIXES + _LINES_SUFFIXES):
+        if low.startswith("timings") and low.endswith(TABLE_SUFFIXES + LINES_SUFFIXES):
             sc.timings.append(Path(abs_path))
             return
         if low.endswith(_EXPOSITION_SUFFIXES):

@@ -36,9 +36,9 @@ from rankscope.datasets.readers.metric_long import (
     long_columns,
     machine_column,
 )
+from rankscope.datasets.readers.sniff import TABLE_SUFFIXES
 from rankscope.spine import InputError, ParseError
 
-LONG_SUFFIXES = (".csv", ".csv.gz", ".parquet", ".pq")
 TEXT_SUFFIXES = (".prom", ".txt", ".metrics", ".openmetrics")
 
 
@@ -59,7 +59,7 @@ def sniff_metric_file(path: Path, head: bytes | None = None) -> str:
     if looks_like_exposition(head):
         return "prometheus-text"
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    if name.endswith(LONG_SUFFIXES) or "," in first:
+    if name.endswith(TABLE_SUFFIXES) or "," in first:
         return "long"
     raise ParseError(path, f"neither CSV/Parquet long form nor Prometheus text/JSON (first line {first[:60]!r})")
 
@@ -73,7 +73,7 @@ def find_metric_files(directory: str | os.PathLike[str]) -> list[Path]:
         if not p.is_file() or p.name.startswith("."):
             continue
         low = p.name.lower()
-        if low.endswith(LONG_SUFFIXES):
+        if low.endswith(TABLE_SUFFIXES):
             if low.startswith("metrics"):
                 out.append(p)
             continue

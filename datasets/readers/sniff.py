@@ -73,6 +73,10 @@ _LOG_MARKERS = re.compile(
     r"|Timed out waiting \d+ms|Connection closed by peer|iteration\s+\d+\s*/\s*\d+|NCCL (?:INFO|WARN)"
 )
 LOG_SUFFIXES = (".log", ".out", ".err", ".stderr", ".stdout")
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
+"""Tables (``metrics*`` and ``timings*`` files): CSV or Parquet."""
+LINES_SUFFIXES = (".jsonl", ".ndjson")
+"""JSON Lines, one record per line (``timings*`` files)."""
 LOG_NAMES = frozenset({"stdout", "stderr", "stdout.txt", "stderr.txt", "console", "output"})
 
 

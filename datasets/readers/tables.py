@@ -18,11 +18,9 @@ from typing import Any
 import polars as pl
 
 from rankscope.datasets.domain.bounds import check_regular, epoch_range, limits
+from rankscope.datasets.readers.sniff import LINES_SUFFIXES, TABLE_SUFFIXES
 from rankscope.spine import InputError, ParseError
 
-SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
-LINES_SUFFIXES = (".jsonl", ".ndjson")
-"""JSON Lines (one record per line, the columns as keys): read for timings."""
 METRIC_COLUMNS = {"ts": None, "node": pl.Utf8, "metric": pl.Utf8, "value": pl.Float64}
 METRIC_OPTIONAL = {"gpu": pl.Int32, "rank": pl.Int32, "job": pl.Utf8}
 TIMING_COLUMNS = {"rank": pl.Int32, "step": pl.Int64, "op": pl.Utf8, "duration_s": pl.Float64}
@@ -38,7 +36,7 @@ TIMING_OPTIONAL = {
 }
 
 
-def _find(directory: str | os.PathLike[str], prefix: str, suffixes: tuple[str, ...] = SUFFIXES) -> list[Path]:
+def _find(directory: str | os.PathLike[str], prefix: str, suffixes: tuple[str, ...] = TABLE_SUFFIXES) -> list[Path]:
     root = Path(directory)
     if not root.is_dir():
         raise InputError(f"{root}: not a directory")
@@ -56,7 +54,7 @@ def find_metric_files(directory: str | os.PathLike[str]) -> list[Path]:
 
 def find_timing_files(directory: str | os.PathLike[str]) -> list[Path]:
     """CSV/Parquet/JSON Lines files under ``directory`` whose names start with ``timings``."""
-    return _find(directory, "timings", SUFFIXES + LINES_SUFFIXES)
+    return _find(directory, "timings", TABLE_SUFFIXES + LINES_SUFFIXES)
 
 
 MEASURED = ("value", "duration_s", "start_s")
