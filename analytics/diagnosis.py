@@ -237,9 +237,9 @@ def _logged_steps(inputs: Inputs, log_facts: LogFacts | None, f: stacks.StackFac
     if slow is not None:
         per = " per sample" if any(r.batch for r in inputs.logs.steps) else ""
         words.append(f"the logged step time{per} rose {slow[1] / slow[0]:.1f}x at step {slow[2]}")
+    ends = [s.time for s in inputs.logs.steps if s.time is not None]
     snaps = {a.snapshot for a in f.analyses}
-    timed = {**inputs.snapshot_latest, **inputs.snapshot_times}  # a file time where none is written (see there)
-    between = stepped_between([s.time for s in inputs.logs.steps if s.time is not None], timed, snaps)
+    between = stepped_between(ends, inputs.snapshot_times, inputs.snapshot_latest, snaps)
     return StepEvidence(first, 0.0, 0, True, False, slow, tuple(words), between_rounds=between)
 
 

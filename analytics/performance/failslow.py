@@ -283,15 +283,21 @@ class StepEvidence:
     between_rounds: bool | None = None
     """Whether a step completed between the first and the last snapshot's time: the rounds saw the job at
     different steps. False: none did (the rounds caught one stall several times, as good as one snapshot);
-    None: unknown (fewer than two snapshots with a time). A snapshot without a time written in the evidence
-    takes its files' modification time: copying makes those later and closer together, so they can only find
-    fewer steps in between (withholding a name, never giving one)."""
+    None: unknown (fewer than two snapshots with a time, or times too close to tell: see :func:`stepped_between`)."""
 
 
-def stepped_between(ends: Any, snapshot_times: Mapping[int, float | None], snapshots: Any = None) -> bool | None:
+def stepped_between(
+    ends: Any,
+    snapshot_times: Mapping[int, float | None],
+    snapshot_latest: Mapping[int, float] | None = None,
+    snapshots: Any = None,
+) -> bool | None:
     """Whether any of the step end times ``ends`` lies strictly between the earliest and the latest of the
-    snapshots' times (``snapshots``: those to consider, default all); None with fewer than two timed ones."""
-    times = [t for s, t in snapshot_times.items() if t is not None and (snapshots is None or s in snapshots)]
+    snapshots' times (``snapshots``: those to consider, default all). A snapshot without a time written in the
+    evidence takes its files' modification time (``snapshot_latest``). None with fewer than two timed ones, or
+    with times less than :data:`MIN_ROUNDS_SPAN_S` apart (a copy gives files one time)."""
+    timed = {**(snapshot_latest or {}), **snapshot_times}
+    times = [t for s, t in timed.items() if t is not None and (snapshots is None or s in snapshots)]
     if len(times) < 2 or max(times) - min(times) < MIN_ROUNDS_SPAN_S:
         return None  # rounds a second apart, or file times a copy made alike: no window to look in
     lo, hi = min(times), max(times)
@@ -436,7 +442,7 @@ def step_evidence(
     slow = _slowdown(steps, dur)
     if slow is not None:
         words.append(f"steps slowed from {slow[0]:.2f} s to {slow[1]:.2f} s at step {slow[2]}")
-    between = stepped_between(end, {**(snapshot_latest or {}), **snapshot_times})
+    between = stepped_between(end, snapshot_times, snapshot_latest)
     return StepEvidence(
         last_end, cadence, int(steps.size), progressing, stuck, slow, tuple(words), between_rounds=between
     )
