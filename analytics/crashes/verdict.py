@@ -157,6 +157,11 @@ class CrashFacts:
     def node_of(self, e: ProcessExit) -> str:
         return self.node_of_rank[e.rank]
 
+    @property
+    def torn_down(self) -> bool:
+        """No primary failure, and the watchdog's aborts among the cascade: a hang torn down at its timeouts."""
+        return not self.primary and any(map(_bare_abort, self.cascade))
+
 
 def facts(
     exits: Sequence[ProcessExit],
@@ -306,7 +311,7 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
         ]
     else:
         confidence = 0.5
-        torn = " or is an abort at its peers' collective timeouts" if any(map(_bare_abort, f.incident)) else ""
+        torn = " or is an abort at its peers' collective timeouts" if f.torn_down else ""
         reasons = [
             f"Every failure reports a lost peer{torn}; the earliest is rank {first.rank} on {f.node_of(first)} "
             f"({first.describe()}). The root cause left no record here (its process may have been killed)."
@@ -325,13 +330,12 @@ def _first_failure_words(f: CrashFacts) -> tuple[float, list[str]]:
         if not first.timed:
             when = "too"
         lost = [e for e in cascade if is_cascade(e)]
-        how = f"with errors that report a lost peer ({_short_kind(lost[0])})" if lost else ""
-        if len(lost) < len(cascade):
-            aborts = f"{len(cascade) - len(lost)} aborted at their peers' collective timeouts (the watchdog's teardown)"
-            how = f"{how.replace('with', f'{len(lost)} with', 1)}, {aborts}" if lost else aborts
+        peer = f"with errors that report a lost peer ({_short_kind(lost[0])})" if lost else ""
+        aborts = f"{len(cascade) - len(lost)} aborted at their peers' collective timeouts (the watchdog's teardown)"
+        how = f" {peer}" if len(lost) == len(cascade) else f", {len(lost)} {peer}, {aborts}" if lost else f", {aborts}"
         reasons.append(
-            f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {when} {how}: a "
-            "cascade, not separate faults."
+            f"{len(cascade)} other rank(s) ({rank_ranges(e.rank for e in cascade)}) failed {when}{how}: a cascade, "
+            "not separate faults."
         )
     others = [e for e in f.primary if e not in culprits]
     if others:
@@ -360,7 +364,7 @@ def _when(lo: float, hi: float) -> str:
 
 def _first_failure(f: CrashFacts, topology: Topology | None, job: str) -> Verdict:
     confidence, reasons = _first_failure_words(f)
-    if not f.primary and any(map(_bare_abort, f.cascade)):
+    if f.torn_down:
         # the ranks ended together at their collective timeouts: the earliest of them is no cause, and naming
         # its machine would evict by the order of a teardown; the hang's own evidence names the culprit
         return _torn_down(f, confidence, reasons, job)
@@ -373,16 +377,7 @@ def _first_failure(f: CrashFacts, topology: Topology | None, job: str) -> Verdic
         for e in f.culprits
     ]
     if f.cascade:
-        evidence.append(
-            Evidence(
-                "events",
-                "cascade-failure",
-                _short_kind(next((e for e in f.cascade if is_cascade(e)), f.cascade[0])),
-                tuple(e.rank for e in f.cascade),
-                merge_nodes([f.node_of(e) for e in f.cascade]),
-                0.2,
-            )
-        )
+        evidence.append(_cascade_evidence(f, merge_nodes([f.node_of(e) for e in f.cascade])))
     group = None
     if topology is not None:
         idx = tuple(sorted({int(topology.node_index[r]) for r in ranks}))
@@ -417,20 +412,17 @@ def _torn_down(f: CrashFacts, confidence: float, reasons: list[str], job: str) -
         confidence=min(confidence, 0.3),
         suspect_ranks=tuple(sorted(e.rank for e in f.culprits)),
         reasons=tuple(reasons),
-        evidence=(
-            Evidence(
-                "events",
-                "cascade-failure",
-                _short_kind(next((e for e in f.cascade if is_cascade(e)), f.cascade[0])),
-                tuple(e.rank for e in f.cascade),
-                (),
-                0.2,
-            ),
-        ),
+        evidence=(_cascade_evidence(f, ()),),
         sources=("events",),
         world_size=f.world,
         details={"crash": _details(f)},
     )
+
+
+def _cascade_evidence(f: CrashFacts, nodes: tuple[str, ...]) -> Evidence:
+    """The cascade as evidence, in the words of its first error that reports a lost peer."""
+    kind = _short_kind(next((e for e in f.cascade if is_cascade(e)), f.cascade[0]))
+    return Evidence("events", "cascade-failure", kind, tuple(e.rank for e in f.cascade), nodes, 0.2)
 
 
 def _short_kind(e: ProcessExit) -> str:
