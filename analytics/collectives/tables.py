@@ -33,7 +33,7 @@ VARIABLE_SIZE_OPS = frozenset(
     }
 )
 """Ops whose members legitimately pass different sizes: only op and dtypes are compared."""
-ROOTED_OPS = {"gather": 1, "scatter": 0}
+ROOTED_OPS = {"gather": "output", "scatter": "input"}
 """Ops where only the root holds one side (gather: its output; scatter: its input), the other members an empty
 list: that side's dtypes are not compared (as PyTorch's own Flight Recorder analysis does not)."""
 MARKER_OPS = frozenset({"coalesced", "ALLGATHER_coalesced", "REDUCE_SCATTER_coalesced"})
@@ -223,8 +223,14 @@ def _rank_pass(
                 e.input_dtypes,
                 e.output_dtypes,
             )
-            if op in ROOTED_OPS:  # only the root holds that side
-                sig = (op, None, (), e.output_dtypes) if ROOTED_OPS[op] == 0 else (op, None, e.input_dtypes, ())
+            if op in ROOTED_OPS:  # only the root holds that side: not compared
+                root_only = ROOTED_OPS[op]
+                sig = (
+                    op,
+                    None,
+                    () if root_only == "input" else e.input_dtypes,
+                    () if root_only == "output" else e.output_dtypes,
+                )
             prev = sigs.get(key)
             if prev is None:  # nearly always: one record per collective and rank
                 sigs[key] = sig
