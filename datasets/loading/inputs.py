@@ -30,6 +30,7 @@ from rankscope.datasets.loading.names import (
 )
 from rankscope.datasets.readers.dumpdir import DumpDir, scan_dump_dir
 from rankscope.datasets.readers.exits import exits_from_events
+from rankscope.datasets.readers.identity import natural
 from rankscope.datasets.readers.rundir_rounds import stack_rounds
 from rankscope.datasets.store import is_store
 from rankscope.spine import InputError, LayoutError, paused_gc
@@ -97,9 +98,7 @@ def _from_dir(
     if topo is None and gpus_per_node and timings is not None and "node" not in timings.columns:
         # timings that name no machine, and the user said how many ranks a machine holds: node-<rank // G>,
         # as --gpus-per-node promises (without it each rank stands alone, rank-<N>)
-        import polars as pl
-
-        from rankscope.datasets.readers.identity import natural
+        import polars as pl  # here only: metric- and timing-free runs never load it
 
         timings = timings.with_columns(node=pl.format("node-{}", pl.col("rank") // gpus_per_node))
         inferred = tuple(sorted(set(timings["node"].unique().to_list()), key=natural))
