@@ -41,6 +41,7 @@ from rankscope.datasets.domain.bounds import (
 from rankscope.datasets.domain.identity import Identity
 from rankscope.datasets.domain.stacks import ProcessDump, ProcStacks, ThreadDump, from_dump
 from rankscope.datasets.readers import runfiles as rf
+from rankscope.datasets.readers import sniff as formats
 from rankscope.datasets.readers.base import failed_dump
 from rankscope.datasets.readers.consolestacks import console_found
 from rankscope.datasets.readers.dumpscan import PACKED, finish, listed, packed_dump
@@ -49,14 +50,7 @@ from rankscope.datasets.readers.forked import map_batches, worker_count
 from rankscope.datasets.readers.identity import MANIFEST, Manifests, path_facts, read_manifest
 from rankscope.datasets.readers.pyspy_json import parse_pyspy_json
 from rankscope.datasets.readers.pyspy_text import parse_pyspy_text
-from rankscope.datasets.readers.sniff import (
-    HEAD_BYTES,
-    LINES_SUFFIXES,
-    TABLE_SUFFIXES,
-    json_kind,
-    json_kind_from_head,
-    sniff,
-)
+from rankscope.datasets.readers.sniff import HEAD_BYTES, json_kind, json_kind_from_head, sniff
 from rankscope.datasets.readers.stackid import Found
 from rankscope.datasets.readers.walk import walk
 from rankscope.spine import InputError, LimitError, RankscopeError, paused_gc, progress
@@ -316,10 +310,10 @@ def _classify(sc: _Scan, abs_path: str, rel: str, manifests: Manifests, hooked: 
     low = fname.lower()
     suffix = low[low.rfind(".") :] if "." in low else ""
     if suffix not in _COMMON_SUFFIXES:
-        if low.startswith("metrics") and low.endswith(TABLE_SUFFIXES):
+        if low.startswith("metrics") and low.endswith(formats.TABLE_SUFFIXES):
             sc.metrics.append(Path(abs_path))
             return
-        if low.startswith("timings") and low.endswith(TABLE_SUFFIXES + LINES_SUFFIXES):
+        if low.startswith("timings") and low.endswith(formats.TABLE_SUFFIXES + formats.LINES_SUFFIXES):
             sc.timings.append(Path(abs_path))
             return
         if low.endswith(_EXPOSITION_SUFFIXES):
