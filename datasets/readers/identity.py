@@ -103,11 +103,13 @@ class PathFacts:
     log_dir_layout: bool  # under torchrun's <run_id>/attempt_<k>/<local_rank>/
 
 
-_POD_LOG_DIR = re.compile(
-    r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?_(?P<pod>[a-z0-9](?:[-.a-z0-9]*[a-z0-9])?)_"
-    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+POD_DIR = (
+    r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?_(?P<pod>[a-z0-9](?:[-.a-z0-9]*[a-z0-9])?)_"
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 )
-"""The kubelet's folder of a pod's logs on its node: ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/0.log``."""
+"""The kubelet's folder of a pod's logs on its node: ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/0.log``
+(``<restart count>.log``: each restart of the container writes the next)."""
+_POD_LOG_DIR = re.compile(f"^{POD_DIR}$")
 
 
 @lru_cache(maxsize=1 << 16)

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rankscope.datasets.readers.identity import natural, slurm_task
+from rankscope.datasets.readers.identity import POD_DIR, natural, slurm_task
 from rankscope.datasets.readers.logs import FileRead, Stream, to_epoch
 
 
@@ -86,6 +86,34 @@ _ATTEMPT_DIR = re.compile(r"^(.*?)/attempt[-_]?(\d+)/", re.I)
 _LOG_DIR_TREE = re.compile(r"^(.*?[^/]+/attempt[-_]?\d+)/\d+/[^/]+$", re.I)
 
 
+_POD_LOG = re.compile(rf"^(?P<run>.*?(?:^|/){POD_DIR}/[^/]+)/(?P<k>\d+)\.log$")
+"""A kubelet's pod log, ``<namespace>_<pod>_<uid>/<container>/<restart count>.log``: the kubelet keeps the log of
+the container before the running one beside it."""
+
+
+def generation(rel: str) -> tuple[str, int] | None:
+    """Which run of a restarted job the file ``rel`` is of: (its launcher's ``<run_id>`` folder of
+    ``attempt_<k>/``, k), or (its pod's container folder, the container's restart count), else None."""
+    if m := _ATTEMPT_DIR.match(rel):
+        return m.group(1), int(m.group(2))
+    if m := _POD_LOG.match(rel):
+        return m.group("run"), int(m.group("k"))
+    return None
+
+
+def _dropped_note(what: str, unit: str, rels: Sequence[str], latest: Mapping[str, int]) -> list[str]:
+    """The note on the files ``rels`` of runs that a restart replaced, naming up to three runs and the latest
+    attempt or restart of each."""
+    if not rels:
+        return []
+    runs = sorted({g[0] for rel in rels if (g := generation(rel))}, key=natural)
+    latest_of = ", ".join(str(latest[r]) for r in runs[:3])
+    return [
+        f"{len(rels)} {what} not used: the job restarted ({', '.join(runs[:3])}: latest {unit} {latest_of}); "
+        "the verdict is about its latest"
+    ]
+
+
 def launcher_key(rel: str) -> str | None:
     """The one launcher a ``--log-dir`` file belongs to when no host folder names it: its
     ``<run_id>/attempt_<k>`` folder (every local rank of one torchrun agent writes below it), else None."""
@@ -105,13 +133,12 @@ def latest_attempts(
     launcher's last "will restart worker group", belong to processes the restart already replaced."""
     latest: dict[str, int] = {}
     for rel in [f.rel for f in reads] + [rel for rel, _ in errors] + list(also):
-        m = _ATTEMPT_DIR.match(rel)
-        if m:
-            latest[m.group(1)] = max(latest.get(m.group(1), 0), int(m.group(2)))
+        if g := generation(rel):
+            latest[g[0]] = max(latest.get(g[0], 0), g[1])
 
     def old(rel: str) -> bool:
-        m = _ATTEMPT_DIR.match(rel)
-        return m is not None and int(m.group(2)) < latest[m.group(1)]
+        g = generation(rel)
+        return g is not None and g[1] < latest[g[0]]
 
     stale = _earlier_runs(reads, mtimes or {})
     kept = [f for f in reads if not old(f.rel) and not _under(f.rel, stale)]
@@ -121,14 +148,12 @@ def latest_attempts(
             f"{len(stale)} earlier run(s) in a reused --log-dir ({', '.join(sorted(stale)[:3])}) not used: a later "
             "run of the same launcher logged after them"
         )
-    n_old = len(reads) - len(kept) + len(errors) - len(kept_errors)
-    if n_old:
-        dropped = [rel for rel in [f.rel for f in reads] + [rel for rel, _ in errors] if old(rel)]
-        runs = sorted({m.group(1) for rel in dropped if (m := _ATTEMPT_DIR.match(rel))}, key=natural)
-        notes.append(
-            f"{n_old} log or error file(s) of earlier attempts not used: the job restarted ({', '.join(runs[:3])}: "
-            "latest attempt " + ", ".join(str(latest[r]) for r in runs[:3]) + "); the verdict is about its latest"
-        )
+    dropped = [rel for rel in [f.rel for f in reads] + [rel for rel, _ in errors] if old(rel)]
+    pods = [rel for rel in dropped if _POD_LOG.match(rel)]
+    notes += _dropped_note(
+        "log or error file(s) of earlier attempts", "attempt", [r for r in dropped if r not in pods], latest
+    )
+    notes += _dropped_note("pod log file(s) of earlier containers", "restart", pods, latest)
     for f in kept:
         if f.restarted_at:
             f.drop_before(f.restarted_at)

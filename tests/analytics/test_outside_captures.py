@@ -1135,6 +1135,25 @@ def test_pod_log_files_as_the_kubelet_keeps_them_are_read_and_named_by_their_pod
     assert v.suspect_nodes == ("gpt-pretrain-worker-1",), v.explain()
 
 
+def test_pod_logs_of_an_earlier_container_are_left_out(tmp_path):
+    """The kubelet writes each restart of a container to the next ``<n>.log`` and keeps the one before. The pods'
+    earlier containers (``0.log``) timed out waiting for rank 14; the running ones (``1.log``) train on. Both were
+    read as one stream: the old timeouts made the job ``inconclusive``. Only the running container counts."""
+    root = tmp_path / "pods"
+    shutil.copytree(OUTSIDE / "k8s-var-log-pods-cri", root)
+    for k, old in enumerate(sorted(root.glob("var/log/pods/*/pytorch/0.log"))):
+        lines = [
+            f"2026-12-01T09:{30 + s // 60:02d}:{s % 60:02d}.000000000Z stderr F [rank{8 * k}]:[2026-12-01 "
+            f"09:{30 + s // 60:02d}:{s % 60:02d},000] train INFO: step {s // 2} loss 2.5 step_time 2.010s"
+            for s in range(20, 1200, 2)
+        ]
+        (old.parent / "1.log").write_text("\n".join(lines) + "\n")
+    v = diagnose(load_inputs(root))
+    assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
+    (note,) = [n for n in v.details["notes"] if "pod log file(s) of earlier containers" in n]
+    assert note.startswith("4 pod log") and "latest restart 1" in note, note
+
+
 def test_a_console_with_nothing_tied_to_a_rank_says_which_logs_were_read():
     v = diagnose(load_inputs(OUTSIDE / "deepspeed-pdsh-console-no-rank-tags"))
     assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
