@@ -130,6 +130,9 @@ class ProgressTables:
     pending: defaultdict[int, list[tuple[GroupKey, FREntry]]] = field(default_factory=lambda: defaultdict(list))
     p2p_open: defaultdict[P2PKey, list[tuple[int, bool]]] = field(default_factory=lambda: defaultdict(list))
     """Open (not completed) p2p ops per (group, src, dst, op): (rank, in state ``started``) of each."""
+    p2p_seqs: defaultdict[P2PKey, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
+    """Every recorded send/recv per (group, src, dst, op) (one rank records each key: the sender its sends, the
+    receiver its receives): p2p sequence id -> its least progress (0 scheduled, 1 started, 2 completed)."""
     n_entries: int = 0
 
     def reached(self, g: GroupKey, m: int, seq: int) -> bool:
@@ -174,6 +177,19 @@ def _signatures(sig: Signature | _Several) -> tuple[Signature, ...]:
     return tuple(sig) if sig.__class__ is _Several else (sig,)
 
 
+_Link = tuple[P2PKey, dict[int, int]] | tuple[None, None]
+
+
+def _p2p_link(t: ProgressTables, g: GroupKey, info: GroupInfo, e: FREntry) -> _Link:
+    """The key of the link a send/recv is on (global ranks) and its sequence ids' table, or (None, None) when
+    either end is unknown."""
+    src, dst = global_rank(info, e.src), global_rank(info, e.dst)
+    if src is None or dst is None:
+        return None, None
+    key = (g, src, dst, e.op)
+    return key, t.p2p_seqs[key]
+
+
 def _rank_pass(
     t: ProgressTables, r: int, d: FRDump, k: Mapping[str, GroupKey], groups: Mapping[GroupKey, GroupInfo]
 ) -> tuple[_Seen, set[str], dict[tuple[GroupKey, int], Signature | _Several]]:
@@ -187,6 +203,7 @@ def _rank_pass(
     sigs: dict[tuple[GroupKey, int], Signature | _Several] = {}
     pending = t.pending[r]
     durations, created_at, ops_at = t.durations, t.created_at, t.ops_at
+    p2p_links: dict[tuple[str, int | None, int | None, str], _Link] = {}  # each link's key and ids, looked up once
     for e in d.entries:
         n = e.pg_name
         state = e.state
@@ -195,13 +212,22 @@ def _rank_pass(
             saw_start = True
         if e.is_p2p:
             p2p_groups.add(n)
-            if not done:
-                g = k[n]
-                pending.append((g, e))
-                info = groups[g]
-                src, dst = global_rank(info, e.src), global_rank(info, e.dst)
-                if src is not None and dst is not None:
-                    t.p2p_open[(g, src, dst, e.op)].append((r, state == "started"))
+            local = (n, e.src, e.dst, e.op)
+            link = p2p_links.get(local)
+            if link is None:
+                link = p2p_links[local] = _p2p_link(t, k[n], groups[k[n]], e)
+            seqs = link[1]
+            if done:
+                if seqs is not None and e.p2p_seq_id not in seqs:
+                    seqs[e.p2p_seq_id] = 2
+                continue
+            g = k[n]
+            pending.append((g, e))
+            if seqs is not None:
+                progress = 1 if state == "started" else 0
+                t.p2p_open[link[0]].append((r, progress == 1))
+                if seqs.get(e.p2p_seq_id, 3) > progress:
+                    seqs[e.p2p_seq_id] = progress
             continue
         seq = e.collective_seq_id
         if seq > enq.get(n, 0):

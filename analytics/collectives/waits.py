@@ -100,20 +100,54 @@ def _heads(items: list[tuple[GroupKey, FREntry]], starts: bool, tracks: bool) ->
 
 
 def _p2p_wait(
-    t: ProgressTables, r: int, g: GroupKey, e: FREntry, info: GroupInfo, dumped: Mapping[int, FRDump]
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(blockers, no-dump) of a send/recv, or None when its peer is unknown."""
+    t: ProgressTables,
+    r: int,
+    g: GroupKey,
+    e: FREntry,
+    info: GroupInfo,
+    dumped: Mapping[int, FRDump],
+    links: dict[tuple[GroupKey, int, int], bool],
+) -> tuple[tuple[int, ...], tuple[int, ...], int | None] | None:
+    """(blockers, no-dump, the peer when both ends are inside the transfer) of a send/recv, or None when its
+    peer is unknown (``links``: whether each link's sequence ids are :func:`aligned`, worked out once per link)."""
     s, d = global_rank(info, e.src), global_rank(info, e.dst)
     peer = d if e.op == "send" else s
     if peer is None or peer == r or s is None or d is None:
         return None
     if peer not in dumped:
-        return (), (peer,)
+        return (), (peer,), None
     other = "recv" if e.op == "send" else "send"
     peer_starts = t.starts.get(peer, False)  # without recorded starts, a posted op is the best known
+    theirs = t.p2p_seqs.get((g, s, d, other), {})
+    link = (g, s, d)
+    if link not in links:
+        links[link] = aligned(t.p2p_seqs.get((g, s, d, "send"), {}), t.p2p_seqs.get((g, s, d, "recv"), {}))
+    if e.p2p_seq_id and links[link]:
+        q = e.p2p_seq_id  # the peer's half of this very transfer is the op of the same sequence id
+        if q > max(theirs) or (theirs.get(q) == 0 and peer_starts):
+            return (peer,), (), None  # not posted yet, or queued behind the peer's own unfinished op
+        if q in theirs:
+            return (), (), peer if theirs[q] < 2 else None  # the peer is in it too, or past it
+        if q < min(theirs):
+            return (), (), None  # older than the peer's ring buffer: the peer is past it
     if any(started or not peer_starts for rank, started in t.p2p_open.get((g, s, d, other), ()) if rank == peer):
-        return (), ()  # both sides in the transfer: stuck inside it, nobody to wait for
-    return (peer,), ()
+        return (), (), peer  # both sides in the transfer: stuck inside it
+    return (peer,), (), None
+
+
+def aligned(sends: Mapping[int, int], recvs: Mapping[int, int]) -> bool:
+    """Whether one link's sends and receives carry the same p2p sequence ids, so that an id names one transfer
+    on both ends. Each rank counts every send/recv it runs in the group (a ``batch_isend_irecv`` once): ranks
+    that run the same steps (a context-parallel ring, two pipeline stages) count alike; a first and a middle
+    pipeline stage do not. Aligned: over the ids both ring buffers still hold, the same ids on both ends (two
+    at least), and no receive done while its send is only queued."""
+    if len(sends) < 2 or len(recvs) < 2:
+        return False
+    lo, hi = max(min(sends), min(recvs)), min(max(sends), max(recvs))
+    common = {q for q in sends if lo <= q <= hi}
+    if len(common) < 2 or common != {q for q in recvs if lo <= q <= hi}:
+        return False
+    return not any(recvs[q] == 2 and sends[q] == 0 for q in common)
 
 
 def wait_graph(
@@ -125,16 +159,20 @@ def wait_graph(
     """Each rank's waits and whom they wait for (member tuples shared per collective)."""
     out = WaitGraph()
     missing: dict[tuple[GroupKey, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    links: dict[tuple[GroupKey, int, int], bool] = {}
+    inside: dict[int, set[int]] = {}  # rank -> the peers it is inside an unfinished transfer with
     for r, items in t.pending.items():
         ws: list[Wait] = []
         for g, e in _heads(items, t.starts.get(r, False), t.tracks.get(r, True)):
             if e.is_p2p:
-                found = _p2p_wait(t, r, g, e, groups[g], by_rank)
+                found = _p2p_wait(t, r, g, e, groups[g], by_rank, links)
                 if found is None:
                     continue
-                blockers, nodump = found
+                blockers, nodump, peer_inside = found
                 for peer in blockers + nodump:
                     out.p2p_waits.append((g, r, peer, e.op))
+                if peer_inside is not None:
+                    inside.setdefault(r, set()).add(peer_inside)
             else:
                 seq = e.collective_seq_id
                 if seq <= t.comp[g].get(r, 0):
@@ -153,7 +191,18 @@ def wait_graph(
             targets = {x for w in ws for x in w.waited_for}
             if targets:
                 out.edges[r] = targets
+    _through_transfers(out, inside)
     return out
+
+
+def _through_transfers(graph: WaitGraph, inside: Mapping[int, set[int]]) -> None:
+    """A rank that waits for nobody, inside transfers whose other end waits for someone, waits behind that end:
+    the peer's batch (``batch_isend_irecv`` completes as one) or its stream is held up elsewhere, so the
+    transfer is (a context-parallel ring's step stuck on one member). Both ends waiting for nobody stay sinks:
+    the transfer itself (the link) is stuck."""
+    for r, peers in inside.items():
+        if r not in graph.edges and (held := {p for p in peers if graph.edges.get(p)}):
+            graph.edges[r] = held
 
 
 def group_stalls(

@@ -389,6 +389,74 @@ def test_a_peer_behind_its_own_started_collective_is_followed_to_the_rank_withou
     assert not any("never enqueued" in r for r in a.reasons)  # it has no dump: nobody knows what it enqueued
 
 
+def _ring(n: int, rank: int, steps: range, state: str, t0: float, first_id: int = 0) -> list[FREntry]:
+    """Rank ``rank``'s ``batch_isend_irecv`` steps of a context-parallel ring of ``n`` (send to the next member,
+    receive from the one before), both ops of a step under one p2p sequence id, as NCCL numbers them."""
+    out = []
+    for i, step in enumerate(steps):
+        for j, (op, spec) in enumerate((("send", f"{rank}->{(rank + 1) % n}"), ("recv", f"{rank}<-{(rank - 1) % n}"))):
+            e = _e(first_id + 2 * i + j, "cp", op, state, t0 + 0.01 * i, p2p=spec)
+            out.append(e._replace(p2p_seq_id=step))
+    return out
+
+
+def _ring_dump(rank: int, entries: list[FREntry], extra: dict[str, PGInfo] | None = None) -> FRDump:
+    cp = PGInfo("cp", "CONTEXT_PARALLEL_GROUP", (0, 1, 2, 3))
+    when = int(1_796_000_000e9 + 900 * 1e9)  # dumped 900 s after the stall: overdue
+    return FRDump(rank, tuple(entries), pg_config={"cp": cp, **(extra or {})}, dump_time_ns=when)
+
+
+def test_a_ring_member_one_step_ahead_waits_for_the_member_behind_it() -> None:
+    """A context-parallel ring stalls behind rank 0, which waits in an expert-parallel all_to_all for rank 4 (no
+    dump). Rank 2 finished step 6 (its neighbours had posted it) and waits in step 7 for ranks 1 and 3, still in
+    step 6: they are in *a* transfer with it, not in this one. The link's sequence ids say which: rank 2 waits
+    for them, they for rank 0, rank 0 for rank 4. Matched by direction alone, rank 2 was a culprit (a healthy
+    machine named)."""
+    ep = {"ep": PGInfo("ep", "EXPERT_MODEL_PARALLEL_GROUP", (0, 4))}
+    done = range(1, 6)
+    r0 = [
+        *_ring(4, 0, done, "completed", 0.0),
+        _e(10, "ep", "all_to_all", "started", 0.2, seq=1),
+        *_ring(4, 0, range(6, 7), "scheduled", 0.21, first_id=11),
+    ]
+    r1 = [*_ring(4, 1, done, "completed", 0.0), *_ring(4, 1, range(6, 7), "started", 0.2, first_id=10)]
+    r2 = [
+        *_ring(4, 2, range(1, 7), "completed", 0.0),
+        *_ring(4, 2, range(7, 8), "started", 0.2, first_id=12),
+    ]
+    r3 = [*_ring(4, 3, done, "completed", 0.0), *_ring(4, 3, range(6, 7), "started", 0.2, first_id=10)]
+    dumps = [_ring_dump(0, r0, ep), _ring_dump(1, r1), _ring_dump(2, r2), _ring_dump(3, r3)]
+    a = collectives.facts(dumps, Topology.from_layout(Layout.parse("dp=5"), gpus_per_node=1))
+    assert a.status == "hang" and a.culprit_ranks == (4,), a.reasons
+    assert set(a.waits[2]) <= {1, 3} and a.waits[1] == (0,) and a.waits[0] == (4,)
+
+
+def test_a_ring_member_inside_transfers_with_stalled_neighbours_waits_behind_them() -> None:
+    """Rank 0 of a ring left no dump. Ranks 1 and 3 wait for it; rank 2 is inside step 6's transfers with both
+    of them (each end started the same step), which cannot finish while their batches wait for rank 0; rank 4
+    waits for rank 2 in an all_to_all that rank 2 queued behind its ring step. Rank 2 waits behind its
+    neighbours: rank 0 is the culprit, not rank 2 (only two ends that wait for nobody else are a stuck link)."""
+    ep = {"ep": PGInfo("ep", "EXPERT_MODEL_PARALLEL_GROUP", (2, 4))}
+    done = range(1, 6)
+    dumps = [
+        _ring_dump(r, [*_ring(4, r, done, "completed", 0.0), *_ring(4, r, range(6, 7), "started", 0.2, first_id=10)])
+        for r in (1, 3)
+    ]
+    r2 = [
+        *_ring(4, 2, done, "completed", 0.0),
+        *_ring(4, 2, range(6, 7), "started", 0.2, first_id=10),
+        _e(12, "ep", "all_to_all", "scheduled", 0.21, seq=1),
+    ]
+    r4 = FRDump(
+        4, (_e(0, "ep", "all_to_all", "started", 0.2, seq=1),), pg_config=ep, dump_time_ns=dumps[0].dump_time_ns
+    )
+    a = collectives.facts(
+        [*dumps, _ring_dump(2, r2, ep), r4], Topology.from_layout(Layout.parse("dp=5"), gpus_per_node=1)
+    )
+    assert a.status == "hang" and a.culprit_ranks == (0,) and a.no_dump_ranks == (0,), a.reasons
+    assert a.waits[4] == (2,)  # and rank 2, inside transfers, waits behind ranks 1 and 3
+
+
 def test_fail_slow_needs_a_persistent_and_costly_late_arrival() -> None:
     """Kernel durations of one TP group of 4 over 24 collectives (created 20 ms apart): in a healthy job the
     last member is a different rank each time; rank 0 arrives last every time but costs its peers 2 ms a
