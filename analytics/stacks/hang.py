@@ -315,6 +315,8 @@ def _localized(h: Hang) -> Verdict:
         return h.verdict(Severity.INCONCLUSIVE, 0.2, evidence=h.evidence())
     if not strong and lone_collectives(a, topology):
         return _mismatch_like(h)
+    if not strong and (stuck := _whole_group_stuck(h, culprit_ranks)) is not None:
+        return stuck
     if h.premise:  # no time evidence: only one group holding every outlier is a fault domain
         group = smallest_group(a.outlier_ranks, topology, max_fraction=h.cfg.max_cover_fraction)
         if group is None:
@@ -351,6 +353,38 @@ def _localized(h: Hang) -> Verdict:
         suspect_group=group,
         evidence=h.evidence(culprit_ranks),
     )
+
+
+def _whole_group_stuck(h: Hang, ranks: Sequence[int]) -> Verdict | None:
+    """Every member of one tensor-, context- or expert-parallel group, and no other rank, waits in one
+    collective (the wait the healthy majority is not in), and every other outlier waits on a group holding
+    them: the group's collective itself does not complete (a link, a GPU or NCCL inside it) and the rest wait
+    behind it. Its nodes are the fault domain, not the whole model-parallel group around it."""
+    a, topology = h.a, h.topology
+    members = set(ranks)
+    if len(members) < 2 or len({a.state_of(r) for r in members}) != 1 or a.state_of(ranks[0]) != "collective":
+        return None
+    if not any(members == set(c.ranks) for c in a.clusters):
+        return None  # one wait: exactly one cluster of stacks
+    kind = next((k for k in ("tp", "cp", "ep") if k in topology.kinds() and _one_group(topology, k, ranks)), None)
+    if kind is None:
+        return None
+    victims, unexplained = _victims(h, ranks)
+    if unexplained:
+        return None
+    h.reasons.append(
+        f"Rank(s) {rank_ranges(ranks)[:100]}, the whole {kind.upper()} group, wait in one collective no other rank "
+        "is in, and every other outlier waits on a group holding them: that group's collective does not complete "
+        "(a link, a GPU or NCCL inside it); the rest wait behind it."
+    )
+    return _strong(h, ranks, victims)
+
+
+def _one_group(topology: Topology, kind: str, ranks: Sequence[int]) -> bool:
+    """Whether ``ranks`` are exactly the members of one group of ``kind``."""
+    gid = topology.group_ids(kind)
+    ids = {int(gid[r]) for r in ranks}
+    return len(ids) == 1 and int(np.count_nonzero(gid == ids.pop())) == len(set(ranks))
 
 
 def _mismatch_like(h: Hang) -> Verdict:

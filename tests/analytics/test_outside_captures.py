@@ -1065,6 +1065,41 @@ def _unpacked(name: str, tmp_path: Path) -> Path:
     return case
 
 
+@pytest.mark.parametrize(
+    ("name", "layout", "order", "ranks", "nodes"),
+    [
+        (
+            "megatron-cp-ring-step-stuck-tp4cp4ep2dp4.tar.xz",
+            "tp=4,cp=4,ep=2,dp=4",
+            "tp-cp-ep-dp-pp",
+            (82, 86, 90, 94),
+            {"ip-10-142-166-31", "ip-10-9-86-116"},
+        ),
+        (
+            "megatron-cp-ring-inside-node-tp2cp4ep4pp2dp2.tar.xz",
+            "tp=2,cp=4,ep=4,dp=2,pp=2",
+            "tp-cp-ep-pp-dp",
+            (80, 82, 84, 86),
+            {"ip-10-251-127-21"},
+        ),
+    ],
+)
+def test_a_whole_context_parallel_group_stuck_in_its_ring_step_is_the_fault_domain(
+    tmp_path, name, layout, order, ranks, nodes
+):
+    """One snapshot of a Megatron MoE job with context parallelism (an outside tester's, py-spy text and JSON):
+    the whole CP group waits in its ring step (``batch_isend_irecv`` in TransformerEngine's
+    ``AttnFuncWithCPAndKVP2P``), which no other rank is in; their TP peers wait in a reduce_scatter, the expert
+    groups in all_to_all, the other stage in recv_forward, the other replicas in the grad sync. Every outlier
+    waits, so the whole model-parallel group was isolated: 8 of 16 machines, 6 of them healthy (dp=2). The
+    group whose collective does not complete is the fault domain; the rest wait behind it."""
+    case = _unpacked(name, tmp_path)
+    v = diagnose(load_inputs(case, layout=layout, order=order, gpus_per_node=8))
+    assert v.verdict.value == "hang" and v.culprit_ranks == ranks, v.explain()
+    assert set(v.suspect_nodes) == nodes, v.explain()
+    assert any("the whole CP group" in r for r in v.reasons), v.explain()
+
+
 def test_a_rank_its_tp_group_waits_for_round_after_round_is_fail_slow(tmp_path):
     """128 ranks, five rounds of a healthy pipeline, but rank 101 computes in four of them while its 7 TP peers
     wait for it in the TP all_reduce. Its stack is the one whole TP groups elsewhere run at the same time, so it
