@@ -180,14 +180,34 @@ def _signatures(sig: Signature | _Several) -> tuple[Signature, ...]:
 _Link = tuple[P2PKey, dict[int, int]] | tuple[None, None]
 
 
-def _p2p_link(t: ProgressTables, g: GroupKey, info: GroupInfo, e: FREntry) -> _Link:
+def _p2p_link(
+    t: ProgressTables,
+    g: GroupKey,
+    info: GroupInfo,
+    e: FREntry,
+    links: dict[tuple[str, int | None, int | None, str], _Link],
+) -> _Link:
     """The key of the link a send/recv is on (global ranks) and its sequence ids' table, or (None, None) when
-    either end is unknown."""
+    either end is unknown; remembered in ``links`` by the entry's own group name, ends and op."""
     src, dst = global_rank(info, e.src), global_rank(info, e.dst)
-    if src is None or dst is None:
-        return None, None
-    key = (g, src, dst, e.op)
-    return key, t.p2p_seqs[key]
+    key = None if src is None or dst is None else (g, src, dst, e.op)
+    link: _Link = (None, None) if key is None else (key, t.p2p_seqs[key])
+    links[(e.pg_name, e.src, e.dst, e.op)] = link
+    return link
+
+
+def _open_p2p(
+    t: ProgressTables, r: int, g: GroupKey, e: FREntry, link: _Link, pending: list[tuple[GroupKey, FREntry]]
+) -> None:
+    """A send/recv rank ``r`` has not completed: one of its pending ops, and open on its link."""
+    pending.append((g, e))
+    key, seqs = link
+    if key is None or seqs is None:
+        return
+    progress = 1 if e.state == "started" else 0
+    t.p2p_open[key].append((r, progress == 1))
+    if seqs.get(e.p2p_seq_id, 3) > progress:
+        seqs[e.p2p_seq_id] = progress
 
 
 def _rank_pass(
@@ -212,22 +232,11 @@ def _rank_pass(
             saw_start = True
         if e.is_p2p:
             p2p_groups.add(n)
-            local = (n, e.src, e.dst, e.op)
-            link = p2p_links.get(local)
-            if link is None:
-                link = p2p_links[local] = _p2p_link(t, k[n], groups[k[n]], e)
-            seqs = link[1]
-            if done:
-                if seqs is not None and e.p2p_seq_id not in seqs:
-                    seqs[e.p2p_seq_id] = 2
-                continue
-            g = k[n]
-            pending.append((g, e))
-            if seqs is not None:
-                progress = 1 if state == "started" else 0
-                t.p2p_open[link[0]].append((r, progress == 1))
-                if seqs.get(e.p2p_seq_id, 3) > progress:
-                    seqs[e.p2p_seq_id] = progress
+            link = p2p_links.get((n, e.src, e.dst, e.op)) or _p2p_link(t, k[n], groups[k[n]], e, p2p_links)
+            if not done:
+                _open_p2p(t, r, k[n], e, link, pending)
+            elif link[1] is not None and e.p2p_seq_id not in link[1]:
+                link[1][e.p2p_seq_id] = 2
             continue
         seq = e.collective_seq_id
         if seq > enq.get(n, 0):

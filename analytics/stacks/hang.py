@@ -315,8 +315,6 @@ def _localized(h: Hang) -> Verdict:
         return h.verdict(Severity.INCONCLUSIVE, 0.2, evidence=h.evidence())
     if not strong and lone_collectives(a, topology):
         return _mismatch_like(h)
-    if not strong and (stuck := _whole_group_stuck(h, culprit_ranks)) is not None:
-        return stuck
     if h.premise:  # no time evidence: only one group holding every outlier is a fault domain
         group = smallest_group(a.outlier_ranks, topology, max_fraction=h.cfg.max_cover_fraction)
         if group is None:
@@ -331,6 +329,8 @@ def _localized(h: Hang) -> Verdict:
         if group is None:
             h.reasons.append("The outliers are spread over most of the job's nodes: no single fault domain to isolate.")
             return h.verdict(Severity.INCONCLUSIVE, 0.25, suspect_ranks=a.outlier_ranks, evidence=h.evidence())
+    if not strong and (stuck := _whole_group_stuck(h, culprit_ranks, group)) is not None:
+        return stuck
     suspects = set(group.nodes)
     culprit_ranks = tuple(r for r in culprit_ranks if topology.node_of(r) in suspects) or culprit_ranks
     culprit_nodes = tuple(n for n in topology.nodes_of(culprit_ranks) if n in suspects)
@@ -355,12 +355,14 @@ def _localized(h: Hang) -> Verdict:
     )
 
 
-def _whole_group_stuck(h: Hang, ranks: Sequence[int]) -> Verdict | None:
+def _whole_group_stuck(h: Hang, ranks: Sequence[int], around: SuspectGroup) -> Verdict | None:
     """Every member of one tensor-, context- or expert-parallel group, and no other rank, waits in one
     collective (the wait the healthy majority is not in), and every other outlier waits on a group holding
     them: the group's collective itself does not complete (a link, a GPU or NCCL inside it) and the rest wait
-    behind it. Its nodes are the fault domain, not the whole model-parallel group around it."""
+    behind it. Its nodes, within the group ``around`` that covers the outliers, are the fault domain."""
     a, topology = h.a, h.topology
+    if not set(topology.nodes_of(ranks)) <= set(around.nodes):
+        return None  # only ever narrows the domain the outliers gave
     members = set(ranks)
     if len(members) < 2 or len({a.state_of(r) for r in members}) != 1 or a.state_of(ranks[0]) != "collective":
         return None
