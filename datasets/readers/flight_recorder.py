@@ -22,6 +22,7 @@ from typing import Any
 from rankscope.datasets.domain.bounds import FOREIGN, to_int
 from rankscope.datasets.domain.flight_recorder import DUMP_TIME_KEY, FRDump, FREntry
 from rankscope.datasets.readers.forked import map_batches, worker_count
+from rankscope.datasets.readers.fr_batches import with_batch_states
 from rankscope.datasets.readers.fr_columns import entries as all_entries
 from rankscope.datasets.readers.fr_entries import FrameCache, entry, new_entry, opt_i64
 from rankscope.datasets.readers.fr_files import (
@@ -75,6 +76,7 @@ def parse_dump(
                 entries.append(entry(e, frame_cache))
             except FOREIGN as exc:
                 raise ParseError(path, f"entry {i}: {exc}") from None
+    entries = with_batch_states(entries)
     notes: list[str] = []
     try:
         pg_config = _pg_config(raw.get("pg_config"))

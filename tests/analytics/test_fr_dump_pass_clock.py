@@ -133,3 +133,48 @@ def test_a_hang_younger_than_the_job_s_own_timeout_rests_on_a_premise(
     assert v.verdict.value == "hang" and v.culprit_ranks == (21,), v.explain()
     assert bool(v.details.get("stuck_on_premise")) is premise, v.details
     assert any("younger than its collective timeout (3.6e+03 s)" in r for r in v.reasons) is premise, v.reasons
+
+
+@pytest.mark.parametrize(
+    ("case", "layout"),
+    [
+        ("fr-nccl-batched-p2p-stage-compute-hang-tp4pp4dp2.tar.xz", "tp=4,pp=4,dp=2"),
+        ("fr-nccl-batched-cp-ring-member-stuck-tp4cp4dp2.tar.xz", "tp=4,cp=4,dp=2"),
+    ],
+)
+def test_batched_send_recv_take_their_batch_state(tmp_path: Path, case: str, layout: str) -> None:
+    """``batch_isend_irecv`` (Megatron's pipeline with ``batch_p2p_comm``, a context-parallel ring step): PyTorch
+    records each op with no events, so it stays ``scheduled`` forever, and one ``nccl:coalesced`` entry of the
+    same p2p sequence id carries the batch's state. Rank 9 (stage 1; a ring member) never posts its send. Read
+    as written, every rank blocked in a batch waited for nobody: the whole pipeline (node-0..3), the whole ring
+    (2 nodes) was named."""
+    v = diagnose(load_inputs(_unpacked(case, tmp_path), layout=layout, gpus_per_node=8))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (9,), v.explain()
+    assert v.suspect_nodes == ("node-1",), v.explain()
+
+
+def test_a_batch_state_reaches_its_ops_and_only_them() -> None:
+    """The reader gives each op of a batch the ``coalesced`` entry's state and times; a lone send, an op whose own
+    events moved it, and a batch whose ``coalesced`` entry is not recorded yet keep theirs."""
+    from rankscope.datasets.domain.flight_recorder import FREntry
+    from rankscope.datasets.readers.fr_batches import with_batch_states
+
+    def e(rid: int, op: str, seq: int, state: str = "scheduled", started: int | None = None) -> FREntry:
+        p2p = op in ("send", "recv")
+        return FREntry(
+            rid, "3", "3", "PIPELINE_MODEL_PARALLEL_GROUP", 0, seq, rid, f"nccl:{op}", "nccl", op, p2p,
+            0 if p2p else None, 1 if p2p else None, state, False, 1, started, None, None, 600_000,
+            (), (), (), (),
+        )  # fmt: skip
+
+    entries = [
+        e(0, "send", 1, "completed", 5),  # a lone send with its own events
+        e(1, "send", 2),
+        e(2, "recv", 2),
+        e(3, "coalesced", 2, "started", 7),
+        e(4, "send", 3),  # its batch's coalesced entry not recorded yet
+    ]
+    out = with_batch_states(entries)
+    assert [x.state for x in out] == ["completed", "started", "started", "started", "scheduled"]
+    assert out[1].time_discovered_started_ns == 7 and out[0].time_discovered_started_ns == 5
+    assert with_batch_states(entries[:1]) is not None and with_batch_states(entries[:3]) == entries[:3]
