@@ -159,10 +159,12 @@ def test_a_batch_state_reaches_its_ops_and_only_them() -> None:
     from rankscope.datasets.domain.flight_recorder import FREntry
     from rankscope.datasets.readers.fr_batches import with_batch_states
 
-    def e(rid: int, op: str, seq: int, state: str = "scheduled", started: int | None = None) -> FREntry:
+    def e(
+        rid: int, op: str, seq: int, state: str = "scheduled", started: int | None = None, pg: str = "3", coll: int = 0
+    ) -> FREntry:
         p2p = op in ("send", "recv")
         return FREntry(
-            rid, "3", "3", "PIPELINE_MODEL_PARALLEL_GROUP", 0, seq, rid, f"nccl:{op}", "nccl", op, p2p,
+            rid, pg, pg, "", coll, seq, rid, f"nccl:{op}", "nccl", op, p2p,
             0 if p2p else None, 1 if p2p else None, state, False, 1, started, None, None, 600_000,
             (), (), (), (),
         )  # fmt: skip
@@ -170,11 +172,15 @@ def test_a_batch_state_reaches_its_ops_and_only_them() -> None:
     entries = [
         e(0, "send", 1, "completed", 5),  # a lone send with its own events
         e(1, "send", 2),
-        e(2, "recv", 2),
-        e(3, "coalesced", 2, "started", 7),
-        e(4, "send", 3),  # its batch's coalesced entry not recorded yet
+        e(2, "all_reduce", 0, "started", 6, pg="tp", coll=9),  # another group's op in between
+        e(3, "recv", 2),
+        e(4, "coalesced", 2, "started", 7),
+        e(5, "send", 3),  # a lone send still queued, then a collective batch's coalesced entry on its group
+        e(6, "coalesced", 3, "completed", 8, coll=1),
+        e(7, "send", 4),  # its batch's coalesced entry not recorded yet
     ]
     out = with_batch_states(entries)
-    assert [x.state for x in out] == ["completed", "started", "started", "started", "scheduled"]
+    states = [x.state for x in out]
+    assert states == ["completed", "started", "started", "started", "started", "scheduled", "completed", "scheduled"]
     assert out[1].time_discovered_started_ns == 7 and out[0].time_discovered_started_ns == 5
-    assert with_batch_states(entries[:1]) is not None and with_batch_states(entries[:3]) == entries[:3]
+    assert with_batch_states(entries[:2]) == entries[:2]  # no coalesced entry: as written
