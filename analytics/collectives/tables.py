@@ -130,9 +130,10 @@ class ProgressTables:
     pending: defaultdict[int, list[tuple[GroupKey, FREntry]]] = field(default_factory=lambda: defaultdict(list))
     p2p_open: defaultdict[P2PKey, list[tuple[int, bool]]] = field(default_factory=lambda: defaultdict(list))
     """Open (not completed) p2p ops per (group, src, dst, op): (rank, in state ``started``) of each."""
-    p2p_seqs: defaultdict[P2PKey, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
-    """Every recorded send/recv per (group, src, dst, op) (one rank records each key: the sender its sends, the
-    receiver its receives): p2p sequence id -> its least progress (0 scheduled, 1 started, 2 completed)."""
+    p2p_records: dict[int, tuple[Mapping[str, GroupKey], list[FREntry]]] = field(default_factory=dict)
+    """Per rank: its group keys and every send/recv it recorded, for :func:`link_ids` (built only for the ranks
+    a wait asks about: a pass over every record would cost every diagnosis)."""
+    p2p_ids: dict[int, dict[P2PKey, dict[int, int]]] = field(default_factory=dict)  # link_ids, per rank once
     n_entries: int = 0
 
     def reached(self, g: GroupKey, m: int, seq: int) -> bool:
@@ -177,37 +178,38 @@ def _signatures(sig: Signature | _Several) -> tuple[Signature, ...]:
     return tuple(sig) if sig.__class__ is _Several else (sig,)
 
 
-_Link = tuple[P2PKey, dict[int, int]] | tuple[None, None]
-
-
-def _p2p_link(
-    t: ProgressTables,
-    g: GroupKey,
-    info: GroupInfo,
-    e: FREntry,
-    links: dict[tuple[str, int | None, int | None, str], _Link],
-) -> _Link:
-    """The key of the link a send/recv is on (global ranks) and its sequence ids' table, or (None, None) when
-    either end is unknown; remembered in ``links`` by the entry's own group name, ends and op."""
-    src, dst = global_rank(info, e.src), global_rank(info, e.dst)
-    key = None if src is None or dst is None else (g, src, dst, e.op)
-    link: _Link = (None, None) if key is None else (key, t.p2p_seqs[key])
-    links[(e.pg_name, e.src, e.dst, e.op)] = link
-    return link
-
-
 def _open_p2p(
-    t: ProgressTables, r: int, g: GroupKey, e: FREntry, link: _Link, pending: list[tuple[GroupKey, FREntry]]
+    t: ProgressTables, r: int, g: GroupKey, e: FREntry, info: GroupInfo, pending: list[tuple[GroupKey, FREntry]]
 ) -> None:
     """A send/recv rank ``r`` has not completed: one of its pending ops, and open on its link."""
     pending.append((g, e))
-    key, seqs = link
-    if key is None or seqs is None:
-        return
-    progress = 1 if e.state == "started" else 0
-    t.p2p_open[key].append((r, progress == 1))
-    if seqs.get(e.p2p_seq_id, 3) > progress:
-        seqs[e.p2p_seq_id] = progress
+    src, dst = global_rank(info, e.src), global_rank(info, e.dst)
+    if src is not None and dst is not None:
+        t.p2p_open[(g, src, dst, e.op)].append((r, e.state == "started"))
+
+
+def link_ids(t: ProgressTables, groups: Mapping[GroupKey, GroupInfo], r: int) -> dict[P2PKey, dict[int, int]]:
+    """Rank ``r``'s recorded send/recv per link (group, global src, global dst, op): p2p sequence id -> its
+    least progress (0 scheduled, 1 started, 2 completed). Built once per rank, when first asked."""
+    ids = t.p2p_ids.get(r)
+    if ids is not None:
+        return ids
+    ids = t.p2p_ids[r] = {}
+    k, records = t.p2p_records.get(r, ({}, []))
+    tracks = t.tracks.get(r, True)
+    for e in records:
+        g = k.get(e.pg_name)
+        if g is None or (info := groups.get(g)) is None:
+            continue
+        src, dst = global_rank(info, e.src), global_rank(info, e.dst)
+        if src is None or dst is None:
+            continue
+        done = e.state == "completed" or (e.retired and not tracks)
+        progress = 2 if done else 1 if e.state == "started" else 0
+        seqs = ids.setdefault((g, src, dst, e.op), {})
+        if seqs.get(e.p2p_seq_id, 3) > progress:
+            seqs[e.p2p_seq_id] = progress
+    return ids
 
 
 def _rank_pass(
@@ -223,7 +225,8 @@ def _rank_pass(
     sigs: dict[tuple[GroupKey, int], Signature | _Several] = {}
     pending = t.pending[r]
     durations, created_at, ops_at = t.durations, t.created_at, t.ops_at
-    p2p_links: dict[tuple[str, int | None, int | None, str], _Link] = {}  # each link's key and ids, looked up once
+    records: list[FREntry] = []
+    t.p2p_records[r] = (k, records)
     for e in d.entries:
         n = e.pg_name
         state = e.state
@@ -232,11 +235,9 @@ def _rank_pass(
             saw_start = True
         if e.is_p2p:
             p2p_groups.add(n)
-            link = p2p_links.get((n, e.src, e.dst, e.op)) or _p2p_link(t, k[n], groups[k[n]], e, p2p_links)
+            records.append(e)
             if not done:
-                _open_p2p(t, r, k[n], e, link, pending)
-            elif link[1] is not None and e.p2p_seq_id not in link[1]:
-                link[1][e.p2p_seq_id] = 2
+                _open_p2p(t, r, k[n], e, groups[k[n]], pending)
             continue
         seq = e.collective_seq_id
         if seq > enq.get(n, 0):

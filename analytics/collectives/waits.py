@@ -4,8 +4,10 @@ Stream-order semantics (NCCL runs each communicator's ops in order on its stream
 the ops it started and that did not complete (gloo tracks no state: the ops it enqueued and that did
 not retire; NCCL without timing: the first unfinished op of each group, the only one that can run).
 A started collective waits for the members that have not started it (gloo: not enqueued); a started
-send/recv waits for its peer when the peer has not started the matching op (gloo: not posted). An op
-scheduled behind another adds no edge: its blocker is the rank's own head op. Following the waits
+send/recv waits for its peer when the peer has not started the matching op (gloo: not posted): the op of the
+same p2p sequence id where the link's ids are :func:`aligned`, else any open op of the other direction. A rank
+inside transfers whose other end waits for someone waits behind that end. An op scheduled behind another adds no
+edge: its blocker is the rank's own head op. Following the waits
 across groups ends at ranks that wait for nobody: the sinks. A member without a dump that others wait
 for is a sink like a live one. A group stalls where not every member reached one collective.
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from rankscope.analytics.collectives.clock import Clock, Timing
 from rankscope.analytics.collectives.groups import KIND_ORDER, GroupInfo, GroupKey
 from rankscope.analytics.collectives.result import GroupStall
-from rankscope.analytics.collectives.tables import ProgressTables, global_rank
+from rankscope.analytics.collectives.tables import ProgressTables, global_rank, link_ids
 from rankscope.datasets.domain.flight_recorder import FRDump, FREntry
 
 P2PWait = tuple[GroupKey, int, int, str]  # (group, waiting rank, peer it waits for, its op)
@@ -104,12 +106,13 @@ def _p2p_wait(
     r: int,
     g: GroupKey,
     e: FREntry,
-    info: GroupInfo,
+    groups: Mapping[GroupKey, GroupInfo],
     dumped: Mapping[int, FRDump],
     links: dict[tuple[GroupKey, int, int], bool],
 ) -> tuple[tuple[int, ...], tuple[int, ...], int | None] | None:
     """(blockers, no-dump, the peer when both ends are inside the transfer) of a send/recv, or None when its
     peer is unknown (``links``: whether each link's sequence ids are :func:`aligned`, worked out once per link)."""
+    info = groups[g]
     s, d = global_rank(info, e.src), global_rank(info, e.dst)
     peer = d if e.op == "send" else s
     if peer is None or peer == r or s is None or d is None:
@@ -118,10 +121,11 @@ def _p2p_wait(
         return (), (peer,), None
     other = "recv" if e.op == "send" else "send"
     peer_starts = t.starts.get(peer, False)  # without recorded starts, a posted op is the best known
-    theirs = t.p2p_seqs.get((g, s, d, other), {})
+    theirs = link_ids(t, groups, peer).get((g, s, d, other), {})
     link = (g, s, d)
     if link not in links:
-        links[link] = aligned(t.p2p_seqs.get((g, s, d, "send"), {}), t.p2p_seqs.get((g, s, d, "recv"), {}))
+        mine = link_ids(t, groups, r).get((g, s, d, e.op), {})
+        links[link] = aligned(*((mine, theirs) if e.op == "send" else (theirs, mine)))
     if e.p2p_seq_id and links[link]:
         q = e.p2p_seq_id  # the peer's half of this very transfer is the op of the same sequence id
         if q > max(theirs) or (theirs.get(q) == 0 and peer_starts):
@@ -140,14 +144,19 @@ def aligned(sends: Mapping[int, int], recvs: Mapping[int, int]) -> bool:
     on both ends. Each rank counts every send/recv it runs in the group (a ``batch_isend_irecv`` once): ranks
     that run the same steps (a context-parallel ring, two pipeline stages) count alike; a first and a middle
     pipeline stage do not. Aligned: over the ids both ring buffers still hold, the same ids on both ends (two
-    at least), and no receive done while its send is only queued."""
+    at least), no receive done while its send is only queued, and the last id done on each end at most one
+    apart (counters offset by ops before the ring buffers, both runs of ids unbroken, would pass the rest)."""
     if len(sends) < 2 or len(recvs) < 2:
         return False
     lo, hi = max(min(sends), min(recvs)), min(max(sends), max(recvs))
     common = {q for q in sends if lo <= q <= hi}
     if len(common) < 2 or common != {q for q in recvs if lo <= q <= hi}:
         return False
-    return not any(recvs[q] == 2 and sends[q] == 0 for q in common)
+    if any(recvs[q] == 2 and sends[q] == 0 for q in common):
+        return False
+    sent = [q for q, done in sends.items() if done == 2]
+    got = [q for q, done in recvs.items() if done == 2]
+    return bool(sent and got) and abs(max(sent) - max(got)) <= 1
 
 
 def wait_graph(
@@ -165,7 +174,7 @@ def wait_graph(
         ws: list[Wait] = []
         for g, e in _heads(items, t.starts.get(r, False), t.tracks.get(r, True)):
             if e.is_p2p:
-                found = _p2p_wait(t, r, g, e, groups[g], by_rank, links)
+                found = _p2p_wait(t, r, g, e, groups, by_rank, links)
                 if found is None:
                     continue
                 blockers, nodump, peer_inside = found
@@ -197,12 +206,36 @@ def wait_graph(
 
 def _through_transfers(graph: WaitGraph, inside: Mapping[int, set[int]]) -> None:
     """A rank that waits for nobody, inside transfers whose other end waits for someone, waits behind that end:
-    the peer's batch (``batch_isend_irecv`` completes as one) or its stream is held up elsewhere, so the
-    transfer is (a context-parallel ring's step stuck on one member). Both ends waiting for nobody stay sinks:
-    the transfer itself (the link) is stuck."""
-    for r, peers in inside.items():
-        if r not in graph.edges and (held := {p for p in peers if graph.edges.get(p)}):
-            graph.edges[r] = held
+    the transfer cannot finish while the other end's stream (or its ``batch_isend_irecv``, which completes as
+    one) is held up elsewhere (a context-parallel ring's step stuck on one member). Both ends waiting for
+    nobody stay sinks: the transfer itself (the link) is stuck. No edge closes a cycle (an end whose waits lead
+    back to the rank explains nothing); ranks are taken in order until none gains an edge, so the result does not
+    depend on the order of the dumps."""
+    todo = sorted(r for r in inside if r not in graph.edges)
+    while todo:  # until no rank gains an edge: a ring's members learn it from each other
+        left = []
+        for r in todo:
+            held = {p for p in sorted(inside[r]) if graph.edges.get(p) and not _reaches(graph.edges, p, r)}
+            if held:
+                graph.edges[r] = held
+            else:
+                left.append(r)
+        if len(left) == len(todo):
+            break
+        todo = left
+
+
+def _reaches(edges: Mapping[int, set[int]], start: int, goal: int) -> bool:
+    """Whether following ``edges`` from ``start`` leads to ``goal``."""
+    seen, todo = {start}, [start]
+    while todo:
+        for x in edges.get(todo.pop(), ()):
+            if x == goal:
+                return True
+            if x not in seen:
+                seen.add(x)
+                todo.append(x)
+    return False
 
 
 def group_stalls(

@@ -341,8 +341,7 @@ def _localized(h: Hang) -> Verdict:
             "Every outlier is waiting on someone else; the culprit above is the likeliest origin "
             "of the wait (weak evidence: isolate the whole suspect group)."
         )
-    conf = 0.35 + 0.3 * a.dominant_fraction + (0.2 if strong else 0.05)
-    conf += 0.1 if group.kind != "node" and len(group.indices) == 1 else 0.05
+    conf = _weak_confidence(a, group, strong)
     return h.verdict(
         Severity.HANG,
         round(max(0.05, min(conf, 0.99)), 3),
@@ -355,14 +354,18 @@ def _localized(h: Hang) -> Verdict:
     )
 
 
+def _weak_confidence(a: SnapshotAnalysis, group: SuspectGroup, strong: bool) -> float:
+    conf = 0.35 + 0.3 * a.dominant_fraction + (0.2 if strong else 0.05)
+    return conf + (0.1 if group.kind != "node" and len(group.indices) == 1 else 0.05)
+
+
 def _whole_group_stuck(h: Hang, ranks: Sequence[int], around: SuspectGroup) -> Verdict | None:
     """Every member of one tensor-, context- or expert-parallel group, and no other rank, waits in one
     collective (the wait the healthy majority is not in), and every other outlier waits on a group holding
     them: the group's collective itself does not complete (a link, a GPU or NCCL inside it) and the rest wait
-    behind it. Its nodes, within the group ``around`` that covers the outliers, are the fault domain."""
+    behind it. Its nodes are the fault domain, named with the confidence the group ``around`` that covers the
+    outliers would have had (the evidence is no stronger)."""
     a, topology = h.a, h.topology
-    if not set(topology.nodes_of(ranks)) <= set(around.nodes):
-        return None  # only ever narrows the domain the outliers gave
     members = set(ranks)
     if len(members) < 2 or len({a.state_of(r) for r in members}) != 1 or a.state_of(ranks[0]) != "collective":
         return None
@@ -377,9 +380,9 @@ def _whole_group_stuck(h: Hang, ranks: Sequence[int], around: SuspectGroup) -> V
     h.reasons.append(
         f"Rank(s) {rank_ranges(ranks)[:100]}, the whole {kind.upper()} group, wait in one collective no other rank "
         "is in, and every other outlier waits on a group holding them: that group's collective does not complete "
-        "(a link, a GPU or NCCL inside it); the rest wait behind it."
+        "(a link, a GPU or NCCL inside it); the rest wait behind it (weak evidence: every outlier waits)."
     )
-    return _strong(h, ranks, victims)
+    return _strong(h, ranks, victims, confidence=_weak_confidence(a, around, False))
 
 
 def _one_group(topology: Topology, kind: str, ranks: Sequence[int]) -> bool:
@@ -395,7 +398,7 @@ def _mismatch_like(h: Hang) -> Verdict:
     return h.verdict(Severity.INCONCLUSIVE, 0.3, suspect_ranks=out, evidence=h.evidence(out))
 
 
-def _strong(h: Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> Verdict:
+def _strong(h: Hang, culprit_ranks: Sequence[int], victims: Sequence[int], confidence: float | None = None) -> Verdict:
     """Strong culprits, every other outlier their victim: the culprits' nodes, extended to the smallest group
     holding them while that stays within the fault-domain share of the job; unrelated culprits: inconclusive."""
     a, topology = h.a, h.topology
@@ -424,7 +427,11 @@ def _strong(h: Hang, culprit_ranks: Sequence[int], victims: Sequence[int]) -> Ve
             "waits, behind the culprit: where they would wait too. A gap in the collection, not evicted; check "
             "them if the culprit's machine is not the cause."
         )
-    conf = 0.55 + 0.3 * a.dominant_fraction + (0.1 if len(group.nodes) == 1 else 0.05)
+    conf = (
+        confidence
+        if confidence is not None
+        else 0.55 + 0.3 * a.dominant_fraction + (0.1 if len(group.nodes) == 1 else 0.05)
+    )
     suspects = set(group.nodes)
     suspect_ranks = tuple(sorted(set(culprit_ranks) | {r for r in a.outlier_ranks if topology.node_of(r) in suspects}))
     return h.verdict(

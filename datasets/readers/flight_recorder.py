@@ -76,7 +76,7 @@ def parse_dump(
                 entries.append(entry(e, frame_cache))
             except FOREIGN as exc:
                 raise ParseError(path, f"entry {i}: {exc}") from None
-    entries = with_batch_states(entries)
+    batched = with_batch_states(entries)
     notes: list[str] = []
     try:
         pg_config = _pg_config(raw.get("pg_config"))
@@ -86,7 +86,7 @@ def parse_dump(
         raise ParseError(path, f"bad pg_config/pg_status/{DUMP_TIME_KEY}: {exc}") from None
     return FRDump(
         rank=int(rank),
-        entries=tuple(entries),
+        entries=tuple(batched),
         version=str(raw.get("version", "") or ""),
         pg_config=pg_config,
         pg_status=pg_status,

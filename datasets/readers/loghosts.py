@@ -86,9 +86,9 @@ _ATTEMPT_DIR = re.compile(r"^(.*?)/attempt[-_]?(\d+)/", re.I)
 _LOG_DIR_TREE = re.compile(r"^(.*?[^/]+/attempt[-_]?\d+)/\d+/[^/]+$", re.I)
 
 
-_POD_LOG = re.compile(rf"^(?P<run>.*?(?:^|/){POD_DIR}/[^/]+)/(?P<k>\d+)\.log$")
-"""A kubelet's pod log, ``<namespace>_<pod>_<uid>/<container>/<restart count>.log``: the kubelet keeps the log of
-the container before the running one beside it."""
+_POD_LOG = re.compile(rf"^(?P<run>.*?(?:^|/){POD_DIR}/[^/]+)/(?P<k>\d+)\.log(?:\.\d{{8}}-\d{{6}}(?:\.gz)?)?$")
+"""A kubelet's pod log, ``<namespace>_<pod>_<uid>/<container>/<restart count>.log`` (rotated:
+``<n>.log.<YYYYMMDD-HHMMSS>[.gz]``): the kubelet keeps the log of the container before the running one beside it."""
 
 
 def generation(rel: str) -> tuple[str, int] | None:
@@ -101,16 +101,16 @@ def generation(rel: str) -> tuple[str, int] | None:
     return None
 
 
-def _dropped_note(what: str, unit: str, rels: Sequence[str], latest: Mapping[str, int]) -> list[str]:
-    """The note on the files ``rels`` of runs that a restart replaced, naming up to three runs and the latest
-    attempt or restart of each."""
+def _dropped_note(what: str, why: str, unit: str, rels: Sequence[str], latest: Mapping[str, int]) -> list[str]:
+    """The note on the files ``rels`` of runs that a restart replaced (``why``: what restarted), naming up to three
+    runs and the latest attempt or restart of each."""
     if not rels:
         return []
     runs = sorted({g[0] for rel in rels if (g := generation(rel))}, key=natural)
     latest_of = ", ".join(str(latest[r]) for r in runs[:3])
     return [
-        f"{len(rels)} {what} not used: the job restarted ({', '.join(runs[:3])}: latest {unit} {latest_of}); "
-        "the verdict is about its latest"
+        f"{len(rels)} {what} not used: {why} ({', '.join(runs[:3])}: latest {unit} {latest_of}); the verdict is "
+        "about the latest"
     ]
 
 
@@ -149,11 +149,12 @@ def latest_attempts(
             "run of the same launcher logged after them"
         )
     dropped = [rel for rel in [f.rel for f in reads] + [rel for rel, _ in errors] if old(rel)]
-    pods = [rel for rel in dropped if _POD_LOG.match(rel)]
+    pods = {rel for rel in dropped if _POD_LOG.match(rel)}
+    attempts = [rel for rel in dropped if rel not in pods]
+    notes += _dropped_note("log or error file(s) of earlier attempts", "the job restarted", "attempt", attempts, latest)
     notes += _dropped_note(
-        "log or error file(s) of earlier attempts", "attempt", [r for r in dropped if r not in pods], latest
+        "pod log file(s) of earlier containers", "their containers restarted", "restart", sorted(pods), latest
     )
-    notes += _dropped_note("pod log file(s) of earlier containers", "restart", pods, latest)
     for f in kept:
         if f.restarted_at:
             f.drop_before(f.restarted_at)

@@ -457,6 +457,82 @@ def test_a_ring_member_inside_transfers_with_stalled_neighbours_waits_behind_the
     assert a.waits[4] == (2,)  # and rank 2, inside transfers, waits behind ranks 1 and 3
 
 
+def test_a_rank_inside_a_transfer_is_never_sent_round_a_cycle_back_to_itself() -> None:
+    """Rank 0's send to rank 1 is stuck inside the transfer (both ends started it) and rank 0 never enqueued the
+    DP all_gather rank 2 waits in; rank 1 also waits in a TP all_reduce rank 2 queued behind that all_gather.
+    Rank 1's end of the transfer waits for someone (rank 2, then rank 0): an edge from rank 0 to it would close a
+    cycle back to rank 0, and the "circular wait" best guess named healthy rank 2 beside it."""
+    pp = PGInfo("pp", "PIPELINE_MODEL_PARALLEL_GROUP", (0, 1))
+    tp = PGInfo("tp", "TENSOR_MODEL_PARALLEL_GROUP", (1, 2))
+    dp = PGInfo("dp", "DATA_PARALLEL_GROUP", (0, 2))
+    when = int(1_796_000_000e9 + 900 * 1e9)
+
+    def p2p(i: int, op: str, spec: str, state: str) -> FREntry:
+        return _e(i, "pp", op, state, 0.01 * i, p2p=spec)._replace(p2p_seq_id=i)
+
+    r0 = [*(p2p(i, "send", "0->1", "completed" if i < 4 else "started") for i in range(1, 5))]
+    r0 += [_e(5 + s, "dp", "all_gather", "completed", 0.01 * s, seq=s) for s in (1, 2)]
+    r1 = [*(p2p(i, "recv", "1<-0", "completed" if i < 4 else "started") for i in range(1, 5))]
+    r1 += [_e(5 + s, "tp", "all_reduce", "completed", 0.01 * s, seq=s) for s in range(1, 7)]
+    r1 += [_e(20, "tp", "all_reduce", "started", 0.21, seq=7)]
+    r2 = [_e(5 + s, "tp", "all_reduce", "completed", 0.01 * s, seq=s) for s in range(1, 7)]
+    r2 += [_e(30 + s, "dp", "all_gather", "completed", 0.01 * s, seq=s) for s in (1, 2)]
+    r2 += [_e(40, "dp", "all_gather", "started", 0.22, seq=3)]
+    dumps = [
+        FRDump(0, tuple(r0), pg_config={"pp": pp, "dp": dp}, dump_time_ns=when),
+        FRDump(1, tuple(r1), pg_config={"pp": pp, "tp": tp}, dump_time_ns=when),
+        FRDump(2, tuple(r2), pg_config={"tp": tp, "dp": dp}, dump_time_ns=when),
+    ]
+    a = collectives.facts(dumps, Topology.from_layout(Layout.parse("dp=3"), gpus_per_node=1))
+    assert a.status == "hang" and a.culprit_ranks == (0,), a.reasons
+    assert not any("circular wait" in r for r in a.reasons), a.reasons
+
+
+def test_a_ring_member_inside_transfers_learns_the_wait_whatever_the_order_of_the_dumps() -> None:
+    """A ring of 8 whose rank 4 left no dump; ranks 3 and 5 wait for it, the others are inside started steps with
+    their neighbours, and rank 9 waits for rank 0 in an all_to_all rank 0 queued behind its ring step. The wait
+    reaches rank 0 through its neighbours only after they learn it from theirs: taken once, in dump order, the
+    sorted dumps named healthy rank 0 beside rank 4."""
+    n = 8
+    cp = PGInfo("cp", "CONTEXT_PARALLEL_GROUP", tuple(range(n)))
+    ep = PGInfo("ep", "EXPERT_MODEL_PARALLEL_GROUP", (0, 9))
+    when = int(1_796_000_000e9 + 900 * 1e9)
+    dumps = []
+    for r in (0, 1, 2, 3, 5, 6, 7):
+        es = [*_ring(n, r, range(1, 6), "completed", 0.0), *_ring(n, r, range(6, 7), "started", 0.2, first_id=10)]
+        if r == 0:
+            es.append(_e(12, "ep", "all_to_all", "scheduled", 0.21, seq=1))
+        dumps.append(FRDump(r, tuple(es), pg_config={"cp": cp, "ep": ep}, dump_time_ns=when))
+    dumps.append(
+        FRDump(9, (_e(0, "ep", "all_to_all", "started", 0.2, seq=1),), pg_config={"ep": ep}, dump_time_ns=when)
+    )
+    topology = Topology.from_layout(Layout.parse("dp=10"), gpus_per_node=1)
+    for order in (dumps, dumps[::-1]):
+        a = collectives.facts(order, topology)
+        assert a.status == "hang" and a.culprit_ranks == (4,), a.reasons
+
+
+def test_link_ids_offset_by_ops_before_the_ring_buffers_are_not_matched() -> None:
+    """Rank 1 numbered two p2p ops of the group that its ring buffer no longer holds: its receive k is rank 0's
+    send k - 2, and both runs of ids are unbroken, so the ids over the span both hold agree. The last ids done on
+    the two ends are two apart: not aligned, and the transfer both ends started is stuck inside the link (nobody
+    named), not a send rank 0 "has not started"."""
+    pp = PGInfo("pp", "PIPELINE_MODEL_PARALLEL_GROUP", (0, 1))
+    when = int(1_796_000_000e9 + 900 * 1e9)
+
+    def p2p(k: int, op: str, spec: str, last: int) -> FREntry:
+        return _e(k, "pp", op, "completed" if k < last else "started", 0.01 * k, p2p=spec)._replace(p2p_seq_id=k)
+
+    r0 = tuple(p2p(k, "send", "0->1", 10) for k in range(1, 11))
+    r1 = tuple(p2p(k, "recv", "1<-0", 12) for k in range(3, 13))
+    dumps = [
+        FRDump(0, r0, pg_config={"pp": pp}, dump_time_ns=when),
+        FRDump(1, r1, pg_config={"pp": pp}, dump_time_ns=when),
+    ]
+    a = collectives.facts(dumps, Topology.from_layout(Layout.parse("dp=2"), gpus_per_node=1))
+    assert a.culprit_ranks == (), a.reasons
+
+
 def test_fail_slow_needs_a_persistent_and_costly_late_arrival() -> None:
     """Kernel durations of one TP group of 4 over 24 collectives (created 20 ms apart): in a healthy job the
     last member is a different rank each time; rank 0 arrives last every time but costs its peers 2 ms a
