@@ -103,7 +103,8 @@ def _facts(
         clock,
         progress,
         _unrecorded_p2p_neighbors(topology, tables.tracks),
-        tuple(sorted(tables.unrecorded)),
+        unstarted=any(tables.tracks.values()) and not any(tables.starts.values()),
+        unrecorded=tuple(sorted(tables.unrecorded)),
     )
     return f, notes
 

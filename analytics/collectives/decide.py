@@ -23,7 +23,7 @@ from rankscope.analytics.collectives.clock import AGING, OVERDUE, YOUNG
 from rankscope.analytics.collectives.facts import CollectiveFacts
 from rankscope.analytics.collectives.result import CollectiveAnalysis, GroupStall
 from rankscope.analytics.collectives.waits import P2PWait, Wait, unrecorded_p2p_victims
-from rankscope.analytics.collectives.wording import culprit_words, pg_words, wait_words
+from rankscope.analytics.collectives.wording import UNSTARTED_WORDS, culprit_words, pg_words, wait_words
 from rankscope.analytics.verdict import Evidence, Severity, rank_ranges
 
 
@@ -191,10 +191,12 @@ def hang(f: CollectiveFacts, reasons: list[str], evidence: list[Evidence]) -> Co
     gone = cset & set(f.no_dump)
     if gone:
         reasons.append(f"Rank(s) {rank_ranges(sorted(gone))} left no dump: their process or node is probably gone.")
+    if f.unstarted:  # a rank queued behind a transfer looks like a wait's end: a lead, not grounds to evict
+        reasons.append(UNSTARTED_WORDS)
     return CollectiveAnalysis(
         Severity.HANG,
         culprit_ranks=culprits,
-        confidence=(0.9 if strong else 0.5) - (0.1 if gone else 0.0),
+        confidence=min((0.9 if strong else 0.5) - (0.1 if gone else 0.0), 0.5 if f.unstarted else 1.0),
         reasons=tuple(reasons),
         evidence=tuple(evidence),
         **stopped,

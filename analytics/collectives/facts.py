@@ -34,6 +34,9 @@ class CollectiveFacts:
     progress: Progress | None = None
     pp_neighbors: Callable[[int], tuple[int, ...]] = lambda r: ()
     """Adjacent pipeline stages of a rank, where send/recv go unrecorded (gloo): empty otherwise."""
+    unstarted: bool = False
+    """NCCL dumps that record no op's start (``TORCH_NCCL_ENABLE_TIMING`` off): the op a rank is blocked in is
+    inferred from the order it issued them."""
     unrecorded: tuple[int, ...] = ()
     """Ranks that ran ops their dump does not record: a group's status counters run ahead of every op the rank
     recorded on it (gloo counts its send/recv there and records none); a wait in those cannot be seen."""

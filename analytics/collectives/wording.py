@@ -53,3 +53,10 @@ def culprit_words(f: CollectiveFacts, r: int, p2p: Sequence[P2PWait]) -> tuple[s
                 f"({pg_words(info.name, info.desc, info.kind)})",
             )
     return ("waited-for", f"ranks wait for rank {r}, which waits for nobody")
+
+
+UNSTARTED_WORDS = (
+    "No op start is recorded (NCCL timing off, TORCH_NCCL_ENABLE_TIMING unset): the op each rank is blocked in is "
+    "inferred from the order it issued them, so a rank queued behind a transfer can look like where the waits end. "
+    "Confirm with stacks before evicting."
+)

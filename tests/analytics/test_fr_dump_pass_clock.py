@@ -184,3 +184,23 @@ def test_a_batch_state_reaches_its_ops_and_only_them() -> None:
     assert states == ["completed", "started", "started", "started", "started", "scheduled", "completed", "scheduled"]
     assert out[1].time_discovered_started_ns == 7 and out[0].time_discovered_started_ns == 5
     assert with_batch_states(entries[:2]) == entries[:2]  # no coalesced entry: as written
+
+
+def test_nccl_dumps_without_timing_name_no_machine_to_evict_on_their_own(tmp_path: Path) -> None:
+    """NCCL timing off (``TORCH_NCCL_ENABLE_TIMING`` unset, the default): no op is ever ``started``, so the op a rank
+    is blocked in is only inferred from the order it issued them, and a rank queued behind a transfer can look like
+    where the waits end (an outside tester's dumps of a pipeline whose rank 22 left none). Without a capture time
+    nothing is named; dumped on the watchdog's timeout the hang is named below the eviction floor, with why."""
+    from dataclasses import replace
+
+    from rankscope.config import Config
+
+    dumps = _unpacked("fr-nccl-timing-off-missing-dump-tp4pp4dp2.tar.xz", tmp_path)
+    inputs = load_inputs(dumps, layout="tp=4,pp=4,dp=2", gpus_per_node=8)
+    v = diagnose(inputs)
+    assert v.verdict.value == "inconclusive" and not v.suspect_nodes, v.explain()
+    cfg = Config()
+    cfg = replace(cfg, collectives=replace(cfg.collectives, dumped_on_timeout=True))
+    v = diagnose(inputs, cfg)
+    assert v.verdict.value == "hang" and 22 in v.culprit_ranks and "node-2" in v.suspect_nodes, v.explain()
+    assert v.confidence <= 0.5 and any("No op start is recorded" in r for r in v.reasons), v.explain()
