@@ -58,6 +58,15 @@ def is_done(e: FREntry, tracks: bool) -> bool:
 
 
 def signature(e: FREntry) -> Signature:
+    """What the members of one collective must agree on (:func:`_rank_pass` inlines the common case)."""
+    if e.op in ROOTED_OPS:  # only the root holds that side: not compared
+        root_only = ROOTED_OPS[e.op]
+        return (
+            e.op,
+            None,
+            () if root_only == "input" else e.input_dtypes,
+            () if root_only == "output" else e.output_dtypes,
+        )
     if e.op in VARIABLE_SIZE_OPS:
         return (e.op, None, e.input_dtypes, e.output_dtypes)
     return (e.op, (e.input_sizes, e.output_sizes), e.input_dtypes, e.output_dtypes)
@@ -204,8 +213,7 @@ def link_ids(t: ProgressTables, groups: Mapping[GroupKey, GroupInfo], r: int) ->
         src, dst = global_rank(info, e.src), global_rank(info, e.dst)
         if src is None or dst is None:
             continue
-        done = e.state == "completed" or (e.retired and not tracks)
-        progress = 2 if done else 1 if e.state == "started" else 0
+        progress = 2 if is_done(e, tracks) else 1 if e.state == "started" else 0
         seqs = ids.setdefault((g, src, dst, e.op), {})
         if seqs.get(e.p2p_seq_id, 3) > progress:
             seqs[e.p2p_seq_id] = progress
@@ -253,20 +261,16 @@ def _rank_pass(
         key = (g, seq)
         op = e.op
         if op not in MARKER_OPS:
-            sig = (
-                op,
-                None if op in VARIABLE_SIZE_OPS else (e.input_sizes, e.output_sizes),
-                e.input_dtypes,
-                e.output_dtypes,
-            )
-            if op in ROOTED_OPS:  # only the root holds that side: not compared
-                root_only = ROOTED_OPS[op]
-                sig = (
+            sig = (  # signature(e), inlined for the common case (every collective record of every rank)
+                (
                     op,
-                    None,
-                    () if root_only == "input" else e.input_dtypes,
-                    () if root_only == "output" else e.output_dtypes,
+                    None if op in VARIABLE_SIZE_OPS else (e.input_sizes, e.output_sizes),
+                    e.input_dtypes,
+                    e.output_dtypes,
                 )
+                if op not in ROOTED_OPS
+                else signature(e)
+            )
             prev = sigs.get(key)
             if prev is None:  # nearly always: one record per collective and rank
                 sigs[key] = sig

@@ -367,7 +367,7 @@ def _whole_group_stuck(h: Hang, ranks: Sequence[int], around: SuspectGroup) -> V
     outliers would have had (the evidence is no stronger)."""
     a, topology = h.a, h.topology
     members = set(ranks)
-    if len(members) < 2 or len({a.state_of(r) for r in members}) != 1 or a.state_of(ranks[0]) != "collective":
+    if len(members) < 2 or any(a.state_of(r) != "collective" for r in members):
         return None
     if not any(members == set(c.ranks) for c in a.clusters):
         return None  # one wait: exactly one cluster of stacks

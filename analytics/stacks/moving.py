@@ -71,12 +71,11 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
         reasons.append(duty_words(f"stood out in {d.flags} of {len(rounds)} rounds", duty, duty_who(d.culprit_ranks)))
         v, few = None, True
     one_stall = steps is not None and steps.progressing and steps.between_rounds is False and not slowed
-    if v is not None and v.degrader is not None and (len(rounds) >= VOTE_ROUNDS or slowed) and not one_stall:
-        return _failslow(facts, topology, v.degrader, reasons, common, v.others)
-    if v is not None and v.degrader is not None and one_stall:  # one stall seen in every round: said below
-        v, few = None, True
-    if v is not None and v.degrader is not None:  # too few rounds for the vote alone: a near miss, in words
-        reasons.append(_too_few_rounds(v.degrader, len(rounds), topology))
+    if v is not None and v.degrader is not None:
+        if (len(rounds) >= VOTE_ROUNDS or slowed) and not one_stall:
+            return _failslow(facts, topology, v.degrader, reasons, common, v.others)
+        if not one_stall:  # too few rounds for the vote alone: a near miss, in words (one stall: said below)
+            reasons.append(_too_few_rounds(v.degrader, len(rounds), topology))
         v, few = None, True
     if one_stall:
         reasons.append(

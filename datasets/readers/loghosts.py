@@ -101,12 +101,19 @@ def generation(rel: str) -> tuple[str, int] | None:
     return None
 
 
-def _dropped_note(what: str, why: str, unit: str, rels: Sequence[str], latest: Mapping[str, int]) -> list[str]:
-    """The note on the files ``rels`` of runs that a restart replaced (``why``: what restarted), naming up to three
-    runs and the latest attempt or restart of each."""
+def _dropped_note(
+    what: str,
+    why: str,
+    unit: str,
+    rels: Sequence[str],
+    gens: Mapping[str, tuple[str, int] | None],
+    latest: Mapping[str, int],
+) -> list[str]:
+    """The note on the files ``rels`` of runs that a restart replaced (``why``: what restarted; ``gens``: each
+    file's :func:`generation`), naming up to three runs and the latest attempt or restart of each."""
     if not rels:
         return []
-    runs = sorted({g[0] for rel in rels if (g := generation(rel))}, key=natural)
+    runs = sorted({g[0] for rel in rels if (g := gens[rel])}, key=natural)
     latest_of = ", ".join(str(latest[r]) for r in runs[:3])
     return [
         f"{len(rels)} {what} not used: {why} ({', '.join(runs[:3])}: latest {unit} {latest_of}); the verdict is "
@@ -131,13 +138,14 @@ def latest_attempts(
     """Only the latest attempt of a restarted job (``torchrun --max-restarts``): the files of a ``--log-dir``
     tree's ``attempt_<k>/`` when a later attempt of the same run exists, and what a console logged before its
     launcher's last "will restart worker group", belong to processes the restart already replaced."""
+    gens = {rel: generation(rel) for rel in [f.rel for f in reads] + [rel for rel, _ in errors] + list(also)}
     latest: dict[str, int] = {}
-    for rel in [f.rel for f in reads] + [rel for rel, _ in errors] + list(also):
-        if g := generation(rel):
+    for g in gens.values():
+        if g:
             latest[g[0]] = max(latest.get(g[0], 0), g[1])
 
     def old(rel: str) -> bool:
-        g = generation(rel)
+        g = gens[rel]
         return g is not None and g[1] < latest[g[0]]
 
     stale = _earlier_runs(reads, mtimes or {})
@@ -151,9 +159,11 @@ def latest_attempts(
     dropped = [rel for rel in [f.rel for f in reads] + [rel for rel, _ in errors] if old(rel)]
     pods = {rel for rel in dropped if _POD_LOG.match(rel)}
     attempts = [rel for rel in dropped if rel not in pods]
-    notes += _dropped_note("log or error file(s) of earlier attempts", "the job restarted", "attempt", attempts, latest)
     notes += _dropped_note(
-        "pod log file(s) of earlier containers", "their containers restarted", "restart", sorted(pods), latest
+        "log or error file(s) of earlier attempts", "the job restarted", "attempt", attempts, gens, latest
+    )
+    notes += _dropped_note(
+        "pod log file(s) of earlier containers", "their containers restarted", "restart", sorted(pods), gens, latest
     )
     for f in kept:
         if f.restarted_at:
