@@ -87,44 +87,60 @@ def _p2p_blockers(pick: Cluster, outliers: Sequence[Cluster], topology: Topology
     return tuple(int(r) for r in np.flatnonzero(blocking | partner))
 
 
-_WAITS_ON = {
-    "recv_forward": (-1,),
-    "recv_backward": (1,),
-    "send_forward": (1,),
-    "send_backward": (-1,),
-    "send_forward_recv_backward": (1,),
-    "send_backward_recv_forward": (-1,),
-    "send_forward_recv_forward": (-1, 1),
-    "send_backward_recv_backward": (-1, 1),
+_SEND_NEXT, _RECV_NEXT, _SEND_PREV, _RECV_PREV = 1, 2, 4, 8
+_P2P_OPS = {
+    "recv_forward": _RECV_PREV,
+    "recv_backward": _RECV_NEXT,
+    "send_forward": _SEND_NEXT,
+    "send_backward": _SEND_PREV,
+    "send_forward_recv_backward": _SEND_NEXT | _RECV_NEXT,
+    "send_backward_recv_forward": _SEND_PREV | _RECV_PREV,
+    "send_forward_recv_forward": _SEND_NEXT | _RECV_PREV,
+    "send_backward_recv_backward": _SEND_PREV | _RECV_NEXT,
+    "send_forward_backward_recv_forward_backward": _SEND_NEXT | _RECV_NEXT | _SEND_PREV | _RECV_PREV,
 }
-"""The neighbouring stages a rank blocked in Megatron's pipeline transfer waits on (``p2p_communication``)."""
+"""The transfers a rank blocked in Megatron's pipeline call has posted (``p2p_communication``), as bits:
+a send to or a receive from the next or the previous stage. The ops of one call complete together."""
 
 
-def _waits_on(c: Cluster) -> tuple[int, ...]:
-    """The neighbouring stages the innermost pipeline transfer among ``c``'s last frames waits on."""
+def _p2p_ops(c: Cluster) -> int:
+    """The transfer bits of the innermost pipeline call among ``c``'s last frames (0: none)."""
     for key in reversed(c.signature[-8:]):  # innermost first
-        hit = _WAITS_ON.get(key.split("@", 1)[0])
+        hit = _P2P_OPS.get(key.split("@", 1)[0])
         if hit is not None:
             return hit
-    return ()
+    return 0
 
 
 def pipeline_ends(clusters: Sequence[Cluster], topology: Topology) -> tuple[int, ...]:
-    """Ranks of adjacent stages of one pipeline each blocked in a transfer that waits on the other (a rank on its
-    next stage's, which waits on it), among the trainer ``clusters`` (dominant or not: in a pipeline without
-    replicas a stage's wait may be the largest): both ends of a transfer that never completes; the stages before
-    and after wait on them in a chain. () without a pipeline in the ``topology``."""
+    """Ranks of adjacent stages of one pipeline blocked on the link between them, among the trainer
+    ``clusters`` (dominant or not: in a pipeline without replicas a stage's wait may be the largest): both
+    ends of a transfer that cannot complete. () without a pipeline in the ``topology``.
+
+    A link is stuck when each end has posted a transfer the other has not (two receives, or two sends: a
+    schedule that deadlocks), or when both ends are blocked in transfers on this link alone (a send met by its
+    receive that never completes, and whatever else they wait for waits on the other end: a lost message or a
+    broken link). An end that also waits on its other neighbour may only be waiting in a chain, for the stage
+    where the waits end (a stage that computes, hangs or died): that proves nothing about this link."""
     if "pp" not in topology.kinds():
         return ()
-    on_next = np.zeros(topology.world_size, dtype=bool)
-    on_prev = np.zeros(topology.world_size, dtype=bool)
+    ops = np.zeros(topology.world_size, dtype=np.int64)
     for c in clusters:
-        if c.role == "trainer" and c.state == "p2p" and (offsets := _waits_on(c)):
-            on_next[list(c.ranks)] |= 1 in offsets
-            on_prev[list(c.ranks)] |= -1 in offsets
+        if c.role == "trainer" and c.state == "p2p" and (bits := _p2p_ops(c)):
+            ops[list(c.ranks)] = bits
     after = pp_neighbours(topology)[:, 1]
-    first = np.flatnonzero(on_next & (after >= 0))
-    first = first[on_prev[after[first]]]
+    a = np.flatnonzero((ops & (_SEND_NEXT | _RECV_NEXT) != 0) & (after >= 0))
+    if not a.size:
+        return ()
+    b = after[a]
+    oa, ob = ops[a], ops[b]
+    fwd_a, bwd_a = oa & _SEND_NEXT != 0, oa & _RECV_NEXT != 0  # a's sends to b, a's receives from b
+    fwd_b, bwd_b = ob & _RECV_PREV != 0, ob & _SEND_PREV != 0  # b's receives from a, b's sends to a
+    lone_a = (fwd_a & ~fwd_b) | (bwd_a & ~bwd_b)  # a posted what b has not met
+    lone_b = (fwd_b & ~fwd_a) | (bwd_b & ~bwd_a)
+    only_link = (oa & (_SEND_PREV | _RECV_PREV) == 0) & (ob & (_SEND_NEXT | _RECV_NEXT) == 0)
+    stuck = (lone_a & lone_b) | (only_link & (fwd_b | bwd_b))
+    first = a[stuck]
     return tuple(int(r) for r in np.union1d(first, after[first]))
 
 
