@@ -172,6 +172,13 @@ def _other_runs_left_out(dumps: list[FRDump], notes: list[str]) -> list[FRDump]:
         if {d.rank for d in old} & {d.rank for d in new}:
             continue
         shown = ", ".join(os.path.basename(d.source_file) for d in old[:4]) + (" ..." if len(old) > 4 else "")
+        if _same_collectives(old, new):
+            notes.append(
+                f"Flight Recorder: {len(old)} dump(s) ({shown}) record times {(first_after[i] - spans[i][0]) / 6e10:.0f}"
+                " min before the other dumps' first record, yet their ranks are members of the other dumps' groups "
+                "and hold the same collectives (sequence ids and ops): one run, their machine's clock is off; kept"
+            )
+            return dumps
         notes.append(
             f"Flight Recorder: {len(old)} dump(s) left out as another run's ({shown}): their last record is "
             f"{(first_after[i] - spans[i][0]) / 6e10:.0f} min older than the first record of the other dumps, and "
@@ -180,6 +187,32 @@ def _other_runs_left_out(dumps: list[FRDump], notes: list[str]) -> list[FRDump]:
         gone = {id(d) for d in old}
         return [d for d in dumps if id(d) not in gone]
     return dumps
+
+
+def _same_collectives(old: list[FRDump], new: list[FRDump]) -> bool:
+    """Whether ``old`` are dumps of the same run as ``new`` whose clock is off: every rank of ``old`` is a member
+    of ``new``'s groups (``pg_config``), and the collectives both hold (group, sequence id) are the same ops, at
+    least :data:`SAME_RUN_MIN` of them. Another run's dumps (a larger job's ranks, or an earlier attempt whose
+    sequence ids had moved elsewhere when it ended) fail one or the other."""
+    members = {r for d in new for g in d.pg_config.values() for r in (g.ranks or ())}
+    if not members or any(d.rank not in members for d in old):
+        return False
+    ops = {
+        (e.pg_name, e.pg_desc, e.collective_seq_id): e.profiling_name
+        for d in new
+        for e in d.entries
+        if not e.is_p2p and e.collective_seq_id > 0
+    }
+    shared = [
+        ops.get((e.pg_name, e.pg_desc, e.collective_seq_id)) == e.profiling_name
+        for d in old
+        for e in d.entries
+        if not e.is_p2p and (e.pg_name, e.pg_desc, e.collective_seq_id) in ops
+    ]
+    return len(shared) >= SAME_RUN_MIN and all(shared)
+
+
+SAME_RUN_MIN = 8
 
 
 def _folders_not_hosts(

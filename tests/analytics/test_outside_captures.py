@@ -1223,3 +1223,46 @@ def test_real_fsdp2_and_tensor_parallel_captures(capture, layout, verdict, ranks
     v = diagnose(load_inputs(OUTSIDE / capture, layout=layout))
     assert v.verdict.value == verdict and v.culprit_ranks == ranks, v.explain()
     assert v.suspect_nodes == ((node,) if node else ()), v.explain()
+
+
+@pytest.mark.parametrize(
+    ("name", "rank", "node"),
+    [
+        ("megatron-interleaved-compute-hang-tp4pp6dp4.tar.xz", 54, "gh200-0807"),
+        ("megatron-interleaved-dataloader-hang-tp4pp6dp4.tar.xz", 8, "gpu-m235"),
+        ("megatron-interleaved-missing-dump-tp4pp6dp4.tar.xz", 41, "gpu-q338"),
+    ],
+)
+def test_stages_waiting_in_a_chain_toward_the_culprit_are_not_a_stuck_link(tmp_path, name, rank, node):
+    """An outside tester's Megatron jobs with the interleaved schedule (tp=4 on 4-GPU nodes, pp=6, dp=4): one
+    rank computes, waits on its stuck DataLoader, or left no dump; its TP peers wait for it, the stages before
+    it in `send_backward_recv_backward` and the stages after it in `send_forward_recv_forward` (a step's start
+    and end). Each pair of those stages looked like two stages waiting on each other: the 5 other stage
+    nodes were isolated and the culprit's node stayed. Their transfers toward each other are matched; each
+    also waits on its other neighbour, so the waits form a chain that ends at the culprit."""
+    case = _unpacked(name, tmp_path)
+    v = diagnose(load_inputs(case, layout="tp=4,pp=6,dp=4", gpus_per_node=4))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (rank,), v.explain()
+    assert v.suspect_nodes == (node,), v.explain()
+    assert not any("each blocked in a transfer" in r for r in v.reasons), v.explain()
+
+
+@pytest.mark.parametrize(
+    ("name", "verdict", "nodes"),
+    [
+        ("fr-fsdp2-node-clock-7min-behind-healthy-dp32.tar.xz", "healthy", ()),
+        ("fr-fsdp2-node-clock-7min-behind-culprit-dp32.tar.xz", "hang", ("node-1",)),
+    ],
+)
+def test_a_node_whose_clock_is_behind_keeps_its_flight_recorder_dumps(tmp_path, name, verdict, nodes):
+    """An outside tester's FSDP2 job of 32 ranks (NCCL-format dumps): node-1's clock runs 7 minutes behind, so
+    its dumps' records all end minutes before the others' begin, and its 8 dumps were left out as another
+    run's. Its ranks are members of the other dumps' groups, and the collectives both hold are the same ops:
+    one run, a clock off. They are kept (the culprit, rank 10, was seen as a missing dump, not as itself)."""
+    inputs = load_inputs(_unpacked(name, tmp_path), layout="dp=32", gpus_per_node=8)
+    v = diagnose(inputs)
+    assert v.verdict.value == verdict and v.suspect_nodes == nodes, v.explain()
+    assert not any("another run's" in n for n in inputs.notes), inputs.notes
+    assert any("clock is off; kept" in n for n in inputs.notes), inputs.notes
+    if nodes:
+        assert v.culprit_ranks == (10,) and "missing" not in " ".join(v.reasons).lower(), v.explain()
