@@ -172,16 +172,17 @@ def _other_runs_left_out(dumps: list[FRDump], notes: list[str]) -> list[FRDump]:
         if {d.rank for d in old} & {d.rank for d in new}:
             continue
         shown = ", ".join(os.path.basename(d.source_file) for d in old[:4]) + (" ..." if len(old) > 4 else "")
+        gap_min = (first_after[i] - spans[i][0]) / 6e10
         if _same_collectives(old, new):
             notes.append(
-                f"Flight Recorder: {len(old)} dump(s) ({shown}) record times {(first_after[i] - spans[i][0]) / 6e10:.0f}"
+                f"Flight Recorder: {len(old)} dump(s) ({shown}) record times {gap_min:.0f}"
                 " min before the other dumps' first record, yet their ranks are members of the other dumps' groups "
                 "and hold the same collectives (sequence ids and ops): one run, their machine's clock is off; kept"
             )
             return dumps
         notes.append(
             f"Flight Recorder: {len(old)} dump(s) left out as another run's ({shown}): their last record is "
-            f"{(first_after[i] - spans[i][0]) / 6e10:.0f} min older than the first record of the other dumps, and "
+            f"{gap_min:.0f} min older than the first record of the other dumps, and "
             "those hold other ranks"
         )
         gone = {id(d) for d in old}
