@@ -154,14 +154,22 @@ def intra_stage_kind(topology: Topology) -> str | None:
     return next((k for k in ("tp", "cp", "ep") if topology.sizes[k] > 1), None)
 
 
-def waited_for(ranks: np.ndarray, has: np.ndarray, coll: np.ndarray, p2p: np.ndarray, topology: Topology) -> list[str]:
+def waited_for(
+    ranks: np.ndarray,
+    has: np.ndarray,
+    coll: np.ndarray,
+    p2p: np.ndarray,
+    topology: Topology,
+    grad_sync: np.ndarray | None = None,
+) -> list[str]:
     """For each rank of ``ranks`` (ranks without a usable stack): why its tightest parallel group is waiting
     for it, or ``""`` when it is not. Per rank of the job: ``has`` a usable stack, waits in a collective
-    (``coll``), waits in a pipeline send/recv (``p2p``).
+    (``coll``), waits in a pipeline send/recv (``p2p``), is in the backward pass (``grad_sync``: DDP's gradient
+    all-reduce is waited on inside the autograd engine, so data-parallel peers stuck there wait too).
 
     The tightest group with members that have a stack decides: its TP (else CP, EP) peers waiting in a
     collective, else its pipeline neighbours waiting in a send/recv, else its data-parallel peers waiting
-    in a collective (the gradient sync); at least half of them.
+    in a collective or the backward pass (the gradient sync); at least half of them.
     """
     ranks = np.asarray(ranks, dtype=np.int64)
     out = [""] * ranks.size
@@ -189,6 +197,13 @@ def waited_for(ranks: np.ndarray, has: np.ndarray, coll: np.ndarray, p2p: np.nda
     if topology.sizes["dp"] > 1 and not decided.all():
         gid = topology.group_ids("dp")
         n_with = np.bincount(gid[has], minlength=topology.n_groups("dp"))[gid[ranks]]
-        n_wait = np.bincount(gid[coll], minlength=topology.n_groups("dp"))[gid[ranks]]
-        decide(n_with, n_wait, "data-parallel peers (in a collective)")
+        synced = coll if grad_sync is None else coll | grad_sync
+        n_wait = np.bincount(gid[synced], minlength=topology.n_groups("dp"))[gid[ranks]]
+        decide(
+            n_with,
+            n_wait,
+            "data-parallel peers (in a collective)"
+            if grad_sync is None
+            else "data-parallel peers (in a collective or the backward pass: the gradient sync)",
+        )
     return out

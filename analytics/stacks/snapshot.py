@@ -357,8 +357,11 @@ def _missing_findings(
     reaches behind any laggard), they would wait there with it too, so that absence is weaker evidence
     (``missing-shared-wait``) than a process seen gone or stopped, or peers held in a wait of their own."""
     has, coll, p2p = states >= 0, states == STATE_CODE["collective"], states == STATE_CODE["p2p"]
-    waits = waited_for(missing, has, coll, p2p, topology)
-    own = waited_for(missing, has, coll & ~healthy, p2p & ~healthy, topology) if healthy.any() else waits
+    grad = states == STATE_CODE["backward"]
+    waits = waited_for(missing, has, coll, p2p, topology, grad)
+    own = (
+        waited_for(missing, has, coll & ~healthy, p2p & ~healthy, topology, grad & ~healthy) if healthy.any() else waits
+    )
     for r, why, own_why in zip(missing.tolist(), waits, own):
         if not why:
             continue

@@ -1266,3 +1266,23 @@ def test_a_node_whose_clock_is_behind_keeps_its_flight_recorder_dumps(tmp_path, 
     assert any("clock is off; kept" in n for n in inputs.notes), inputs.notes
     if nodes:
         assert v.culprit_ranks == (10,) and "missing" not in " ".join(v.reasons).lower(), v.explain()
+
+
+def test_a_rank_gone_while_its_data_parallel_peers_are_in_backward_is_the_culprit(tmp_path):
+    """An outside tester's DDP job (48 ranks, one snapshot): py-spy found rank 31's process gone ("Failed to get
+    process executable name"), the other 47 are in `loss.backward()`, where DDP's reducer waits for the
+    gradient all-reduce. Their wait was not counted, so the verdict was `inconclusive`, nobody named. It is the
+    same hang as a gone rank whose peers wait in a collective: named, on the one-snapshot premise."""
+    case = _unpacked("ddp-rank-gone-peers-in-backward-dp48.tar.xz", tmp_path)
+    v = diagnose(load_inputs(case, gpus_per_node=8))
+    assert v.verdict.value == "hang" and v.culprit_ranks == (31,), v.explain()
+    assert v.suspect_nodes == ("hpc-gpu0729",) and v.details.get("stuck_on_premise"), v.explain()
+
+
+def test_a_stale_pid_beside_a_ddp_job_that_moves_names_nobody(tmp_path):
+    """The tester's healthy DDP job (32 ranks, two rounds, backward then the all_reduce) with rank 17's capture
+    failed in both rounds as a stale pid would ("Check that the process is running"): the job moves, so the
+    gone process is a collection problem, never a culprit."""
+    case = _unpacked("ddp-stale-pid-healthy-2rounds.tar.xz", tmp_path)
+    v = diagnose(load_inputs(case, gpus_per_node=4))
+    assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
