@@ -76,7 +76,7 @@ class SyntheticFR:
         for rank in sorted(self.raw):
             if fmt == "pickle":
                 path = out / f"{prefix}{rank}"
-                path.write_bytes(pickle.dumps(self.raw[rank], protocol=4))
+                path.write_bytes(pickle.dumps(self.raw[rank], protocol=2))  # as torch's C++ pickler writes
             else:
                 path = out / f"{prefix}{rank}.json"
                 d = dict(self.raw[rank])
