@@ -45,7 +45,7 @@ class Lateness:
     n: int  # the group's timed collectives the rank is in
     late: int  # those it arrived clearly last to
     wait_fraction: float  # its peers' wait for it over the group's recorded time span
-    p_value: float  # chance of being last so often in a healthy group
+    p_value: float  # chance of being last so often in a healthy group (1.0 below _MIN_LATE: never flagged)
 
 
 def _binom_tail(k: int, n: int, p: float) -> float:
@@ -108,7 +108,8 @@ def lateness(
         lo, hi = span.get(g, (0, 0))
         seconds = (hi - lo) / 1e9
         frac = (extra[(r, g)] / 1e3) / seconds if seconds > 0 else 0.0
-        out.append(Lateness(r, g, total, k, frac, _binom_tail(k, total, p0[(r, g)] / total)))
+        p = _binom_tail(k, total, p0[(r, g)] / total) if k >= _MIN_LATE else 1.0  # fewer is never flagged
+        out.append(Lateness(r, g, total, k, frac, p))
     return out
 
 
