@@ -11,6 +11,7 @@ against its machines: neither a slow machine (fail-slow) nor a faulty one (hang)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 
 import numpy as np
@@ -41,14 +42,26 @@ def duty_ranks(topology: Topology) -> frozenset[int]:
 
 
 def main_process_duty(
-    facts: StackFacts, culprits: Sequence[int], flagged: Collection[int], duty: Collection[int] = (0,)
+    facts: StackFacts,
+    culprits: Sequence[int],
+    flagged: Collection[int],
+    duty: Collection[int] = (0,),
+    *,
+    any_rank: bool = False,
 ) -> str:
     """A frame the culprits ran in the ``flagged`` snapshots that no other rank ran in any snapshot, when the
     culprits are rank 0 alone or exactly the ``duty`` ranks (:func:`duty_ranks`; "" otherwise). Where they are in
     model compute, only a caller of it counts, and only one in a function no other rank ran at all (rank 0's
-    ``evaluate()``, not the training step)."""
+    ``evaluate()``, not the training step).
+
+    ``any_rank``: any one rank alone qualifies too, when every stack it was flagged in runs a logging, metrics or
+    checkpoint library (:data:`DUTY_LIBRARIES`). In a job that moves, frameworks give the duty of logging to other
+    ranks than 0 (torchtitan: the first rank of the last pipeline stage, which holds the loss; Megatron-LM: the
+    last rank); a slower machine is caught in the code every rank runs, or in code of its own that is not such
+    a library's (a rank given extra work)."""
     mine = set(culprits)
-    if not mine or (mine != {0} and mine != set(duty)):
+    standard = mine == {0} or mine == set(duty)
+    if not mine or not (standard or (any_rank and len(mine) == 1)):
         return ""
     own: set[str] = set()
     callers: set[str] = set()  # what calls model compute in the culprits' stacks
@@ -58,6 +71,8 @@ def main_process_duty(
             if c.role != "trainer":
                 continue
             if a.snapshot in flagged and not mine.isdisjoint(c.ranks):
+                if not standard and not any(DUTY_LIBRARIES.search(f) for f in c.representative):
+                    return ""
                 model = next((i for i, k in enumerate(c.signature) if k.split("@")[0] in MODEL_CODE), None)
                 if model is None:
                     own |= set(c.signature)
@@ -69,10 +84,18 @@ def main_process_duty(
     return min((own - others) | {k for k in callers if _function(k) not in ran}, default="")
 
 
+DUTY_LIBRARIES = re.compile(
+    r"(^|[/(\s])(wandb|tensorboard|tensorboardX|mlflow|neptune|comet_ml|clearml|swanlab|aim|dllogger)/"
+    r"|torch/utils/tensorboard/|torch/distributed/checkpoint/"
+)
+"""Files of the logging, metrics and checkpoint libraries a rank runs as its job's duty (wandb's ``Run.log``, a
+TensorBoard writer's flush, DCP's save)."""
+
+
 def duty_who(ranks: Collection[int]) -> str:
     """Who ran the duty, for the words: "Rank 0", or "Data-parallel replica 0 (ranks 0-7)"."""
-    if set(ranks) == {0}:
-        return "Rank 0"
+    if len(set(ranks)) == 1:
+        return f"Rank {next(iter(ranks))}"
     return f"Data-parallel replica 0 (ranks {rank_ranges(sorted(ranks))[:100]})"
 
 
@@ -88,7 +111,8 @@ def duty_words(how: str, duty: str, who: str = "Rank 0") -> str:
     """Why rank 0 (or replica 0: ``who``) standing out in a moving job names nobody."""
     return (
         f"{who} {how}, running code no other rank ran in any round ({duty}): the job's own duties (logging, "
-        "metrics, checkpoints, data preparation: `if rank == 0:`, or a checkpoint replica 0 writes) that the job "
+        "metrics, checkpoints, data preparation: `if rank == 0:`, the rank a framework logs from, or a checkpoint "
+        "replica 0 writes) that the job "
         "waits on by design, not a slower machine, and no step record shows the job slowing down. Nothing evicted; "
         "if the steps are slower than they should be, look there first."
     )
@@ -97,7 +121,7 @@ def duty_words(how: str, duty: str, who: str = "Rank 0") -> str:
 def stuck_duty_words(n: int, duty: str, state: str, who: str = "Rank 0") -> str:
     """Why rank 0 (or replica 0: ``who``) alone in its own code in a job that does not move names nobody."""
     seen = "the snapshot" if n == 1 else f"all {n} snapshots"
-    lead = "rank 0's duty" if who == "Rank 0" else "their duty"
+    lead = f"{who.lower()}'s duty" if who.startswith("Rank ") else "their duty"
     return (
         f"{who} alone was in code no other rank ran in any snapshot ({duty}, {state}) while the others waited, in "
         f"{seen}: the job's own duties (evaluation, logging, checkpoints, data preparation: `if rank == 0:`, or a "

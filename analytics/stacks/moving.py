@@ -66,7 +66,7 @@ def moving_verdict(facts: StackFacts, topology: Topology, m: Motion, job: str, s
     duty = ""
     if d is not None and not slowed:
         flagged = {s for s, f in d.per_round if not set(d.culprit_ranks).isdisjoint(f)}
-        duty = main_process_duty(facts, d.culprit_ranks, flagged, duty_ranks(topology))
+        duty = main_process_duty(facts, d.culprit_ranks, flagged, duty_ranks(topology), any_rank=True)
     if duty and d is not None:
         reasons.append(duty_words(f"stood out in {d.flags} of {len(rounds)} rounds", duty, duty_who(d.culprit_ranks)))
         v, few = None, True
@@ -169,7 +169,11 @@ def _steps_and_stacks(
     culprit_ranks = tuple(int(x) for x in flagged)
     n = len(rounds)
     flagged_in = {r.snapshot for r in rounds}
-    duty = "" if steps.slowdown else main_process_duty(facts, culprit_ranks, flagged_in, duty_ranks(topology))
+    duty = (
+        ""
+        if steps.slowdown
+        else main_process_duty(facts, culprit_ranks, flagged_in, duty_ranks(topology), any_rank=True)
+    )
     if duty:
         how = f"ran its own code while most ranks waited in all {n} snapshot(s)"
         reasons.append(duty_words(how, duty, duty_who(culprit_ranks)))

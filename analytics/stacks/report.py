@@ -63,8 +63,8 @@ def dominant_words(a: SnapshotAnalysis) -> str:
 def round_states(a: SnapshotAnalysis, topology: Topology | None = None) -> RoundStates:
     """One snapshot as a round of the fail-slow vote: per rank, whether it runs its own code, whether its stack is
     an outlier (not in a dominant cluster) and, with the ``topology``, whether every other member of its tightest
-    group inside a stage (TP, else CP, EP) waits in a collective: that group waits for it, whatever other groups
-    of the job run (a healthy pipeline has whole TP groups in the same forward)."""
+    group inside a stage (TP, else CP, EP, else DP) waits in a collective: that group waits for it, whatever other
+    groups of the job run (a healthy pipeline has whole TP groups in the same forward)."""
     healthy = np.zeros(a.states.size, dtype=bool)
     for c in a.clusters:
         if c.role == "trainer" and c.healthy and c.ranks:
@@ -78,8 +78,9 @@ def round_states(a: SnapshotAnalysis, topology: Topology | None = None) -> Round
 
 def group_laggards(states: np.ndarray, topology: Topology) -> np.ndarray:
     """Per rank: whether every other member of its tightest group inside a stage waits in a collective while it
-    does not (the rank its group waits for)."""
-    kind = intra_stage_kind(topology)
+    does not (the rank its group waits for). Without TP, CP or EP that group is its data-parallel group (in a
+    stage): FSDP's shard group all-gathers every layer's weights, and waits there for its slowest member."""
+    kind = intra_stage_kind(topology) or ("dp" if topology.sizes["dp"] > 1 else None)
     if kind is None:
         return np.zeros(states.size, dtype=bool)
     _, gid = np.unique(topology.group_ids(kind), return_inverse=True)

@@ -1286,3 +1286,24 @@ def test_a_stale_pid_beside_a_ddp_job_that_moves_names_nobody(tmp_path):
     case = _unpacked("ddp-stale-pid-healthy-2rounds.tar.xz", tmp_path)
     v = diagnose(load_inputs(case, gpus_per_node=4))
     assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
+
+
+def test_the_rank_a_framework_logs_from_is_its_duty_not_a_slow_machine(tmp_path):
+    """An outside tester's healthy torchtitan job (pp=4 x FSDP 8, five rounds): torchtitan logs metrics from the
+    first rank of the last pipeline stage (rank 24), which was caught in wandb's `Run.log` in 3 of 5 rounds while
+    its FSDP peers waited in the all-gather. Only rank 0 or replica 0 counted as running the job's duties, so rank
+    24's node was evicted as fail-slow. A rank alone in a logging library's code no other rank ran is a duty."""
+    case = _unpacked("torchtitan-wandb-logging-rank-healthy-5rounds.tar.xz", tmp_path)
+    v = diagnose(load_inputs(case, layout="tp=1,pp=4,dp=8", gpus_per_node=8))
+    assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
+    assert any("Rank 24 stood out" in r and "wandb" in r for r in v.reasons), v.explain()
+
+
+def test_a_rank_its_fsdp_group_waits_for_round_after_round_is_fail_slow(tmp_path):
+    """The tester's torchtitan job with rank 21 (stage 2) computing in 4 of 5 rounds while its 7 FSDP peers wait in
+    the all-gather; in 3 of those rounds other ranks were caught at the same line, so it was no lone outlier. The
+    group-waits-for-it tally looked only at TP, CP or EP groups: `healthy`. Without them it is the FSDP group."""
+    case = _unpacked("torchtitan-fsdp-straggler-5rounds.tar.xz", tmp_path)
+    v = diagnose(load_inputs(case, layout="tp=1,pp=4,dp=8", gpus_per_node=8))
+    assert v.verdict.value == "fail-slow" and v.culprit_ranks == (21,), v.explain()
+    assert v.suspect_nodes == ("gpu-b35-085",), v.explain()
