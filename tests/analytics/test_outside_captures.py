@@ -1307,3 +1307,12 @@ def test_a_rank_its_fsdp_group_waits_for_round_after_round_is_fail_slow(tmp_path
     v = diagnose(load_inputs(case, layout="tp=1,pp=4,dp=8", gpus_per_node=8))
     assert v.verdict.value == "fail-slow" and v.culprit_ranks == (21,), v.explain()
     assert v.suspect_nodes == ("gpu-b35-085",), v.explain()
+
+
+def test_hot_spares_that_join_the_job_are_not_slow_machines():
+    """An outside tester's 128-machine H100 fleet (DCGM GPU utilisation only, every 10 s): two hot spares idle at
+    0.4 % for 11 minutes, then trained like everyone else. Their robust z among GPUs at 96-100 % swung as the
+    peers' spread breathed (a spread near 0 at saturation makes the same distance a larger z), and a swing read
+    as a fall of 18.5 percentage points: both spares were evicted. Their distance to the peer median never grew."""
+    v = diagnose(load_inputs(OUTSIDE / "metrics-spares-join-util-only", gpus_per_node=8))
+    assert v.verdict.value == "healthy" and not v.suspect_nodes, v.explain()
