@@ -185,15 +185,15 @@ def feature_tests(
     return FeatureTests.concat(out, len(cube.machines))
 
 
-def _raw_move(x: np.ndarray, med: np.ndarray, onset: int, n: int, direction: str) -> float:
+def _raw_move(x: np.ndarray, med: np.ndarray, onset: int, n: int, direction: str) -> float | None:
     """How far one unit's distance to the peer median moved at ``onset``, in the metric's units, in
     ``direction`` (the median distance over the ``n`` blocks from the onset against the ``n`` before it);
-    0 when either side has no data."""
+    None when either side has too little data to say (a scrape gap: the z effect stands)."""
     dist = x - med
     before, after = dist[max(0, onset - n) : onset], dist[onset : onset + n]
     before, after = before[np.isfinite(before)], after[np.isfinite(after)]
-    if not before.size or not after.size:
-        return 0.0
+    if before.size < 2 or after.size < 2:
+        return None
     shift = float(np.median(after) - np.median(before))
     return max(0.0, shift if direction == "up" else -shift)
 
@@ -238,8 +238,9 @@ def _one_test(
             continue
         k = int(np.flatnonzero(umachines == mi)[0])
         unit, onset = int(best_unit[k]), int(best.onset[best_unit[k]])
-        if ref.name == "peers":  # the move in the metric's own units, not only in z (a far outlier's z swings
-            e_m[mi] = min(e_m[mi], _raw_move(raw_x[unit], med, onset, ch.n_post, direction) / ref.scale)
+        raw = _raw_move(raw_x[unit], med, onset, ch.n_post, direction) if ref.name == "peers" else None
+        if raw is not None:  # the move in the metric's own units, not only in z (a far outlier's z swings
+            e_m[mi] = min(e_m[mi], raw / ref.scale)
             if not det.significant(e_m[mi], ref.scale, level):  # with the peers' spread: a spare idle at 0 %
                 continue  # among GPUs at 99 % moves its z as their MAD breathes, never its distance to them)
         sh[mi] = shared_fraction(ch, unit, direction, float(e_m[mi]), np.arange(ustarts[k], uends[k]))

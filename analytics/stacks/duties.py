@@ -54,11 +54,11 @@ def main_process_duty(
     model compute, only a caller of it counts, and only one in a function no other rank ran at all (rank 0's
     ``evaluate()``, not the training step).
 
-    ``any_rank``: any one rank alone qualifies too, when every stack it was flagged in runs a logging, metrics or
-    checkpoint library (:data:`DUTY_LIBRARIES`). In a job that moves, frameworks give the duty of logging to other
-    ranks than 0 (torchtitan: the first rank of the last pipeline stage, which holds the loss; Megatron-LM: the
-    last rank); a slower machine is caught in the code every rank runs, or in code of its own that is not such
-    a library's (a rank given extra work)."""
+    ``any_rank``: any one rank alone qualifies too, when every stack it was flagged in runs a logging or metrics
+    library (:data:`DUTY_LIBRARIES`) among its innermost frames. In a job that moves, frameworks give the duty of
+    logging to other ranks than 0 (torchtitan: the first rank of the last pipeline stage, which holds the loss;
+    Megatron-LM: the last rank); a slower machine is caught in the code every rank runs, or in code of its own
+    that is not such a library's (a rank given extra work)."""
     mine = set(culprits)
     standard = mine == {0} or mine == set(duty)
     if not mine or not (standard or (any_rank and len(mine) == 1)):
@@ -71,7 +71,7 @@ def main_process_duty(
             if c.role != "trainer":
                 continue
             if a.snapshot in flagged and not mine.isdisjoint(c.ranks):
-                if not standard and not any(DUTY_LIBRARIES.search(f) for f in c.representative):
+                if not standard and not any(DUTY_LIBRARIES.search(f) for f in c.representative[-_INNER:]):
                     return ""
                 model = next((i for i, k in enumerate(c.signature) if k.split("@")[0] in MODEL_CODE), None)
                 if model is None:
@@ -85,11 +85,16 @@ def main_process_duty(
 
 
 DUTY_LIBRARIES = re.compile(
-    r"(^|[/(\s])(wandb|tensorboard|tensorboardX|mlflow|neptune|comet_ml|clearml|swanlab|aim|dllogger)/"
-    r"|torch/utils/tensorboard/|torch/distributed/checkpoint/"
+    r"\((?:[^()]*/(?:site|dist)-packages/)?"
+    r"(?:wandb|tensorboard|tensorboardX|mlflow|neptune|comet_ml|clearml|swanlab|dllogger|torch/utils/tensorboard)/"
 )
-"""Files of the logging, metrics and checkpoint libraries a rank runs as its job's duty (wandb's ``Run.log``, a
-TensorBoard writer's flush, DCP's save)."""
+"""Files of the logging and metrics libraries a rank runs as its job's duty (wandb's ``Run.log``, a TensorBoard
+writer's flush), as a frame shows them: ``Run._log (wandb/sdk/wandb_run.py:1850)``, the package at the start of
+the path or right under ``site-packages``. A checkpoint writer is not among them: every rank runs DCP's save, and
+one rank alone slow in it has a slow disk or link."""
+
+
+_INNER = 12  # the innermost frames a flagged stack's library is looked for in (a user's outer code may import it)
 
 
 def duty_who(ranks: Collection[int]) -> str:

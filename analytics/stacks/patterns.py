@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 
 def pipeline_ends_verdict(h: Hang) -> Verdict | None:
-    """Two adjacent pipeline stages each blocked in a transfer that waits on the other: both ends of a transfer
-    that never completed are the culprits, every other waiter in their pipeline is behind them."""
+    """Two adjacent pipeline stages blocked on the link between them (:func:`pipeline_ends`): both ends of a
+    transfer that never completed are the culprits, every other waiter in their pipeline is behind them."""
     ends = pipeline_ends(h.a.clusters, h.topology)
     if not ends:
         return None
@@ -27,9 +27,10 @@ def pipeline_ends_verdict(h: Hang) -> Verdict | None:
         f"{a.healthy_trainers} of {h.topology.world_size} ranks share the dominant stack(s): {dominant_words(a)}."
     )
     h.reasons.append(
-        f"Rank(s) {rank_ranges(ends)[:100]}: adjacent pipeline stages each blocked in a transfer that waits on the "
-        "other (one receives from the next stage, which receives from it): both ends of a transfer that never "
-        "completed (a lost message, a broken link, or a schedule that deadlocks); the other stages wait behind them."
+        f"Rank(s) {rank_ranges(ends)[:100]}: adjacent pipeline stages blocked on the link between them (each posted "
+        "a transfer the other has not, or both wait only on a matched transfer between them): both ends of a "
+        "transfer that never completed (a lost message, a broken link, or a schedule that deadlocks); the other "
+        "stages wait behind them."
     )
     group = node_group(ends, h.topology)
     if len(group.nodes) > node_limit(h.topology, h.cfg.max_cover_fraction):

@@ -79,15 +79,22 @@ def round_states(a: SnapshotAnalysis, topology: Topology | None = None) -> Round
 def group_laggards(states: np.ndarray, topology: Topology) -> np.ndarray:
     """Per rank: whether every other member of its tightest group inside a stage waits in a collective while it
     does not (the rank its group waits for). Without TP, CP or EP that group is its data-parallel group (in a
-    stage): FSDP's shard group all-gathers every layer's weights, and waits there for its slowest member."""
-    kind = intra_stage_kind(topology) or ("dp" if topology.sizes["dp"] > 1 else None)
+    stage): FSDP's shard group all-gathers every layer's weights, and waits there for its slowest member. Rank 0
+    is left out of that group's tally: it is the last of its data-parallel group by design (logging, evaluation,
+    checkpoints), caught in model compute as often as not."""
+    kind = intra_stage_kind(topology)
+    dp_fallback = kind is None and topology.sizes["dp"] > 1
+    kind = "dp" if dp_fallback else kind
     if kind is None:
         return np.zeros(states.size, dtype=bool)
     _, gid = np.unique(topology.group_ids(kind), return_inverse=True)
     members = np.bincount(gid)
     waiting = np.bincount(gid, weights=states == STATE_CODE["collective"]).astype(np.int64)
     me = (states == STATE_CODE["collective"]).astype(np.int64)
-    return (members[gid] > 1) & (me == 0) & (waiting[gid] == members[gid] - 1)
+    out = (members[gid] > 1) & (me == 0) & (waiting[gid] == members[gid] - 1)
+    if dp_fallback:  # rank 0 is the last of a data-parallel group by design (it logs, evaluates, saves)
+        out[0] = False
+    return out
 
 
 def problems_of(facts: StackFacts) -> list[CaptureProblem]:

@@ -192,9 +192,10 @@ def _other_runs_left_out(dumps: list[FRDump], notes: list[str]) -> list[FRDump]:
 
 def _same_collectives(old: list[FRDump], new: list[FRDump]) -> bool:
     """Whether ``old`` are dumps of the same run as ``new`` whose clock is off: every rank of ``old`` is a member
-    of ``new``'s groups (``pg_config``), and the collectives both hold (group, sequence id) are the same ops, at
-    least :data:`SAME_RUN_MIN` of them. Another run's dumps (a larger job's ranks, or an earlier attempt whose
-    sequence ids had moved elsewhere when it ended) fail one or the other."""
+    of ``new``'s groups (``pg_config``), the collectives both hold (group, sequence id) are the same ops, at
+    least :data:`SAME_RUN_MIN` of them, and they stopped at the same point (:func:`_same_progress`). Another
+    run's dumps (a larger job's ranks; an earlier attempt of the same job, which numbers the same collectives
+    alike but stopped elsewhere) fail one of these. Dumps without group members (gloo) are left out."""
     members = {r for d in new for g in d.pg_config.values() for r in (g.ranks or ())}
     if not members or any(d.rank not in members for d in old):
         return False
@@ -210,7 +211,38 @@ def _same_collectives(old: list[FRDump], new: list[FRDump]) -> bool:
         for e in d.entries
         if not e.is_p2p and (e.pg_name, e.pg_desc, e.collective_seq_id) in ops
     ]
-    return len(shared) >= SAME_RUN_MIN and all(shared)
+    if len(shared) < SAME_RUN_MIN or not all(shared):
+        return False
+    return _same_progress(old, new)
+
+
+def _last_ids(dumps: list[FRDump]) -> dict[tuple[str, str], list[int]]:
+    """Per group (name, description), each dump's last collective sequence id in it."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for d in dumps:
+        last: dict[tuple[str, str], int] = {}
+        for e in d.entries:
+            if not e.is_p2p and e.collective_seq_id > 0:
+                key = (e.pg_name, e.pg_desc)
+                last[key] = max(last.get(key, 0), e.collective_seq_id)
+        for key, v in last.items():
+            out.setdefault(key, []).append(v)
+    return out
+
+
+def _same_progress(old: list[FRDump], new: list[FRDump]) -> bool:
+    """Whether ``old`` stopped where ``new`` did: in every group both hold, each old dump's last collective is
+    within the spread of the new dumps' last ones (at least :data:`SAME_RUN_MIN` ids either side). An earlier
+    attempt of the same job numbers the same collectives alike (sequence ids restart with the process group),
+    but it stopped at another step, unless by chance."""
+    mine, theirs = _last_ids(old), _last_ids(new)
+    common = mine.keys() & theirs.keys()
+    for key in common:
+        lo, hi = min(theirs[key]), max(theirs[key])
+        slack = max(SAME_RUN_MIN, hi - lo)
+        if any(v < lo - slack or v > hi + slack for v in mine[key]):
+            return False
+    return bool(common)
 
 
 SAME_RUN_MIN = 8
