@@ -318,6 +318,19 @@ def moved(ch: Change, unit: int, onset: int) -> float:
     return abs(float(np.mean(ch.zf[unit, onset : onset + ch.n_post])) - float(ch.base[unit, j]))
 
 
+def raw_move(x: np.ndarray, med: np.ndarray, onset: int, n: int, direction: str) -> float | None:
+    """How far one unit's values ``x`` moved away from the peer median ``med`` at ``onset``, in the metric's
+    units, in ``direction`` (the median distance over the ``n`` blocks from the onset against the ``n`` before
+    it): :func:`moved` in units, not z. None when either side has too little data (a scrape gap)."""
+    dist = x - med
+    before, after = dist[max(0, onset - n) : onset], dist[onset : onset + n]
+    before, after = before[np.isfinite(before)], after[np.isfinite(after)]
+    if before.size < 2 or after.size < 2:
+        return None
+    shift = float(np.median(after) - np.median(before))
+    return max(0.0, shift if direction == "up" else -shift)
+
+
 def rides_job_change(
     x: np.ndarray, med: np.ndarray, unit: int, onset: int, ch: Change, job_change: float = 1.25, same: float = 1.5
 ) -> bool:

@@ -27,6 +27,7 @@ from rankscope.models._change import (
     moved,
     nanmedian,
     peer_z,
+    raw_move,
     rides_job_change,
     shared_fraction,
     sibling_z,
@@ -185,19 +186,6 @@ def feature_tests(
     return FeatureTests.concat(out, len(cube.machines))
 
 
-def _raw_move(x: np.ndarray, med: np.ndarray, onset: int, n: int, direction: str) -> float | None:
-    """How far one unit's distance to the peer median moved at ``onset``, in the metric's units, in
-    ``direction`` (the median distance over the ``n`` blocks from the onset against the ``n`` before it);
-    None when either side has too little data to say (a scrape gap: the z effect stands)."""
-    dist = x - med
-    before, after = dist[max(0, onset - n) : onset], dist[onset : onset + n]
-    before, after = before[np.isfinite(before)], after[np.isfinite(after)]
-    if before.size < 2 or after.size < 2:
-        return None
-    shift = float(np.median(after) - np.median(before))
-    return max(0.0, shift if direction == "up" else -shift)
-
-
 def _one_test(
     feat: str,
     level_name: str,
@@ -238,11 +226,13 @@ def _one_test(
             continue
         k = int(np.flatnonzero(umachines == mi)[0])
         unit, onset = int(best_unit[k]), int(best.onset[best_unit[k]])
-        raw = _raw_move(raw_x[unit], med, onset, ch.n_post, direction) if ref.name == "peers" else None
-        if raw is not None:  # the move in the metric's own units, not only in z (a far outlier's z swings
+        # the move in the metric's own units caps the z effect: a far outlier's z swings with its peers' spread
+        # (a spare idle at 0 % among GPUs at 99 % as their MAD breathes), never its distance to them
+        raw = raw_move(raw_x[unit], med, onset, ch.n_post, direction) if ref.name == "peers" else None
+        if raw is not None:
             e_m[mi] = min(e_m[mi], raw / ref.scale)
-            if not det.significant(e_m[mi], ref.scale, level):  # with the peers' spread: a spare idle at 0 %
-                continue  # among GPUs at 99 % moves its z as their MAD breathes, never its distance to them)
+            if not det.significant(e_m[mi], ref.scale, level):
+                continue
         sh[mi] = shared_fraction(ch, unit, direction, float(e_m[mi]), np.arange(ustarts[k], uends[k]))
         if ref.name == "peers" and rides_job_change(raw_x, med, unit, onset, ch):
             sh[mi] = 1.0

@@ -7,8 +7,9 @@ and timing stragglers (:mod:`.stragglers`), folded into one verdict by :mod:`.de
   each round a rank is *flagged* when its stack is an outlier of that round's clustering and it runs its
   own code (compute, I/O, a local wait, waiting on its own DataLoader) - an outlier that waits in a
   collective or a transfer is a victim of the rank it waits for; and, in a second tally, when it runs its own
-  code while every other member of its tightest group in a stage (TP, else CP, EP, else DP) waits in a collective: its
-  group waits for it, whatever stack it runs (in a healthy pipeline whole TP groups share a forward's stack).
+  code while every other member of its tightest group in a stage (TP, else CP, EP, else DP but rank 0) waits in
+  a collective: its group waits for it, whatever stack it runs (in a healthy pipeline whole TP groups share a
+  forward's stack).
   Flags accumulate per rank and per tally, each tally against its own rate by chance. The degrader
   is flagged in most rounds, clearly more often than its symmetric peers (the same slot in the other
   data-parallel replicas, which run the same code), and more often than chance at the job's rate of
